@@ -1,0 +1,105 @@
+// Engine: registers memory, opens peer segments and moves bytes between them
+// with batched one-sided reads and writes.
+//
+// Thread safety: every method may be called from any number of threads at
+// once. Blocking calls (OpenSegment, WaitBatch, TransferSync,
+// SendNotification) block only the calling thread.
+//
+// Lifetime: memory passed to RegisterMemory must stay valid until it is
+// unregistered. The engine must outlive every batch and segment handle it
+// returned; destroying the engine fails whatever is still in flight with
+// kCancelled and stops its threads.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/options.h"
+#include "ferry/status.h"
+#include "ferry/types.h"
+
+namespace ferry {
+
+class Engine {
+ public:
+  // Starts an engine: binds the rpc port and starts its event loops.
+  static StatusOr<std::unique_ptr<Engine>> Create(EngineOptions options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // "host:port" (IPv6 hosts in brackets): how peers name this engine.
+  const std::string& PeerId() const;
+  uint16_t RpcPort() const;
+  const std::string& LocalName() const;
+  Capabilities GetCapabilities() const;
+  // The options in effect (after defaults were resolved).
+  const EngineOptions& options() const;
+
+  // ---- Memory --------------------------------------------------------------
+  // kInvalidArgument: null address or zero length.
+  // kAlreadyExists: the range overlaps a registered region (named).
+  Status RegisterMemory(void* addr, size_t length, std::string_view location = "*");
+  // All or nothing: on failure no region of the list stays registered.
+  Status RegisterMemory(std::span<const MemoryRegion> regions);
+  // kNotFound: no region starts at `addr`. Waits for in-flight transfers that
+  // touch the region to finish with it.
+  Status UnregisterMemory(void* addr);
+  // Unregisters each; returns the first error (the others are still tried).
+  Status UnregisterMemory(std::span<void* const> addrs);
+
+  // ---- Segments ------------------------------------------------------------
+  // Opens the segment of the peer "host:port": exchanges descriptors
+  // (handshake) and agrees on a wire version. Cached: opening the same peer
+  // again returns the same handle. Data connections are made lazily.
+  // kFailedPrecondition: no common wire version or a missing capability (the
+  // message names both sides' versions); kUnavailable: peer unreachable.
+  StatusOr<SegmentHandle> OpenSegment(std::string_view peer_id);
+  // Forgets the segment; later use of the handle is kInvalidArgument.
+  Status CloseSegment(SegmentHandle segment);
+  // Re-handshakes with the peer and returns what it advertises now.
+  StatusOr<SegmentInfo> QuerySegment(SegmentHandle segment);
+
+  // ---- Batches -------------------------------------------------------------
+  // kInvalidArgument: capacity 0 or above 1<<24.
+  StatusOr<BatchId> AllocateBatch(size_t capacity);
+  // Submits requests; may be called several times per batch. Validates every
+  // request first; if one is bad, none is submitted and the error names it.
+  // kResourceExhausted: more requests than the batch's remaining capacity.
+  Status Submit(BatchId batch, std::span<const TransferRequest> requests);
+  // State of the index-th request submitted to the batch.
+  StatusOr<TransferStatus> GetTransferStatus(BatchId batch, size_t index) const;
+  StatusOr<BatchStatus> GetBatchStatus(BatchId batch) const;
+  // Waits until every submitted request finished or the timeout passed.
+  // OK: all completed; the first failure's status if any failed;
+  // kDeadlineExceeded if requests are still pending at the timeout.
+  Status WaitBatch(BatchId batch, std::chrono::milliseconds timeout);
+  // kFailedPrecondition while requests are still pending (each request ends,
+  // at the latest, at its transfer_timeout).
+  Status FreeBatch(BatchId batch);
+
+  // Submits, waits (transfer_timeout) and frees. OK iff every request completed.
+  Status TransferSync(const TransferRequest& request);
+  Status TransferSync(std::span<const TransferRequest> requests);
+
+  // ---- Notifications -------------------------------------------------------
+  // Delivers {name, message} to the peer after every write this engine
+  // submitted to it before this call has completed. Blocks until the peer
+  // acknowledged it.
+  Status SendNotification(SegmentHandle segment, std::string_view name,
+                          std::string_view message);
+  // Drains the notifications received so far, oldest first.
+  std::vector<Notification> GetNotifications();
+
+  class Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry

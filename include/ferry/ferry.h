@@ -1,0 +1,8 @@
+// Umbrella header: everything in the public C++ API.
+#pragma once
+
+#include "ferry/engine.h"
+#include "ferry/options.h"
+#include "ferry/status.h"
+#include "ferry/types.h"
+#include "ferry/version.h"

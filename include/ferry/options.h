@@ -1,0 +1,61 @@
+// EngineOptions: every setting of an engine, with its default.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+struct EngineOptions {
+  // Name of the local segment, advertised to peers. Default: the peer id.
+  std::string local_name;
+
+  // Address to bind the rpc port to and to advertise to peers. Use a
+  // concrete address (not 0.0.0.0) so peers can reach it. IPv6 without brackets.
+  std::string listen_host = "127.0.0.1";
+  // 0 = pick a free port. See Engine::RpcPort().
+  uint16_t listen_port = 0;
+
+  // "P2PHANDSHAKE": no metadata server; peers exchange descriptors directly
+  // on the rpc port. Other services come later.
+  std::string metadata = "P2PHANDSHAKE";
+
+  // "auto" picks by locality and capability (local within a process, else
+  // tcp); "tcp" or "local" forces one (opening a segment fails if the forced
+  // transport cannot reach the peer).
+  std::string transport = "auto";
+
+  // Connect + handshake with a peer.
+  std::chrono::milliseconds connect_timeout{5000};
+  // Deadline of each submitted request, from submission.
+  std::chrono::milliseconds transfer_timeout{30000};
+  // How long an accepted connection may take to say hello.
+  std::chrono::milliseconds handshake_timeout{5000};
+
+  // TCP: parallel connections (streams) per peer.
+  int tcp_streams = 2;
+  // TCP: event-loop threads (0 = one per stream, at most 4).
+  int io_threads = 0;
+  // TCP: a request larger than this is cut into slices striped across streams.
+  uint32_t slice_size = 1u << 20;
+  // TCP: most payload bytes and entries coalesced into one frame.
+  uint32_t max_frame_bytes = 1u << 20;
+  uint32_t max_frame_entries = 512;
+  // How long event loops and waiters spin before blocking after activity.
+  // Spinning trades CPU for latency; an idle engine never spins.
+  std::chrono::microseconds spin{50};
+
+  // Test-only: pretend to speak only these wire versions (0 = real range).
+  struct Testing {
+    uint16_t wire_version_min = 0;
+    uint16_t wire_version_max = 0;
+  } testing;
+
+  // Overlays FERRY_* environment variables (see docs/architecture.md) onto
+  // these options. The only place Ferry reads its environment.
+  EngineOptions WithEnvironment() const;
+};
+
+}  // namespace ferry
