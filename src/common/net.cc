@@ -1,0 +1,229 @@
+#include "common/net.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+
+namespace ferry::internal {
+
+void UniqueFd::Reset() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+std::string ErrnoString(int err) {
+  char buf[128];
+  // GNU strerror_r returns a char*.
+  const char* s = strerror_r(err, buf, sizeof(buf));
+  return s;
+}
+
+StatusOr<HostPort> ParsePeerId(std::string_view id) {
+  HostPort hp;
+  std::string_view port_str;
+  if (!id.empty() && id.front() == '[') {
+    size_t close = id.find(']');
+    if (close == std::string_view::npos || close + 1 >= id.size() || id[close + 1] != ':') {
+      return InvalidArgumentError("peer id '" + std::string(id) +
+                                  "' is not of the form [ipv6]:port");
+    }
+    hp.host = std::string(id.substr(1, close - 1));
+    port_str = id.substr(close + 2);
+  } else {
+    size_t colon = id.rfind(':');
+    if (colon == std::string_view::npos || colon == 0) {
+      return InvalidArgumentError("peer id '" + std::string(id) + "' is not of the form host:port");
+    }
+    hp.host = std::string(id.substr(0, colon));
+    if (hp.host.find(':') != std::string::npos) {
+      return InvalidArgumentError("peer id '" + std::string(id) +
+                                  "': IPv6 hosts must be in brackets, [addr]:port");
+    }
+    port_str = id.substr(colon + 1);
+  }
+  unsigned port = 0;
+  auto [ptr, ec] = std::from_chars(port_str.data(), port_str.data() + port_str.size(), port);
+  if (ec != std::errc() || ptr != port_str.data() + port_str.size() || port == 0 || port > 65535 ||
+      hp.host.empty()) {
+    return InvalidArgumentError("peer id '" + std::string(id) +
+                                "' has no valid port (expected host:port, port 1-65535)");
+  }
+  hp.port = static_cast<uint16_t>(port);
+  return hp;
+}
+
+std::string FormatPeerId(std::string_view host, uint16_t port) {
+  std::string s;
+  if (host.find(':') != std::string_view::npos) {
+    s = "[" + std::string(host) + "]";
+  } else {
+    s = std::string(host);
+  }
+  return s + ":" + std::to_string(port);
+}
+
+namespace {
+
+StatusOr<addrinfo*> Resolve(const std::string& host, uint16_t port, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  addrinfo* res = nullptr;
+  std::string port_s = std::to_string(port);
+  int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_s.c_str(), &hints, &res);
+  if (rc != 0) {
+    return InvalidArgumentError("cannot resolve host '" + host + "': " + gai_strerror(rc));
+  }
+  return res;
+}
+
+}  // namespace
+
+StatusOr<std::pair<UniqueFd, uint16_t>> Listen(const std::string& host, uint16_t port) {
+  FERRY_ASSIGN_OR_RETURN(addrinfo * res, Resolve(host, port, true));
+  std::string last_error = "no address";
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) {
+      last_error = ErrnoString(errno);
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd.get(), 1024) != 0) {
+      last_error = ErrnoString(errno);
+      continue;
+    }
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len);
+    uint16_t bound = ss.ss_family == AF_INET6
+                         ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                         : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    ::freeaddrinfo(res);
+    return std::make_pair(std::move(fd), bound);
+  }
+  ::freeaddrinfo(res);
+  return UnavailableError("cannot listen on " + FormatPeerId(host, port) + ": " + last_error);
+}
+
+Status SetNonBlocking(int fd, bool on) {
+  int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0) return InternalError("fcntl: " + ErrnoString(errno));
+  flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  if (::fcntl(fd, F_SETFL, flags) != 0) return InternalError("fcntl: " + ErrnoString(errno));
+  return OkStatus();
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+void SetSocketBuffers(int fd, int bytes) {
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+}
+
+namespace {
+int RemainingMs(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() <= 0) return 0;
+  return static_cast<int>(std::min<long long>(left.count(), 1 << 30));
+}
+}  // namespace
+
+StatusOr<UniqueFd> ConnectTo(const HostPort& peer, Clock::time_point deadline) {
+  std::string name = FormatPeerId(peer.host, peer.port);
+  FERRY_ASSIGN_OR_RETURN(addrinfo * res, Resolve(peer.host, peer.port, false));
+  Status last = UnavailableError("cannot connect to " + name + ": no address");
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) {
+      last = UnavailableError("cannot create socket for " + name + ": " + ErrnoString(errno));
+      continue;
+    }
+    int rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
+    if (rc != 0 && errno != EINPROGRESS) {
+      last = UnavailableError("cannot connect to " + name + ": " + ErrnoString(errno));
+      continue;
+    }
+    if (rc != 0) {
+      pollfd p{fd.get(), POLLOUT, 0};
+      int n;
+      do {
+        n = ::poll(&p, 1, RemainingMs(deadline));
+      } while (n < 0 && errno == EINTR);
+      if (n == 0) {
+        last = DeadlineExceededError("connecting to " + name + " timed out");
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof(err);
+      ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        last = UnavailableError("cannot connect to " + name + ": " + ErrnoString(err));
+        continue;
+      }
+    }
+    SetNoDelay(fd.get());
+    Status s = SetNonBlocking(fd.get(), false);
+    if (!s.ok()) {
+      last = s;
+      continue;
+    }
+    ::freeaddrinfo(res);
+    return fd;
+  }
+  ::freeaddrinfo(res);
+  return last;
+}
+
+Status SendAll(int fd, const void* data, size_t len, Clock::time_point deadline) {
+  const char* p = static_cast<const char*>(data);
+  while (len > 0) {
+    pollfd pfd{fd, POLLOUT, 0};
+    int n = ::poll(&pfd, 1, RemainingMs(deadline));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) return DeadlineExceededError("send timed out");
+    ssize_t w = ::send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return UnavailableError("send failed: " + ErrnoString(errno));
+    }
+    p += w;
+    len -= static_cast<size_t>(w);
+  }
+  return OkStatus();
+}
+
+Status RecvAll(int fd, void* data, size_t len, Clock::time_point deadline) {
+  char* p = static_cast<char*>(data);
+  while (len > 0) {
+    pollfd pfd{fd, POLLIN, 0};
+    int n = ::poll(&pfd, 1, RemainingMs(deadline));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) return DeadlineExceededError("receive timed out");
+    ssize_t r = ::recv(fd, p, len, MSG_DONTWAIT);
+    if (r == 0) return UnavailableError("connection closed by peer");
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return UnavailableError("receive failed: " + ErrnoString(errno));
+    }
+    p += r;
+    len -= static_cast<size_t>(r);
+  }
+  return OkStatus();
+}
+
+}  // namespace ferry::internal

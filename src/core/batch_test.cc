@@ -1,0 +1,93 @@
+#include "core/batch.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+namespace ferry::internal {
+namespace {
+
+using std::chrono::steady_clock;
+
+TEST(Batch, ReserveRespectsCapacity) {
+  BatchState b(10);
+  auto a = b.Reserve(6);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a, 0u);
+  auto c = b.Reserve(5);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
+  auto d = b.Reserve(4);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(*d, 6u);
+  EXPECT_EQ(b.reserved(), 10u);
+}
+
+TEST(Batch, CompletesAfterAllSlices) {
+  BatchState b(2);
+  ASSERT_TRUE(b.Reserve(2).ok());
+  b.Begin(0, 3);
+  b.Begin(1, 1);
+  EXPECT_EQ(b.pending(), 2u);
+  b.CompleteSlice(0, OkStatus());
+  b.CompleteSlice(0, OkStatus());
+  EXPECT_EQ(b.Get(0).state, TransferState::kPending);
+  b.CompleteSlice(0, OkStatus());
+  EXPECT_EQ(b.Get(0).state, TransferState::kCompleted);
+  EXPECT_EQ(b.Summary().state, TransferState::kPending);
+  b.CompleteSlice(1, OkStatus());
+  auto s = b.Summary();
+  EXPECT_EQ(s.state, TransferState::kCompleted);
+  EXPECT_EQ(s.completed, 2u);
+  EXPECT_TRUE(b.WaitIdle(steady_clock::now(), {}));
+}
+
+TEST(Batch, FirstFailureIsKeptAndNamed) {
+  BatchState b(3);
+  ASSERT_TRUE(b.Reserve(3).ok());
+  for (int i = 0; i < 3; ++i) b.Begin(i, 2);
+  b.CompleteSlice(1, UnavailableError("peer gone"));
+  b.CompleteSlice(1, DeadlineExceededError("late"));
+  b.CompleteSlices(0, 2, OkStatus());
+  b.CompleteSlices(2, 2, OkStatus());
+  auto t = b.Get(1);
+  EXPECT_EQ(t.state, TransferState::kFailed);
+  EXPECT_EQ(t.status.code(), StatusCode::kUnavailable);
+  auto s = b.Summary();
+  EXPECT_EQ(s.state, TransferState::kFailed);
+  EXPECT_EQ(s.failed, 1u);
+  EXPECT_EQ(s.completed, 2u);
+  EXPECT_EQ(s.first_error.message(), "request 1: peer gone");
+}
+
+TEST(Batch, WaitIdleTimesOutThenWakesOnCompletion) {
+  BatchState b(1);
+  ASSERT_TRUE(b.Reserve(1).ok());
+  b.Begin(0, 1);
+  EXPECT_FALSE(b.WaitIdle(steady_clock::now() + std::chrono::milliseconds(1), {}));
+  std::thread t([&] { b.CompleteSlice(0, OkStatus()); });
+  EXPECT_TRUE(b.WaitIdle(steady_clock::now() + std::chrono::seconds(60), {}));
+  t.join();
+}
+
+TEST(Batch, ConcurrentCompletionsCountExactly) {
+  constexpr int kRequests = 1000, kSlices = 8;
+  BatchState b(kRequests);
+  ASSERT_TRUE(b.Reserve(kRequests).ok());
+  for (int i = 0; i < kRequests; ++i) b.Begin(i, kSlices);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < kRequests; ++i)
+        for (int s = t; s < kSlices; s += 4) b.CompleteSlice(i, OkStatus());
+    });
+  }
+  for (auto& t : ts) t.join();
+  auto s = b.Summary();
+  EXPECT_EQ(s.completed, static_cast<size_t>(kRequests));
+  EXPECT_EQ(b.pending(), 0u);
+}
+
+}  // namespace
+}  // namespace ferry::internal

@@ -1,0 +1,136 @@
+#include "core/memory_registry.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+namespace ferry::internal {
+
+std::string FormatRange(uint64_t addr, uint64_t length) {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "[0x%llx, 0x%llx) (%llu bytes)",
+                static_cast<unsigned long long>(addr),
+                static_cast<unsigned long long>(addr + length),
+                static_cast<unsigned long long>(length));
+  return buf;
+}
+
+std::string FormatAddr(uint64_t addr) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(addr));
+  return buf;
+}
+
+Status MemoryRegistry::Register(std::span<const MemoryRegion> regions) {
+  // Validate the whole list first (against itself and what is registered),
+  // then insert: all or nothing.
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  ranges.reserve(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const auto& r = regions[i];
+    uint64_t a = reinterpret_cast<uint64_t>(r.addr);
+    std::string where = regions.size() > 1 ? " (region " + std::to_string(i) + " of the list)" : "";
+    if (r.addr == nullptr) return InvalidArgumentError("cannot register a null address" + where);
+    if (r.length == 0) {
+      return InvalidArgumentError("cannot register a zero-length region at " + FormatRange(a, 0) + where);
+    }
+    if (a + r.length < a) {
+      return InvalidArgumentError("region " + FormatRange(a, r.length) + " wraps around the address space" + where);
+    }
+    ranges.emplace_back(a, r.length);
+  }
+  std::vector<size_t> order(ranges.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return ranges[x].first < ranges[y].first; });
+  for (size_t k = 1; k < order.size(); ++k) {
+    auto [pa, pl] = ranges[order[k - 1]];
+    auto [ca, cl] = ranges[order[k]];
+    if (pa + pl > ca) {
+      return AlreadyExistsError("regions " + std::to_string(order[k - 1]) + " " + FormatRange(pa, pl) +
+                                " and " + std::to_string(order[k]) + " " + FormatRange(ca, cl) +
+                                " of the list overlap");
+    }
+  }
+  std::unique_lock lock(mu_);
+  for (auto [a, len] : ranges) {
+    auto it = regions_.upper_bound(a + len - 1);  // first region starting after our end
+    if (it != regions_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->second->end() > a) {
+        return AlreadyExistsError("region " + FormatRange(a, len) + " overlaps registered region " +
+                                  FormatRange(prev->second->addr, prev->second->length));
+      }
+    }
+  }
+  for (size_t i = 0; i < regions.size(); ++i) {
+    auto reg = std::make_shared<Region>();
+    reg->addr = ranges[i].first;
+    reg->length = ranges[i].second;
+    reg->location = regions[i].location;
+    regions_.emplace(reg->addr, std::move(reg));
+  }
+  return OkStatus();
+}
+
+Status MemoryRegistry::Unregister(uint64_t addr) {
+  std::shared_ptr<Region> reg;
+  {
+    std::unique_lock lock(mu_);
+    auto it = regions_.find(addr);
+    if (it == regions_.end()) {
+      return NotFoundError("no registered region starts at " + FormatAddr(addr));
+    }
+    reg = std::move(it->second);
+    regions_.erase(it);
+  }
+  // No new pin can be taken now; wait for transfers still using the region.
+  // Pairs with the release in RegionPin::Release.
+  while (reg->pins.load(std::memory_order_acquire) > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  return OkStatus();
+}
+
+const std::shared_ptr<Region>* MemoryRegistry::FindLocked(uint64_t addr, uint64_t length) const {
+  auto it = regions_.upper_bound(addr);
+  if (it == regions_.begin()) return nullptr;
+  --it;
+  const Region& r = *it->second;
+  if (addr >= r.addr && length <= r.length && addr - r.addr <= r.length - length) return &it->second;
+  return nullptr;
+}
+
+Status MemoryRegistry::Check(uint64_t addr, uint64_t length, std::string_view what) const {
+  std::shared_lock lock(mu_);
+  if (FindLocked(addr, length) != nullptr) return OkStatus();
+  return InvalidArgumentError(std::string(what) + " " + FormatRange(addr, length) +
+                              " is not inside a registered memory region (register it first)");
+}
+
+StatusOr<RegionPin> MemoryRegistry::Pin(uint64_t addr, uint64_t length, std::string_view what) const {
+  std::shared_lock lock(mu_);
+  const std::shared_ptr<Region>* r = FindLocked(addr, length);
+  if (r == nullptr) {
+    return InvalidArgumentError(std::string(what) + " " + FormatRange(addr, length) +
+                                " is not inside a registered memory region");
+  }
+  (*r)->pins.fetch_add(1, std::memory_order_relaxed);  // under the lock: Unregister cannot miss it
+  return RegionPin(*r);
+}
+
+std::vector<RemoteRegion> MemoryRegistry::Snapshot() const {
+  std::shared_lock lock(mu_);
+  std::vector<RemoteRegion> out;
+  out.reserve(regions_.size());
+  for (const auto& [a, r] : regions_) out.push_back({r->addr, r->length, r->location});
+  return out;
+}
+
+size_t MemoryRegistry::size() const {
+  std::shared_lock lock(mu_);
+  return regions_.size();
+}
+
+}  // namespace ferry::internal

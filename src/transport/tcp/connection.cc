@@ -1,0 +1,599 @@
+#include "transport/tcp/connection.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "common/log.h"
+#include "wire/descriptor.h"
+
+namespace ferry::internal::tcp {
+
+namespace {
+constexpr size_t kScratchSize = 64 * 1024;
+constexpr int kMaxIov = IOV_MAX < 1024 ? IOV_MAX : 1024;
+// Bytes read per readiness event before yielding to other connections.
+constexpr size_t kReadBudget = 8u << 20;
+constexpr size_t kSeqOffset = 16;  // of the seq field in the frame header
+}  // namespace
+
+// ---- WriteTracker / NotifyWaiter -------------------------------------------
+
+uint64_t WriteTracker::Issue() {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t t = next_++;
+  outstanding_.insert(t);
+  return t;
+}
+
+void WriteTracker::Done(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  outstanding_.erase(ticket);
+  cv_.notify_all();
+}
+
+uint64_t WriteTracker::Next() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_;
+}
+
+bool WriteTracker::WaitBelow(uint64_t bound, Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_until(lock, deadline,
+                        [&] { return outstanding_.empty() || *outstanding_.begin() >= bound; });
+}
+
+void NotifyWaiter::Set(Status s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_) return;
+  done_ = true;
+  status_ = std::move(s);
+  cv_.notify_all();
+}
+
+Status NotifyWaiter::Wait(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_until(lock, deadline, [&] { return done_; })) {
+    return DeadlineExceededError("notification not acknowledged before the deadline");
+  }
+  return status_;
+}
+
+// ---- Connection --------------------------------------------------------------
+
+size_t Connection::OutFrame::total() const {
+  size_t n = head.size();
+  for (const auto& v : payload) n += v.iov_len;
+  return n;
+}
+
+Connection::Connection(EventLoop* loop, UniqueFd fd, Role role, std::string peer_name,
+                       std::shared_ptr<const ServerContext> server, uint16_t wire_version)
+    : loop_(loop),
+      fd_(std::move(fd)),
+      role_(role),
+      peer_name_(std::move(peer_name)),
+      server_(std::move(server)),
+      wire_version_(wire_version) {
+  if (server_) hello_deadline_ = Clock::now() + server_->hello_timeout;
+}
+
+Connection::~Connection() {
+  // Anything still here was never completed (the loop stopped): cancel it.
+  Status why = CancelledError("engine shut down; connection to " + peer_name_ + " closed");
+  for (auto& f : inflight_) FailRequest(f.req, why);
+  for (auto& r : submitted_) FailRequest(r, why);
+}
+
+Status Connection::Attach() {
+  return loop_->Add(fd_.get(), EPOLLIN | EPOLLRDHUP, shared_from_this());
+}
+
+void Connection::FailRequest(Request& r, const Status& why) {
+  if (r.batch) {
+    for (const Slice& s : r.slices) r.batch->CompleteSlice(s.request, why);
+    r.batch.reset();
+  }
+  if (r.notify) r.notify->Set(why);
+  if (r.tracker && r.ticket) r.tracker->Done(r.ticket);
+  r.tracker.reset();
+}
+
+void Connection::Send(Request r) {
+  bool accepted = false, schedule = false;
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    if (!closed_) {
+      accepted = true;
+      queued_bytes_.fetch_add(r.bytes, std::memory_order_relaxed);
+      submitted_.push_back(std::move(r));
+      schedule = !drain_scheduled_;
+      drain_scheduled_ = true;
+    }
+  }
+  if (!accepted) {
+    FailRequest(r, UnavailableError("connection to " + peer_name_ + " is closed"));
+    return;
+  }
+  if (schedule) {
+    std::weak_ptr<Connection> weak = weak_from_this();
+    loop_->RunInLoop([weak] {
+      if (auto self = weak.lock()) self->DrainSubmissions();
+    });
+  }
+}
+
+void Connection::DrainSubmissions() {
+  std::vector<Request> batch;
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    batch.swap(submitted_);
+    drain_scheduled_ = false;
+  }
+  for (Request& r : batch) {
+    uint64_t seq = next_seq_++;
+    std::memcpy(r.head.data() + kSeqOffset, &seq, sizeof(seq));
+    OutFrame f;
+    f.head = std::move(r.head);
+    f.payload = std::move(r.payload);
+    out_.push_back(std::move(f));
+    inflight_.push_back(Inflight{seq, std::move(r)});
+  }
+  Flush();
+}
+
+void Connection::RetireWhenIdle() {
+  retire_.store(true);
+  std::weak_ptr<Connection> weak = weak_from_this();
+  loop_->RunInLoop([weak] {
+    if (auto self = weak.lock()) self->CheckIdleRetire();
+  });
+}
+
+void Connection::CloseAsync(Status why) {
+  std::weak_ptr<Connection> weak = weak_from_this();
+  loop_->RunInLoop([weak, why] {
+    if (auto self = weak.lock()) self->Close(why);
+  });
+}
+
+void Connection::CheckIdleRetire() {
+  if (retire_.load() && inflight_.empty() && out_.empty()) {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    if (!submitted_.empty()) return;
+  } else {
+    return;
+  }
+  Close(CancelledError("connection to " + peer_name_ + " retired"));
+}
+
+void Connection::Close(const Status& why) {
+  std::vector<Request> pending;
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    if (closed_) return;
+    closed_ = true;
+    pending.swap(submitted_);
+  }
+  broken_.store(true, std::memory_order_release);
+  if (!why.ok() && why.code() != StatusCode::kCancelled && role_ == Role::kInitiator) {
+    FERRY_LOG(kInfo, "connection to " << peer_name_ << " closed: " << why);
+  }
+  std::shared_ptr<Connection> keep = shared_from_this();  // Remove drops the loop's reference
+  if (fd_.valid()) {
+    loop_->Remove(fd_.get());
+    fd_.Reset();
+  }
+  out_.clear();
+  recv_pins_.clear();
+  for (auto& f : inflight_) FailRequest(f.req, why);
+  inflight_.clear();
+  for (auto& r : pending) FailRequest(r, why);
+  queued_bytes_.store(0);
+}
+
+void Connection::OnTick(Clock::time_point now) {
+  if (role_ == Role::kAccepted && now > hello_deadline_) {
+    Close(DeadlineExceededError("peer " + peer_name_ + " sent no valid hello in time"));
+    return;
+  }
+  if (!inflight_.empty() && inflight_.front().req.deadline < now) {
+    // The stream is stuck (or the peer is gone without a reset): fail what is
+    // late with kDeadlineExceeded, the rest of the stream with kUnavailable.
+    Status late = DeadlineExceededError("no reply from peer " + peer_name_ +
+                                        " before the transfer deadline");
+    while (!inflight_.empty() && inflight_.front().req.deadline < now) {
+      FailRequest(inflight_.front().req, late);
+      inflight_.pop_front();
+    }
+    Close(UnavailableError("connection to " + peer_name_ + " closed after a request timed out"));
+    return;
+  }
+  CheckIdleRetire();
+}
+
+void Connection::OnEvents(uint32_t events) {
+  std::shared_ptr<Connection> keep = shared_from_this();
+  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) ReadSome();
+  if (!fd_.valid()) return;
+  if (events & EPOLLOUT) Flush();
+}
+
+void Connection::UpdateInterest() {
+  bool want = !out_.empty();
+  if (want == want_write_ || !fd_.valid()) return;
+  want_write_ = want;
+  loop_->Modify(fd_.get(), EPOLLIN | EPOLLRDHUP | (want ? static_cast<uint32_t>(EPOLLOUT) : 0u));
+}
+
+void Connection::Flush() {
+  iovec iov[kMaxIov];
+  while (!out_.empty() && fd_.valid()) {
+    int n = 0;
+    for (auto it = out_.begin(); it != out_.end() && n < kMaxIov; ++it) {
+      size_t skip = it->sent;
+      auto add = [&](const void* base, size_t len) {
+        if (n >= kMaxIov) return;
+        if (skip >= len) {
+          skip -= len;
+          return;
+        }
+        iov[n].iov_base = const_cast<char*>(static_cast<const char*>(base)) + skip;
+        iov[n].iov_len = len - skip;
+        skip = 0;
+        ++n;
+      };
+      add(it->head.data(), it->head.size());
+      for (const auto& p : it->payload) add(p.iov_base, p.iov_len);
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t w = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) break;
+      Close(UnavailableError("sending to " + peer_name_ + " failed: " + ErrnoString(errno)));
+      return;
+    }
+    size_t left = static_cast<size_t>(w);
+    while (left > 0 && !out_.empty()) {
+      OutFrame& f = out_.front();
+      size_t rest = f.total() - f.sent;
+      if (left >= rest) {
+        left -= rest;
+        if (role_ == Role::kInitiator) {
+          uint64_t b = 0;
+          for (const auto& p : f.payload) b += p.iov_len;
+          queued_bytes_.fetch_sub(std::min(b, queued_bytes_.load()), std::memory_order_relaxed);
+        }
+        out_.pop_front();
+      } else {
+        f.sent += left;
+        left = 0;
+      }
+    }
+  }
+  UpdateInterest();
+  CheckIdleRetire();
+}
+
+void Connection::QueueReply(wire::FrameType type, uint64_t seq, std::string body,
+                            std::vector<iovec> payload, std::vector<RegionPin> pins) {
+  wire::FrameHeader h;
+  h.version = role_ == Role::kTarget ? static_cast<uint8_t>(wire_version_) : 0;
+  h.type = type;
+  h.seq = seq;
+  uint64_t plen = 0;
+  for (const auto& p : payload) plen += p.iov_len;
+  h.payload_len = static_cast<uint32_t>(plen);
+  OutFrame f;
+  f.head = wire::BuildFrame(h, body);
+  f.payload = std::move(payload);
+  f.pins = std::move(pins);
+  out_.push_back(std::move(f));
+}
+
+void Connection::ReadSome() {
+  size_t budget = kReadBudget;
+  while (fd_.valid() && budget > 0) {
+    ssize_t r;
+    if (phase_ == Phase::kHeader) {
+      r = ::recv(fd_.get(), header_buf_ + got_, wire::kFrameHeaderSize - got_, MSG_DONTWAIT);
+    } else if (phase_ == Phase::kBody) {
+      r = ::recv(fd_.get(), body_.data() + got_, body_.size() - got_, MSG_DONTWAIT);
+    } else {
+      int n = static_cast<int>(std::min<size_t>(recv_iov_.size() - recv_index_, kMaxIov));
+      r = ::readv(fd_.get(), recv_iov_.data() + recv_index_, n);
+    }
+    if (r == 0) {
+      Close(UnavailableError("connection closed by peer " + peer_name_));
+      return;
+    }
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) break;
+      Close(UnavailableError("receiving from " + peer_name_ + " failed: " + ErrnoString(errno)));
+      return;
+    }
+    budget -= std::min(budget, static_cast<size_t>(r));
+    Status s;
+    if (phase_ == Phase::kHeader) {
+      got_ += static_cast<size_t>(r);
+      if (got_ == wire::kFrameHeaderSize) s = OnHeader();
+    } else if (phase_ == Phase::kBody) {
+      got_ += static_cast<size_t>(r);
+      if (got_ == body_.size()) s = OnBody();
+    } else {
+      size_t left = static_cast<size_t>(r);
+      while (left > 0) {
+        iovec& v = recv_iov_[recv_index_];
+        if (left >= v.iov_len) {
+          left -= v.iov_len;
+          ++recv_index_;
+        } else {
+          v.iov_base = static_cast<char*>(v.iov_base) + left;
+          v.iov_len -= left;
+          left = 0;
+        }
+      }
+      if (recv_index_ == recv_iov_.size()) s = OnPayload();
+    }
+    if (!s.ok()) {
+      FERRY_LOG(kWarning, "closing connection with " << peer_name_ << ": " << s);
+      Close(s);
+      return;
+    }
+  }
+  if (fd_.valid() && !out_.empty()) Flush();
+}
+
+Status Connection::OnHeader() {
+  FERRY_ASSIGN_OR_RETURN(header_, wire::DecodeHeader(header_buf_));
+  using wire::FrameType;
+  const FrameType t = header_.type;
+  bool allowed = false;
+  switch (role_) {
+    case Role::kAccepted:
+      allowed = t == FrameType::kHandshakeRequest || t == FrameType::kStreamHello;
+      break;
+    case Role::kTarget:
+      allowed = t == FrameType::kWrite || t == FrameType::kRead || t == FrameType::kNotify;
+      break;
+    case Role::kInitiator:
+      allowed = t == FrameType::kAck || t == FrameType::kReadData;
+      break;
+  }
+  if (!allowed) {
+    return DataLossError("unexpected frame type " + std::to_string(static_cast<int>(t)) + " from " +
+                         peer_name_);
+  }
+  if (role_ != Role::kAccepted && header_.version != wire_version_) {
+    return DataLossError("frame of wire version " + std::to_string(header_.version) + " from " +
+                         peer_name_ + " on a stream that negotiated version " +
+                         std::to_string(wire_version_));
+  }
+  body_.assign(header_.body_len, '\0');
+  got_ = 0;
+  phase_ = Phase::kBody;
+  if (header_.body_len == 0) return OnBody();
+  return OkStatus();
+}
+
+Status Connection::OnBody() {
+  got_ = 0;
+  phase_ = Phase::kHeader;
+  switch (header_.type) {
+    case wire::FrameType::kHandshakeRequest: return ServeHandshake();
+    case wire::FrameType::kStreamHello: return ServeHello();
+    case wire::FrameType::kWrite: return ServeWrite();
+    case wire::FrameType::kRead: return ServeRead();
+    case wire::FrameType::kNotify: return ServeNotify();
+    case wire::FrameType::kAck:
+    case wire::FrameType::kReadData: return OnReply();
+    default: return DataLossError("unexpected frame from " + peer_name_);
+  }
+}
+
+Status Connection::OnPayload() {
+  phase_ = Phase::kHeader;
+  recv_iov_.clear();
+  recv_index_ = 0;
+  if (role_ == Role::kTarget) {
+    // A kWrite payload has landed: release the regions and acknowledge.
+    recv_pins_.clear();
+    wire::Reply rep;
+    rep.failures = std::move(recv_failures_);
+    recv_failures_.clear();
+    std::string body;
+    wire::EncodeReply(rep, &body);
+    QueueReply(wire::FrameType::kAck, header_.seq, std::move(body));
+    return OkStatus();
+  }
+  CompleteFront(recv_failures_, OkStatus());
+  recv_failures_.clear();
+  return OkStatus();
+}
+
+// ---- target side ----------------------------------------------------------------
+
+Status Connection::ServeHandshake() {
+  std::string body = server_->handshake(body_);
+  QueueReply(wire::FrameType::kHandshakeResponse, header_.seq, std::move(body));
+  return OkStatus();
+}
+
+Status Connection::ServeHello() {
+  FERRY_ASSIGN_OR_RETURN(wire::StreamHello hello, wire::DecodeStreamHello(body_));
+  Status result;
+  if (hello.target_instance != server_->target->instance_id()) {
+    result = FailedPreconditionError("engine " + server_->target->peer_id() + " is instance " +
+                                     std::to_string(server_->target->instance_id()) + ", not " +
+                                     std::to_string(hello.target_instance) +
+                                     " (it restarted): handshake again");
+  } else if (hello.wire_version < server_->wire_min || hello.wire_version > server_->wire_max) {
+    result = FailedPreconditionError("wire version " + std::to_string(hello.wire_version) +
+                                     " is not spoken by " + server_->target->peer_id() + " (speaks " +
+                                     std::to_string(server_->wire_min) + ".." +
+                                     std::to_string(server_->wire_max) + ")");
+  }
+  std::string body;
+  wire::EncodeStatus(result, &body);
+  QueueReply(wire::FrameType::kStreamHelloAck, header_.seq, std::move(body));
+  if (result.ok()) {
+    role_ = Role::kTarget;
+    wire_version_ = hello.wire_version;
+    peer_name_ = hello.initiator_peer_id + " (stream " + std::to_string(hello.stream_index) + ")";
+  }
+  return OkStatus();
+}
+
+void Connection::AddDiscard(size_t length) {
+  if (!scratch_) scratch_ = std::make_unique<char[]>(kScratchSize);
+  while (length > 0) {
+    size_t n = std::min(length, kScratchSize);
+    recv_iov_.push_back({scratch_.get(), n});
+    length -= n;
+  }
+}
+
+Status Connection::ServeWrite() {
+  FERRY_ASSIGN_OR_RETURN(recv_entries_, wire::DecodeEntries(body_));
+  uint64_t total = 0;
+  for (const auto& e : recv_entries_) total += e.length;
+  if (total != header_.payload_len) {
+    return DataLossError("write frame from " + peer_name_ + " announces " +
+                         std::to_string(header_.payload_len) + " payload bytes but its entries add up to " +
+                         std::to_string(total));
+  }
+  recv_iov_.clear();
+  recv_index_ = 0;
+  recv_failures_.clear();
+  recv_pins_.clear();
+  for (uint32_t i = 0; i < recv_entries_.size(); ++i) {
+    const wire::Entry& e = recv_entries_[i];
+    if (e.length == 0) {
+      recv_failures_.push_back({i, StatusCode::kInvalidArgument, "zero-length entry"});
+      continue;
+    }
+    auto pin = server_->target->registry().Pin(e.addr, e.length, "remote range");
+    if (!pin.ok()) {
+      recv_failures_.push_back({i, pin.status().code(),
+                                "peer " + server_->target->peer_id() + " refused: " + pin.status().message()});
+      AddDiscard(e.length);  // drain the bytes; nothing is written
+      continue;
+    }
+    recv_pins_.push_back(std::move(*pin));
+    recv_iov_.push_back({reinterpret_cast<void*>(e.addr), e.length});
+  }
+  if (recv_iov_.empty()) return OnPayload();
+  phase_ = Phase::kPayload;
+  return OkStatus();
+}
+
+Status Connection::ServeRead() {
+  FERRY_ASSIGN_OR_RETURN(std::vector<wire::Entry> entries, wire::DecodeEntries(body_));
+  wire::Reply rep;
+  std::vector<iovec> payload;
+  std::vector<RegionPin> pins;
+  for (uint32_t i = 0; i < entries.size(); ++i) {
+    const wire::Entry& e = entries[i];
+    if (e.length == 0) {
+      rep.failures.push_back({i, StatusCode::kInvalidArgument, "zero-length entry"});
+      continue;
+    }
+    auto pin = server_->target->registry().Pin(e.addr, e.length, "remote range");
+    if (!pin.ok()) {
+      rep.failures.push_back({i, pin.status().code(),
+                              "peer " + server_->target->peer_id() + " refused: " + pin.status().message()});
+      continue;
+    }
+    pins.push_back(std::move(*pin));
+    payload.push_back({reinterpret_cast<void*>(e.addr), e.length});
+  }
+  std::string body;
+  wire::EncodeReply(rep, &body);
+  QueueReply(wire::FrameType::kReadData, header_.seq, std::move(body), std::move(payload), std::move(pins));
+  return OkStatus();
+}
+
+Status Connection::ServeNotify() {
+  FERRY_ASSIGN_OR_RETURN(wire::NotifyBody n, wire::DecodeNotify(body_));
+  server_->target->Deliver({std::move(n.sender), std::move(n.name), std::move(n.message)});
+  std::string body;
+  wire::EncodeReply({}, &body);
+  QueueReply(wire::FrameType::kAck, header_.seq, std::move(body));
+  return OkStatus();
+}
+
+// ---- initiator side -----------------------------------------------------------
+
+Status Connection::OnReply() {
+  if (inflight_.empty() || inflight_.front().seq != header_.seq) {
+    return DataLossError("reply with sequence " + std::to_string(header_.seq) + " from " + peer_name_ +
+                         " matches no request in flight");
+  }
+  FERRY_ASSIGN_OR_RETURN(wire::Reply rep, wire::DecodeReply(body_));
+  Request& req = inflight_.front().req;
+  bool is_read = req.type == wire::FrameType::kRead;
+  if ((header_.type == wire::FrameType::kReadData) != is_read) {
+    return DataLossError("reply type does not match the request from " + peer_name_);
+  }
+  for (const auto& f : rep.failures) {
+    if (f.index >= req.slices.size()) {
+      return DataLossError("reply from " + peer_name_ + " names entry " + std::to_string(f.index) +
+                           " of a frame with " + std::to_string(req.slices.size()));
+    }
+  }
+  if (!is_read || !rep.status.ok()) {
+    if (header_.payload_len != 0) return DataLossError("unexpected payload from " + peer_name_);
+    CompleteFront(rep.failures, rep.status);
+    return OkStatus();
+  }
+  // kReadData: the payload carries the entries that did not fail, in order.
+  std::vector<bool> failed(req.slices.size(), false);
+  for (const auto& f : rep.failures) failed[f.index] = true;
+  recv_iov_.clear();
+  recv_index_ = 0;
+  uint64_t expect = 0;
+  for (size_t i = 0; i < req.slices.size(); ++i) {
+    if (failed[i]) continue;
+    recv_iov_.push_back({req.slices[i].local, req.slices[i].length});
+    expect += req.slices[i].length;
+  }
+  if (expect != header_.payload_len) {
+    return DataLossError("read reply from " + peer_name_ + " carries " +
+                         std::to_string(header_.payload_len) + " bytes, expected " + std::to_string(expect));
+  }
+  recv_failures_ = std::move(rep.failures);
+  if (recv_iov_.empty()) return OnPayload();
+  phase_ = Phase::kPayload;
+  return OkStatus();
+}
+
+void Connection::CompleteFront(const std::vector<wire::EntryFailure>& failures, const Status& frame_status) {
+  Request req = std::move(inflight_.front().req);
+  inflight_.pop_front();
+  if (req.notify) req.notify->Set(frame_status);
+  if (req.batch) {
+    size_t fi = 0;
+    // Failures arrive sorted by index (the target walks entries in order).
+    for (size_t i = 0; i < req.slices.size(); ++i) {
+      Status s = frame_status;
+      while (fi < failures.size() && failures[fi].index < i) ++fi;
+      if (s.ok() && fi < failures.size() && failures[fi].index == i) {
+        s = Status(failures[fi].code, failures[fi].message);
+      }
+      req.batch->CompleteSlice(req.slices[i].request, s);
+    }
+  }
+  if (req.tracker && req.ticket) req.tracker->Done(req.ticket);
+  CheckIdleRetire();
+}
+
+}  // namespace ferry::internal::tcp

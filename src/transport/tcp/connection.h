@@ -1,0 +1,195 @@
+// Connection: one TCP stream, driven by one EventLoop.
+//
+// Roles:
+//  - kInitiator: opened by this engine to a peer. Sends kWrite/kRead/kNotify
+//    request frames and completes them when the replies arrive (replies come
+//    back in request order on a stream).
+//  - kAccepted: accepted on the rpc port, waiting for its first frame: a
+//    handshake (answered with the engine's descriptor) or a stream hello
+//    (then it becomes kTarget). Closed if nothing valid arrives in time.
+//  - kTarget: serves a peer's requests against the engine's registered
+//    memory; every range is validated (and pinned) before bytes move.
+//
+// Payload bytes are never staged: writev from and readv into registered
+// memory directly. Thread contract: Send, Broken, QueuedBytes and
+// RetireWhenIdle may be called from any thread; everything else runs on the
+// loop thread.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/net.h"
+#include "core/batch.h"
+#include "core/memory_registry.h"
+#include "core/target.h"
+#include "transport/tcp/event_loop.h"
+#include "transport/transport.h"
+#include "wire/frame.h"
+
+namespace ferry::internal::tcp {
+
+// Tickets of the writes posted to one peer that have not completed yet, so a
+// notification can wait for every earlier write. Thread-safe.
+class WriteTracker {
+ public:
+  uint64_t Issue();
+  void Done(uint64_t ticket);
+  // Ticket the next write will get.
+  uint64_t Next();
+  // Waits until every ticket below `bound` is done.
+  bool WaitBelow(uint64_t bound, Clock::time_point deadline);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<uint64_t> outstanding_;
+  uint64_t next_ = 1;
+};
+
+// Completion of a notification frame.
+class NotifyWaiter {
+ public:
+  void Set(Status s);
+  Status Wait(Clock::time_point deadline);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+};
+
+// What accepted connections need from the engine.
+struct ServerContext {
+  std::shared_ptr<EngineTarget> target;
+  // Builds the kHandshakeResponse body for a caller's descriptor body.
+  std::function<std::string(std::string_view request_body)> handshake;
+  std::chrono::milliseconds hello_timeout{5000};
+  uint16_t wire_min = 1;
+  uint16_t wire_max = 1;
+};
+
+// A request frame from the initiator side.
+struct Request {
+  wire::FrameType type = wire::FrameType::kWrite;
+  std::string head;             // header + body; the seq is filled in when queued
+  std::vector<iovec> payload;   // kWrite: local source ranges
+  std::shared_ptr<BatchState> batch;
+  std::vector<Slice> slices;    // one per entry, in order
+  std::shared_ptr<NotifyWaiter> notify;
+  std::shared_ptr<WriteTracker> tracker;
+  uint64_t ticket = 0;          // kWrite only
+  uint64_t bytes = 0;
+  Clock::time_point deadline;
+};
+
+class Connection : public EventLoop::Handler, public std::enable_shared_from_this<Connection> {
+ public:
+  enum class Role { kInitiator, kAccepted, kTarget };
+
+  Connection(EventLoop* loop, UniqueFd fd, Role role, std::string peer_name,
+             std::shared_ptr<const ServerContext> server, uint16_t wire_version);
+  ~Connection() override;
+
+  // Registers with the loop. Loop thread only.
+  Status Attach();
+
+  // Queues a request (any thread). If the connection is closed, the request
+  // fails at once with kUnavailable.
+  void Send(Request r);
+  bool Broken() const { return broken_.load(std::memory_order_acquire); }
+  uint64_t QueuedBytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
+  // Closes once nothing is in flight (any thread).
+  void RetireWhenIdle();
+  // Closes now, failing everything in flight with `why` (any thread).
+  void CloseAsync(Status why);
+
+  void OnEvents(uint32_t events) override;
+  void OnTick(Clock::time_point now) override;
+
+ private:
+  struct OutFrame {
+    std::string head;
+    std::vector<iovec> payload;
+    std::vector<RegionPin> pins;  // kept until the bytes are sent
+    size_t sent = 0;
+    size_t total() const;
+  };
+  struct Inflight {
+    uint64_t seq;
+    Request req;
+  };
+  enum class Phase { kHeader, kBody, kPayload };
+
+  void DrainSubmissions();
+  void Close(const Status& why);
+  void FailRequest(Request& r, const Status& why);
+  void Flush();
+  void UpdateInterest();
+  void ReadSome();
+  // Called when a complete header/body/payload has arrived.
+  Status OnHeader();
+  Status OnBody();
+  Status OnPayload();
+  // Target side handlers.
+  Status ServeHandshake();
+  Status ServeHello();
+  Status ServeWrite();
+  Status ServeRead();
+  Status ServeNotify();
+  // Initiator side.
+  Status OnReply();
+  void CompleteFront(const std::vector<wire::EntryFailure>& failures, const Status& frame_status);
+  void QueueReply(wire::FrameType type, uint64_t seq, std::string body,
+                  std::vector<iovec> payload = {}, std::vector<RegionPin> pins = {});
+  void AddDiscard(size_t length);
+  void CheckIdleRetire();
+
+  EventLoop* const loop_;
+  UniqueFd fd_;
+  Role role_;
+  std::string peer_name_;
+  const std::shared_ptr<const ServerContext> server_;
+  uint16_t wire_version_;
+  Clock::time_point hello_deadline_;
+
+  std::atomic<bool> broken_{false};
+  std::atomic<uint64_t> queued_bytes_{0};
+  std::atomic<bool> retire_{false};
+
+  // Submissions from other threads.
+  std::mutex submit_mu_;
+  std::vector<Request> submitted_;  // guarded by submit_mu_
+  bool drain_scheduled_ = false;    // guarded by submit_mu_
+  bool closed_ = false;             // guarded by submit_mu_ (written on the loop thread)
+
+  // Loop thread only below.
+  uint64_t next_seq_ = 1;
+  std::deque<OutFrame> out_;
+  bool want_write_ = false;
+  std::deque<Inflight> inflight_;
+
+  Phase phase_ = Phase::kHeader;
+  uint8_t header_buf_[wire::kFrameHeaderSize];
+  size_t got_ = 0;
+  wire::FrameHeader header_;
+  std::string body_;
+  std::vector<iovec> recv_iov_;
+  size_t recv_index_ = 0;
+  std::vector<RegionPin> recv_pins_;
+  std::vector<wire::EntryFailure> recv_failures_;
+  std::vector<wire::Entry> recv_entries_;
+  std::unique_ptr<char[]> scratch_;
+};
+
+}  // namespace ferry::internal::tcp

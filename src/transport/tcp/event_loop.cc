@@ -1,0 +1,152 @@
+#include "transport/tcp/event_loop.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "common/log.h"
+#include "common/net.h"
+
+namespace ferry::internal {
+
+using Clock = std::chrono::steady_clock;
+
+EventLoop::EventLoop(std::string name, std::chrono::microseconds spin)
+    : name_(std::move(name)), spin_(spin) {}
+
+EventLoop::~EventLoop() {
+  Stop();
+  if (epfd_ >= 0) ::close(epfd_);
+  if (wakefd_ >= 0) ::close(wakefd_);
+}
+
+Status EventLoop::Start() {
+  epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epfd_ < 0) return InternalError("epoll_create1: " + ErrnoString(errno));
+  wakefd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wakefd_ < 0) return InternalError("eventfd: " + ErrnoString(errno));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = wakefd_;
+  if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, wakefd_, &ev) != 0) {
+    return InternalError("epoll_ctl: " + ErrnoString(errno));
+  }
+  thread_ = std::thread([this] { Run(); });
+  return OkStatus();
+}
+
+void EventLoop::Stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true);
+  Wake();
+  thread_.join();
+}
+
+void EventLoop::Wake() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wakefd_, &one, sizeof(one));
+}
+
+void EventLoop::RunInLoop(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(tasks_mu_);
+    tasks_.push_back(std::move(fn));
+  }
+  if (sleeping_.load(std::memory_order_seq_cst)) Wake();
+}
+
+Status EventLoop::Add(int fd, uint32_t events, std::shared_ptr<Handler> handler) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    return InternalError("epoll_ctl add: " + ErrnoString(errno));
+  }
+  handlers_[fd] = std::move(handler);
+  return OkStatus();
+}
+
+void EventLoop::Modify(int fd, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  ::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev);
+}
+
+void EventLoop::Remove(int fd) {
+  ::epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  handlers_.erase(fd);
+}
+
+void EventLoop::Run() {
+  thread_id_ = std::this_thread::get_id();
+  constexpr int kMaxEvents = 64;
+  constexpr auto kTick = std::chrono::milliseconds(50);
+  epoll_event events[kMaxEvents];
+  std::vector<std::function<void()>> tasks;
+  Clock::time_point last_activity = Clock::now();
+  Clock::time_point next_tick = Clock::now() + kTick;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(tasks_mu_);
+      tasks.swap(tasks_);
+    }
+    bool active = !tasks.empty();
+    for (auto& t : tasks) t();
+    tasks.clear();
+    if (stop_.load()) break;
+
+    int timeout_ms = 0;
+    Clock::time_point now = Clock::now();
+    if (active) last_activity = now;
+    if (now - last_activity >= spin_) {
+      // Nothing recent: block, but re-check the queue after announcing it.
+      sleeping_.store(true, std::memory_order_seq_cst);
+      bool queued;
+      {
+        std::lock_guard<std::mutex> lock(tasks_mu_);
+        queued = !tasks_.empty();
+      }
+      if (queued) {
+        sleeping_.store(false, std::memory_order_relaxed);
+        continue;
+      }
+      timeout_ms = handlers_.empty()
+                       ? -1
+                       : static_cast<int>(std::max<long long>(
+                             1, std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - now).count()));
+    }
+    int n = ::epoll_wait(epfd_, events, kMaxEvents, timeout_ms);
+    sleeping_.store(false, std::memory_order_relaxed);
+    if (n < 0 && errno != EINTR) {
+      FERRY_LOG(kError, "event loop " << name_ << ": epoll_wait: " << ErrnoString(errno));
+      break;
+    }
+    for (int i = 0; i < n; ++i) {
+      int fd = events[i].data.fd;
+      if (fd == wakefd_) {
+        uint64_t v;
+        [[maybe_unused]] ssize_t r = ::read(wakefd_, &v, sizeof(v));
+        continue;
+      }
+      auto it = handlers_.find(fd);
+      if (it == handlers_.end()) continue;
+      std::shared_ptr<Handler> h = it->second;  // may remove itself
+      h->OnEvents(events[i].events);
+    }
+    now = Clock::now();
+    if (n > 0) last_activity = now;
+    if (now >= next_tick) {
+      next_tick = now + kTick;
+      std::vector<std::shared_ptr<Handler>> hs;
+      hs.reserve(handlers_.size());
+      for (auto& [fd, h] : handlers_) hs.push_back(h);
+      for (auto& h : hs) h->OnTick(now);
+    }
+  }
+  handlers_.clear();
+}
+
+}  // namespace ferry::internal

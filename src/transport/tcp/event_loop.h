@@ -1,0 +1,73 @@
+// EventLoop: one thread driving non-blocking sockets with epoll.
+//
+// After activity the loop polls without blocking for `spin` (low latency for
+// back-to-back small transfers); with nothing to do it blocks, so an idle
+// engine uses no CPU (it wakes every 50 ms only while handlers want ticks).
+// Thread contract: RunInLoop may be called from any thread; Add/Modify/
+// Remove only on the loop thread. The loop thread is started by Start and
+// joined by Stop (or the destructor); handlers are called on it only.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "ferry/status.h"
+
+namespace ferry::internal {
+
+class EventLoop {
+ public:
+  class Handler {
+   public:
+    virtual ~Handler() = default;
+    virtual void OnEvents(uint32_t events) = 0;
+    // Called about every 50 ms while the handler is registered.
+    virtual void OnTick(std::chrono::steady_clock::time_point now) = 0;
+  };
+
+  EventLoop(std::string name, std::chrono::microseconds spin);
+  ~EventLoop();
+
+  Status Start();
+  // Runs pending tasks, then stops the thread. Handlers are dropped.
+  void Stop();
+
+  // Runs `fn` on the loop thread (FIFO order among tasks).
+  void RunInLoop(std::function<void()> fn);
+  bool InLoopThread() const { return std::this_thread::get_id() == thread_id_; }
+
+  // Loop thread only. The loop keeps `handler` alive while registered.
+  Status Add(int fd, uint32_t events, std::shared_ptr<Handler> handler);
+  void Modify(int fd, uint32_t events);
+  void Remove(int fd);
+
+ private:
+  void Run();
+  void Wake();
+
+  const std::string name_;
+  const std::chrono::microseconds spin_;
+  int epfd_ = -1;
+  int wakefd_ = -1;
+  std::thread thread_;
+  std::thread::id thread_id_;
+  std::atomic<bool> stop_{false};
+  // True while the loop is (about to be) blocked in epoll_wait. Producers
+  // read it (seq_cst) after queueing a task; the loop sets it (seq_cst) before
+  // re-checking the queue: one of the two always sees the other.
+  std::atomic<bool> sleeping_{false};
+
+  std::mutex tasks_mu_;
+  std::vector<std::function<void()>> tasks_;
+
+  std::unordered_map<int, std::shared_ptr<Handler>> handlers_;  // loop thread only
+};
+
+}  // namespace ferry::internal

@@ -1,0 +1,267 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/net.h"
+#include "wire/frame.h"
+
+namespace ferry::internal {
+namespace {
+
+using tcp::Connection;
+
+// Accepts connections on the rpc port and hands each to a loop.
+class Listener : public EventLoop::Handler {
+ public:
+  Listener(UniqueFd fd, std::vector<EventLoop*> loops, std::shared_ptr<const tcp::ServerContext> server)
+      : fd_(std::move(fd)), loops_(std::move(loops)), server_(std::move(server)) {}
+
+  int fd() const { return fd_.get(); }
+
+  void OnEvents(uint32_t) override {
+    while (true) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof(ss);
+      int c = ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (c < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN) FERRY_LOG(kWarning, "accept: " << ErrnoString(errno));
+        return;
+      }
+      SetNoDelay(c);
+      EventLoop* loop = loops_[next_++ % loops_.size()];
+      auto conn = std::make_shared<Connection>(loop, UniqueFd(c), Connection::Role::kAccepted,
+                                               "accepted connection " + std::to_string(c), server_, 0);
+      loop->RunInLoop([conn] {
+        Status s = conn->Attach();
+        if (!s.ok()) FERRY_LOG(kWarning, "cannot serve accepted connection: " << s);
+      });
+    }
+  }
+  void OnTick(Clock::time_point) override {}
+
+ private:
+  UniqueFd fd_;
+  std::vector<EventLoop*> loops_;
+  std::shared_ptr<const tcp::ServerContext> server_;
+  size_t next_ = 0;
+};
+
+class TcpLink : public PeerLink {
+ public:
+  TcpLink(const TcpTransportConfig& cfg, std::string peer_id, uint16_t version,
+          std::vector<std::shared_ptr<Connection>> streams)
+      : max_frame_bytes_(cfg.max_frame_bytes),
+        max_frame_entries_(cfg.max_frame_entries),
+        peer_id_(std::move(peer_id)), version_(version), streams_(std::move(streams)),
+        tracker_(std::make_shared<tcp::WriteTracker>()) {}
+
+  ~TcpLink() override { Retire(); }
+
+  void Post(const std::shared_ptr<BatchState>& batch, std::vector<Slice> slices,
+            Clock::time_point deadline) override {
+    size_t i = 0;
+    while (i < slices.size()) {
+      // Coalesce consecutive slices of one opcode into a frame.
+      const Opcode op = slices[i].opcode;
+      size_t j = i;
+      uint64_t bytes = 0;
+      while (j < slices.size() && slices[j].opcode == op && j - i < max_frame_entries_ &&
+             (j == i || bytes + slices[j].length <= max_frame_bytes_)) {
+        bytes += slices[j].length;
+        ++j;
+      }
+      tcp::Request r;
+      r.type = op == Opcode::kWrite ? wire::FrameType::kWrite : wire::FrameType::kRead;
+      r.batch = batch;
+      r.deadline = deadline;
+      r.bytes = bytes;
+      r.slices.assign(slices.begin() + i, slices.begin() + j);
+      std::string body;
+      body.reserve(wire::EntriesSize(j - i));
+      {
+        std::vector<wire::Entry> entries(j - i);
+        for (size_t k = i; k < j; ++k) entries[k - i] = {slices[k].remote, slices[k].length};
+        wire::EncodeEntries(entries.data(), entries.size(), &body);
+      }
+      wire::FrameHeader h;
+      h.version = static_cast<uint8_t>(version_);
+      h.type = r.type;
+      if (op == Opcode::kWrite) {
+        h.payload_len = static_cast<uint32_t>(bytes);
+        r.payload.reserve(j - i);
+        for (size_t k = i; k < j; ++k) r.payload.push_back({slices[k].local, slices[k].length});
+        r.tracker = tracker_;
+        r.ticket = tracker_->Issue();
+      }
+      r.head = wire::BuildFrame(h, body);
+      PickStream()->Send(std::move(r));
+      i = j;
+    }
+  }
+
+  Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) override {
+    uint64_t bound = tracker_->Next();
+    if (!tracker_->WaitBelow(bound, deadline)) {
+      return DeadlineExceededError("earlier writes to " + peer_id_ +
+                                   " did not complete before the notification deadline");
+    }
+    tcp::Request r;
+    r.type = wire::FrameType::kNotify;
+    r.notify = std::make_shared<tcp::NotifyWaiter>();
+    r.deadline = deadline;
+    std::string b;
+    wire::EncodeNotify(body, &b);
+    wire::FrameHeader h;
+    h.version = static_cast<uint8_t>(version_);
+    h.type = wire::FrameType::kNotify;
+    r.head = wire::BuildFrame(h, b);
+    auto waiter = r.notify;
+    PickStream()->Send(std::move(r));
+    return waiter->Wait(deadline + std::chrono::seconds(1));
+  }
+
+  bool Healthy() const override {
+    for (const auto& s : streams_) {
+      if (s->Broken()) return false;
+    }
+    return true;
+  }
+
+  void Retire() override {
+    for (const auto& s : streams_) s->RetireWhenIdle();
+  }
+
+ private:
+  // The stream with the fewest bytes queued (a broken one only if all are).
+  Connection* PickStream() {
+    size_t start = rr_.fetch_add(1, std::memory_order_relaxed);
+    Connection* best = nullptr;
+    uint64_t best_q = 0;
+    for (size_t k = 0; k < streams_.size(); ++k) {
+      Connection* c = streams_[(start + k) % streams_.size()].get();
+      if (c->Broken()) continue;
+      uint64_t q = c->QueuedBytes();
+      if (best == nullptr || q < best_q) {
+        best = c;
+        best_q = q;
+      }
+    }
+    return best ? best : streams_[start % streams_.size()].get();
+  }
+
+  const uint32_t max_frame_bytes_;
+  const uint32_t max_frame_entries_;
+  const std::string peer_id_;
+  const uint16_t version_;
+  std::vector<std::shared_ptr<Connection>> streams_;
+  std::shared_ptr<tcp::WriteTracker> tracker_;
+  std::atomic<size_t> rr_{0};
+};
+
+class TcpTransportImpl : public Transport {
+ public:
+  TcpTransportImpl(TcpTransportConfig cfg, std::shared_ptr<const tcp::ServerContext> server)
+      : cfg_(std::move(cfg)), server_(std::move(server)) {}
+
+  ~TcpTransportImpl() override { Shutdown(); }
+
+  Status Start() {
+    int n = std::max(1, cfg_.io_threads);
+    std::vector<EventLoop*> raw;
+    for (int i = 0; i < n; ++i) {
+      loops_.push_back(std::make_unique<EventLoop>("tcp-" + std::to_string(i), cfg_.spin));
+      FERRY_RETURN_IF_ERROR(loops_.back()->Start());
+      raw.push_back(loops_.back().get());
+    }
+    auto listener = std::make_shared<Listener>(std::move(cfg_.listener), raw, server_);
+    EventLoop* l0 = loops_[0].get();
+    l0->RunInLoop([l0, listener] {
+      Status s = l0->Add(listener->fd(), EPOLLIN, listener);
+      if (!s.ok()) FERRY_LOG(kError, "cannot serve the rpc port: " << s);
+    });
+    return OkStatus();
+  }
+
+  std::string_view Name() const override { return "tcp"; }
+  uint32_t MaxSlice() const override { return cfg_.slice_size; }
+  void Describe(wire::PeerDescriptor* self) const override {
+    self->transports.push_back({"tcp", cfg_.local_peer_id});
+  }
+  bool CanReach(const wire::PeerDescriptor& peer) const override {
+    return peer.FindTransport("tcp") != nullptr;
+  }
+
+  StatusOr<std::shared_ptr<PeerLink>> Connect(const wire::PeerDescriptor& peer, uint16_t version,
+                                              Clock::time_point deadline) override {
+    const wire::TransportEndpoint* ep = peer.FindTransport("tcp");
+    if (ep == nullptr) return UnimplementedError("peer " + peer.peer_id + " offers no tcp endpoint");
+    FERRY_ASSIGN_OR_RETURN(HostPort hp, ParsePeerId(ep->endpoint));
+    std::vector<std::shared_ptr<Connection>> streams;
+    for (int i = 0; i < std::max(1, cfg_.streams); ++i) {
+      FERRY_ASSIGN_OR_RETURN(UniqueFd fd, ConnectTo(hp, deadline));
+      wire::StreamHello hello{cfg_.local_instance, peer.instance_id, version, static_cast<uint16_t>(i),
+                              cfg_.local_peer_id};
+      std::string body;
+      wire::EncodeStreamHello(hello, &body);
+      wire::FrameHeader h;
+      h.type = wire::FrameType::kStreamHello;
+      std::string frame = wire::BuildFrame(h, body);
+      auto ctx = [&](const Status& s) {
+        return s.WithPrefix("opening stream " + std::to_string(i) + " to " + peer.peer_id);
+      };
+      Status s = SendAll(fd.get(), frame.data(), frame.size(), deadline);
+      if (!s.ok()) return ctx(s);
+      uint8_t hdr[wire::kFrameHeaderSize];
+      s = RecvAll(fd.get(), hdr, sizeof(hdr), deadline);
+      if (!s.ok()) return ctx(s);
+      auto rh = wire::DecodeHeader(hdr);
+      if (!rh.ok()) return ctx(rh.status());
+      if (rh->type != wire::FrameType::kStreamHelloAck) return ctx(DataLossError("unexpected reply to hello"));
+      std::string ack(rh->body_len, '\0');
+      s = RecvAll(fd.get(), ack.data(), ack.size(), deadline);
+      if (!s.ok()) return ctx(s);
+      Status remote;
+      s = wire::DecodeStatus(ack, &remote);
+      if (!s.ok()) return ctx(s);
+      if (!remote.ok()) return ctx(remote);
+      FERRY_RETURN_IF_ERROR(SetNonBlocking(fd.get(), true));
+      EventLoop* loop = loops_[static_cast<size_t>(i) % loops_.size()].get();
+      auto conn = std::make_shared<Connection>(loop, std::move(fd), Connection::Role::kInitiator,
+                                               peer.peer_id, nullptr, version);
+      loop->RunInLoop([conn] {
+        Status a = conn->Attach();
+        if (!a.ok()) conn->CloseAsync(a);
+      });
+      streams.push_back(std::move(conn));
+    }
+    return std::shared_ptr<PeerLink>(std::make_shared<TcpLink>(cfg_, peer.peer_id, version, std::move(streams)));
+  }
+
+  void Shutdown() override {
+    for (auto& l : loops_) l->Stop();
+    loops_.clear();
+  }
+
+ private:
+  TcpTransportConfig cfg_;
+  std::shared_ptr<const tcp::ServerContext> server_;
+  std::vector<std::unique_ptr<EventLoop>> loops_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Transport>> MakeTcpTransport(TcpTransportConfig config,
+                                                      std::shared_ptr<const tcp::ServerContext> server) {
+  auto t = std::make_unique<TcpTransportImpl>(std::move(config), std::move(server));
+  FERRY_RETURN_IF_ERROR(t->Start());
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+}  // namespace ferry::internal

@@ -1,0 +1,30 @@
+// The TCP transport: persistent connections (streams) per peer, driven by a
+// few event-loop threads; large requests are sliced and striped across the
+// streams, small ones coalesced into frames of many entries.
+#pragma once
+
+#include <memory>
+
+#include "ferry/options.h"
+#include "transport/tcp/connection.h"
+#include "transport/transport.h"
+
+namespace ferry::internal {
+
+struct TcpTransportConfig {
+  UniqueFd listener;  // bound and listening (the rpc port)
+  int streams = 2;
+  int io_threads = 2;
+  uint32_t slice_size = 1u << 20;
+  uint32_t max_frame_bytes = 1u << 20;
+  uint32_t max_frame_entries = 512;
+  std::chrono::microseconds spin{50};
+  std::string local_peer_id;  // "host:port" of this engine, sent in stream hellos
+  uint64_t local_instance = 0;
+};
+
+// Starts the loops and serves the rpc port (handshakes and data streams).
+StatusOr<std::unique_ptr<Transport>> MakeTcpTransport(TcpTransportConfig config,
+                                                      std::shared_ptr<const tcp::ServerContext> server);
+
+}  // namespace ferry::internal

@@ -1,0 +1,123 @@
+#include "wire/descriptor.h"
+
+#include <algorithm>
+
+#include "wire/byte_io.h"
+#include "wire/frame.h"
+
+namespace ferry::wire {
+
+bool PeerDescriptor::HasFeature(std::string_view f) const {
+  return std::find(features.begin(), features.end(), f) != features.end();
+}
+
+const TransportEndpoint* PeerDescriptor::FindTransport(std::string_view name) const {
+  for (const auto& t : transports) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+void EncodeDescriptor(const PeerDescriptor& d, std::string* out) {
+  ByteWriter w(out);
+  w.U16(kDescriptorFormat);
+  w.Str(d.engine_name);
+  w.Str(d.peer_id);
+  w.U64(d.instance_id);
+  w.U64(d.process_token);
+  w.Str(d.hostname);
+  w.U32(d.pid);
+  w.Str(d.version);
+  w.U16(d.wire_min);
+  w.U16(d.wire_max);
+  w.U16(static_cast<uint16_t>(d.transports.size()));
+  for (const auto& t : d.transports) {
+    w.Str(t.name);
+    w.Str(t.endpoint);
+  }
+  w.U16(static_cast<uint16_t>(d.features.size()));
+  for (const auto& f : d.features) w.Str(f);
+  w.U32(static_cast<uint32_t>(d.regions.size()));
+  for (const auto& r : d.regions) {
+    w.U64(r.addr);
+    w.U64(r.length);
+    w.Str(r.location);
+  }
+}
+
+StatusOr<PeerDescriptor> DecodeDescriptor(std::string_view bytes) {
+  ByteReader r(bytes);
+  PeerDescriptor d;
+  uint16_t format = 0;
+  if (!r.U16(&format)) return DataLossError("empty peer descriptor");
+  if (format != kDescriptorFormat) {
+    return FailedPreconditionError("peer descriptor format " + std::to_string(format) +
+                                   " is not supported (this engine reads format " +
+                                   std::to_string(kDescriptorFormat) + ")");
+  }
+  uint16_t nt = 0, nf = 0;
+  uint32_t nr = 0;
+  bool ok = r.Str(&d.engine_name) && r.Str(&d.peer_id) && r.U64(&d.instance_id) &&
+            r.U64(&d.process_token) && r.Str(&d.hostname) && r.U32(&d.pid) && r.Str(&d.version) &&
+            r.U16(&d.wire_min) && r.U16(&d.wire_max) && r.U16(&nt);
+  for (uint16_t i = 0; ok && i < nt; ++i) {
+    TransportEndpoint t;
+    ok = r.Str(&t.name) && r.Str(&t.endpoint);
+    d.transports.push_back(std::move(t));
+  }
+  ok = ok && r.U16(&nf);
+  for (uint16_t i = 0; ok && i < nf; ++i) {
+    std::string f;
+    ok = r.Str(&f);
+    d.features.push_back(std::move(f));
+  }
+  ok = ok && r.U32(&nr);
+  // Each region takes at least 18 bytes: refuse counts the input cannot hold.
+  if (ok && nr > r.remaining() / 18) ok = false;
+  for (uint32_t i = 0; ok && i < nr; ++i) {
+    RemoteRegion reg;
+    ok = r.U64(&reg.addr) && r.U64(&reg.length) && r.Str(&reg.location);
+    d.regions.push_back(std::move(reg));
+  }
+  if (!ok || r.remaining() != 0) return DataLossError("malformed peer descriptor");
+  if (d.wire_min > d.wire_max) {
+    return DataLossError("peer descriptor has an empty wire version range " +
+                         std::to_string(d.wire_min) + ".." + std::to_string(d.wire_max));
+  }
+  return d;
+}
+
+StatusOr<uint16_t> NegotiateWireVersion(const PeerDescriptor& local, const PeerDescriptor& remote) {
+  uint16_t lo = std::max(local.wire_min, remote.wire_min);
+  uint16_t hi = std::min(local.wire_max, remote.wire_max);
+  if (lo <= hi) return hi;
+  auto range = [](const PeerDescriptor& d) {
+    return std::to_string(d.wire_min) + ".." + std::to_string(d.wire_max);
+  };
+  std::string older = remote.wire_max < local.wire_min ? "peer " + remote.peer_id
+                                                       : "this engine (" + local.peer_id + ")";
+  return FailedPreconditionError(
+      "no common wire protocol version: peer " + remote.peer_id + " ('" + remote.engine_name +
+      "', ferry " + remote.version + ") speaks wire versions " + range(remote) +
+      ", this engine " + local.peer_id + " (ferry " + local.version + ") speaks " + range(local) +
+      "; upgrade " + older);
+}
+
+void EncodeHandshakeResponse(const Status& s, const PeerDescriptor& d, std::string* out) {
+  EncodeStatus(s, out);
+  EncodeDescriptor(d, out);
+}
+
+StatusOr<std::pair<Status, PeerDescriptor>> DecodeHandshakeResponse(std::string_view body) {
+  ByteReader r(body);
+  uint8_t code;
+  std::string msg;
+  if (!r.U8(&code) || !r.Str(&msg)) return DataLossError("malformed handshake response");
+  size_t status_len = body.size() - r.remaining();
+  Status s;
+  FERRY_RETURN_IF_ERROR(DecodeStatus(body.substr(0, status_len), &s));
+  FERRY_ASSIGN_OR_RETURN(PeerDescriptor d, DecodeDescriptor(body.substr(status_len)));
+  return std::make_pair(std::move(s), std::move(d));
+}
+
+}  // namespace ferry::wire

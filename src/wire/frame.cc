@@ -1,0 +1,218 @@
+#include "wire/frame.h"
+
+#include <cstring>
+
+#include "wire/byte_io.h"
+
+namespace ferry::wire {
+namespace {
+
+bool KnownType(uint8_t t) {
+  switch (static_cast<FrameType>(t)) {
+    case FrameType::kHandshakeRequest:
+    case FrameType::kHandshakeResponse:
+    case FrameType::kStreamHello:
+    case FrameType::kStreamHelloAck:
+    case FrameType::kWrite:
+    case FrameType::kRead:
+    case FrameType::kNotify:
+    case FrameType::kAck:
+    case FrameType::kReadData:
+      return true;
+  }
+  return false;
+}
+
+bool KnownCode(uint8_t c) {
+  switch (static_cast<StatusCode>(c)) {
+    case StatusCode::kOk:
+    case StatusCode::kCancelled:
+    case StatusCode::kUnknown:
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kDeadlineExceeded:
+    case StatusCode::kNotFound:
+    case StatusCode::kAlreadyExists:
+    case StatusCode::kResourceExhausted:
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kUnimplemented:
+    case StatusCode::kInternal:
+    case StatusCode::kUnavailable:
+    case StatusCode::kDataLoss:
+      return true;
+  }
+  return false;
+}
+
+Status Corrupt(std::string_view what) {
+  return DataLossError("malformed " + std::string(what) + " from peer");
+}
+
+bool ReadStatus(ByteReader& r, Status* out) {
+  uint8_t code;
+  std::string msg;
+  if (!r.U8(&code) || !r.Str(&msg)) return false;
+  if (!KnownCode(code)) code = static_cast<uint8_t>(StatusCode::kUnknown);
+  *out = Status(static_cast<StatusCode>(code), std::move(msg));
+  return true;
+}
+
+void WriteStatus(ByteWriter& w, const Status& s) {
+  w.U8(static_cast<uint8_t>(s.code()));
+  std::string_view m = s.message();
+  w.Str(m.substr(0, kMaxErrorMessage));
+}
+
+}  // namespace
+
+void EncodeHeader(const FrameHeader& h, uint8_t out[kFrameHeaderSize]) {
+  std::string s;
+  s.reserve(kFrameHeaderSize);
+  ByteWriter w(&s);
+  w.U32(kFrameMagic);
+  w.U8(h.version);
+  w.U8(static_cast<uint8_t>(h.type));
+  w.U16(h.flags);
+  w.U32(h.body_len);
+  w.U32(h.payload_len);
+  w.U64(h.seq);
+  std::memcpy(out, s.data(), kFrameHeaderSize);
+}
+
+StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kFrameHeaderSize]) {
+  ByteReader r(in, kFrameHeaderSize);
+  uint32_t magic;
+  uint8_t type;
+  FrameHeader h;
+  r.U32(&magic);
+  r.U8(&h.version);
+  r.U8(&type);
+  r.U16(&h.flags);
+  r.U32(&h.body_len);
+  r.U32(&h.payload_len);
+  r.U64(&h.seq);
+  if (magic != kFrameMagic) return DataLossError("bad frame magic (not a Ferry peer?)");
+  if (!KnownType(type)) return DataLossError("unknown frame type " + std::to_string(type));
+  h.type = static_cast<FrameType>(type);
+  bool handshake = h.type == FrameType::kHandshakeRequest || h.type == FrameType::kHandshakeResponse;
+  uint32_t max_body = handshake ? kMaxHandshakeBody : kMaxDataBody;
+  if (h.body_len > max_body) {
+    return DataLossError("frame body of " + std::to_string(h.body_len) + " bytes exceeds the limit of " +
+                         std::to_string(max_body));
+  }
+  if (h.payload_len > kMaxPayload) {
+    return DataLossError("frame payload of " + std::to_string(h.payload_len) +
+                         " bytes exceeds the limit of " + std::to_string(kMaxPayload));
+  }
+  if (h.payload_len != 0 && h.type != FrameType::kWrite && h.type != FrameType::kReadData) {
+    return DataLossError("frame type " + std::to_string(type) + " cannot carry a payload");
+  }
+  return h;
+}
+
+void EncodeEntries(const Entry* entries, size_t count, std::string* out) {
+  out->reserve(out->size() + EntriesSize(count));
+  ByteWriter w(out);
+  w.U32(static_cast<uint32_t>(count));
+  for (size_t i = 0; i < count; ++i) {
+    w.U64(entries[i].addr);
+    w.U32(entries[i].length);
+  }
+}
+
+StatusOr<std::vector<Entry>> DecodeEntries(std::string_view body) {
+  ByteReader r(body);
+  uint32_t n;
+  if (!r.U32(&n)) return Corrupt("entry list");
+  if (n == 0 || n > kMaxEntriesPerFrame || r.remaining() != static_cast<size_t>(n) * 12) {
+    return Corrupt("entry list (count " + std::to_string(n) + ")");
+  }
+  std::vector<Entry> out(n);
+  for (auto& e : out) {
+    r.U64(&e.addr);
+    r.U32(&e.length);
+  }
+  return out;
+}
+
+void EncodeReply(const Reply& rep, std::string* out) {
+  ByteWriter w(out);
+  WriteStatus(w, rep.status);
+  w.U32(static_cast<uint32_t>(rep.failures.size()));
+  for (const auto& f : rep.failures) {
+    w.U32(f.index);
+    WriteStatus(w, Status(f.code, f.message));
+  }
+}
+
+StatusOr<Reply> DecodeReply(std::string_view body) {
+  ByteReader r(body);
+  Reply rep;
+  uint32_t n;
+  if (!ReadStatus(r, &rep.status) || !r.U32(&n)) return Corrupt("reply");
+  if (n > kMaxEntriesPerFrame) return Corrupt("reply (failure count)");
+  rep.failures.resize(n);
+  for (auto& f : rep.failures) {
+    Status s;
+    if (!r.U32(&f.index) || !ReadStatus(r, &s)) return Corrupt("reply failure");
+    f.code = s.ok() ? StatusCode::kUnknown : s.code();
+    f.message = s.message();
+  }
+  if (r.remaining() != 0) return Corrupt("reply (trailing bytes)");
+  return rep;
+}
+
+void EncodeNotify(const NotifyBody& n, std::string* out) {
+  ByteWriter w(out);
+  w.Str(n.sender);
+  w.Str(n.name);
+  w.Str(n.message);
+}
+
+StatusOr<NotifyBody> DecodeNotify(std::string_view body) {
+  ByteReader r(body);
+  NotifyBody n;
+  if (!r.Str(&n.sender) || !r.Str(&n.name) || !r.Str(&n.message) || r.remaining() != 0) {
+    return Corrupt("notification");
+  }
+  return n;
+}
+
+void EncodeStreamHello(const StreamHello& h, std::string* out) {
+  ByteWriter w(out);
+  w.U64(h.initiator_instance);
+  w.U64(h.target_instance);
+  w.U16(h.wire_version);
+  w.U16(h.stream_index);
+  w.Str(h.initiator_peer_id);
+}
+
+StatusOr<StreamHello> DecodeStreamHello(std::string_view body) {
+  ByteReader r(body);
+  StreamHello h;
+  if (!r.U64(&h.initiator_instance) || !r.U64(&h.target_instance) || !r.U16(&h.wire_version) ||
+      !r.U16(&h.stream_index) || !r.Str(&h.initiator_peer_id) || r.remaining() != 0) {
+    return Corrupt("stream hello");
+  }
+  return h;
+}
+
+void EncodeStatus(const Status& s, std::string* out) {
+  ByteWriter w(out);
+  WriteStatus(w, s);
+}
+
+Status DecodeStatus(std::string_view body, Status* out) {
+  ByteReader r(body);
+  if (!ReadStatus(r, out) || r.remaining() != 0) return Corrupt("status");
+  return OkStatus();
+}
+
+std::string BuildFrame(FrameHeader h, std::string_view body) {
+  h.body_len = static_cast<uint32_t>(body.size());
+  std::string out(kFrameHeaderSize, '\0');
+  EncodeHeader(h, reinterpret_cast<uint8_t*>(out.data()));
+  out.append(body);
+  return out;
+}
+
+}  // namespace ferry::wire

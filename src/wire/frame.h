@@ -1,0 +1,104 @@
+// Frames exchanged on the rpc port: header, message types and their bodies.
+// The byte layout is specified in docs/wire-format.md; keep them in sync.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/status.h"
+
+namespace ferry::wire {
+
+inline constexpr uint32_t kFrameMagic = 0x59525246;  // bytes "FRRY"
+inline constexpr size_t kFrameHeaderSize = 24;
+// Bodies above these sizes are refused before any allocation.
+inline constexpr uint32_t kMaxHandshakeBody = 16u << 20;
+inline constexpr uint32_t kMaxDataBody = 1u << 20;
+inline constexpr uint32_t kMaxPayload = 64u << 20;
+inline constexpr uint32_t kMaxEntriesPerFrame = 16384;
+inline constexpr size_t kMaxErrorMessage = 512;
+
+enum class FrameType : uint8_t {
+  kHandshakeRequest = 1,
+  kHandshakeResponse = 2,
+  kStreamHello = 3,
+  kStreamHelloAck = 4,
+  kWrite = 10,
+  kRead = 11,
+  kNotify = 12,
+  kAck = 20,       // reply to kWrite and kNotify
+  kReadData = 21,  // reply to kRead
+};
+
+struct FrameHeader {
+  uint8_t version = 0;  // 0 for handshake/hello frames, else the negotiated wire version
+  FrameType type = FrameType::kAck;
+  uint16_t flags = 0;
+  uint32_t body_len = 0;     // bytes of the body that follows the header
+  uint32_t payload_len = 0;  // raw data bytes that follow the body
+  uint64_t seq = 0;          // request sequence number; replies echo it
+};
+
+void EncodeHeader(const FrameHeader& h, uint8_t out[kFrameHeaderSize]);
+// kDataLoss on a bad magic, unknown type or oversized lengths.
+StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kFrameHeaderSize]);
+
+// One remote range inside a kWrite or kRead body.
+struct Entry {
+  uint64_t addr = 0;
+  uint32_t length = 0;
+};
+
+// kWrite / kRead body: u32 count, then count × {u64 addr, u32 length}.
+void EncodeEntries(const Entry* entries, size_t count, std::string* out);
+StatusOr<std::vector<Entry>> DecodeEntries(std::string_view body);
+// Size of an encoded entry list.
+inline size_t EntriesSize(size_t count) { return 4 + count * 12; }
+
+// A per-entry failure reported by the target.
+struct EntryFailure {
+  uint32_t index = 0;
+  StatusCode code = StatusCode::kInternal;
+  std::string message;
+};
+
+// kAck / kReadData body: u8 code, str message (whole-frame status), u32
+// count, then count × {u32 index, u8 code, str message}.
+struct Reply {
+  Status status;
+  std::vector<EntryFailure> failures;
+};
+void EncodeReply(const Reply& r, std::string* out);
+StatusOr<Reply> DecodeReply(std::string_view body);
+
+// kNotify body: str sender, str name, str message.
+struct NotifyBody {
+  std::string sender;
+  std::string name;
+  std::string message;
+};
+void EncodeNotify(const NotifyBody& n, std::string* out);
+StatusOr<NotifyBody> DecodeNotify(std::string_view body);
+
+// kStreamHello body.
+struct StreamHello {
+  uint64_t initiator_instance = 0;
+  uint64_t target_instance = 0;  // the instance the initiator expects to reach
+  uint16_t wire_version = 0;     // negotiated during the handshake
+  uint16_t stream_index = 0;
+  std::string initiator_peer_id;
+};
+void EncodeStreamHello(const StreamHello& h, std::string* out);
+StatusOr<StreamHello> DecodeStreamHello(std::string_view body);
+
+// kStreamHelloAck / status-only bodies: u8 code, str message.
+void EncodeStatus(const Status& s, std::string* out);
+// Decodes into *out; the returned Status says whether decoding worked.
+Status DecodeStatus(std::string_view body, Status* out);
+
+// Builds header + body into one buffer.
+std::string BuildFrame(FrameHeader h, std::string_view body);
+
+}  // namespace ferry::wire

@@ -1,0 +1,104 @@
+#include "wire/frame.h"
+
+#include <gtest/gtest.h>
+
+namespace ferry::wire {
+namespace {
+
+TEST(Frame, HeaderRoundTrip) {
+  FrameHeader h;
+  h.version = 1;
+  h.type = FrameType::kWrite;
+  h.flags = 7;
+  h.body_len = 100;
+  h.payload_len = 1 << 20;
+  h.seq = 0x0123456789abcdefull;
+  uint8_t buf[kFrameHeaderSize];
+  EncodeHeader(h, buf);
+  EXPECT_EQ(buf[0], 'F');
+  EXPECT_EQ(buf[3], 'Y');
+  auto d = DecodeHeader(buf);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->version, 1);
+  EXPECT_EQ(d->type, FrameType::kWrite);
+  EXPECT_EQ(d->flags, 7);
+  EXPECT_EQ(d->body_len, 100u);
+  EXPECT_EQ(d->payload_len, 1u << 20);
+  EXPECT_EQ(d->seq, h.seq);
+}
+
+TEST(Frame, HeaderRejectsGarbage) {
+  uint8_t buf[kFrameHeaderSize] = {'G', 'E', 'T', ' ', '/'};
+  auto d = DecodeHeader(buf);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kDataLoss);
+
+  FrameHeader h;
+  h.type = FrameType::kRead;
+  h.payload_len = 5;  // reads carry no payload
+  EncodeHeader(h, buf);
+  EXPECT_FALSE(DecodeHeader(buf).ok());
+  h.type = FrameType::kWrite;
+  h.payload_len = kMaxPayload + 1;
+  EncodeHeader(h, buf);
+  EXPECT_FALSE(DecodeHeader(buf).ok());
+  h.payload_len = 0;
+  h.body_len = kMaxDataBody + 1;
+  EncodeHeader(h, buf);
+  EXPECT_FALSE(DecodeHeader(buf).ok());
+  buf[5] = 99;  // unknown type
+  EXPECT_FALSE(DecodeHeader(buf).ok());
+}
+
+TEST(Frame, EntriesRoundTripAndLimits) {
+  std::vector<Entry> in = {{0x1000, 5}, {0xffffffffffff0000ull, 1u << 20}};
+  std::string body;
+  EncodeEntries(in.data(), in.size(), &body);
+  EXPECT_EQ(body.size(), EntriesSize(2));
+  auto out = DecodeEntries(body);
+  ASSERT_TRUE(out.ok());
+  ASSERT_EQ(out->size(), 2u);
+  EXPECT_EQ((*out)[1].addr, in[1].addr);
+  EXPECT_EQ((*out)[1].length, in[1].length);
+  EXPECT_FALSE(DecodeEntries(body.substr(0, body.size() - 1)).ok());
+  EXPECT_FALSE(DecodeEntries(body + "x").ok());
+  std::string empty;
+  EncodeEntries(nullptr, 0, &empty);
+  EXPECT_FALSE(DecodeEntries(empty).ok());
+}
+
+TEST(Frame, ReplyRoundTrip) {
+  Reply r;
+  r.status = OkStatus();
+  r.failures.push_back({3, StatusCode::kInvalidArgument, "range [0x10, +4) not registered"});
+  std::string body;
+  EncodeReply(r, &body);
+  auto d = DecodeReply(body);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->status.ok());
+  ASSERT_EQ(d->failures.size(), 1u);
+  EXPECT_EQ(d->failures[0].index, 3u);
+  EXPECT_EQ(d->failures[0].code, StatusCode::kInvalidArgument);
+  EXPECT_EQ(d->failures[0].message, r.failures[0].message);
+  EXPECT_FALSE(DecodeReply(body.substr(0, body.size() - 2)).ok());
+}
+
+TEST(Frame, NotifyAndHelloRoundTrip) {
+  std::string body;
+  EncodeNotify({"127.0.0.1:5", "done", std::string(1000, 'x')}, &body);
+  auto n = DecodeNotify(body);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n->sender, "127.0.0.1:5");
+  EXPECT_EQ(n->message.size(), 1000u);
+  body.clear();
+  EncodeStreamHello({1, 2, 1, 3, "[::1]:9"}, &body);
+  auto h = DecodeStreamHello(body);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->target_instance, 2u);
+  EXPECT_EQ(h->stream_index, 3);
+  EXPECT_EQ(h->initiator_peer_id, "[::1]:9");
+  EXPECT_FALSE(DecodeStreamHello(body.substr(1)).ok());
+}
+
+}  // namespace
+}  // namespace ferry::wire
