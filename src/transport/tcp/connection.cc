@@ -267,11 +267,6 @@ void Connection::Flush() {
       size_t rest = f.total() - f.sent;
       if (left >= rest) {
         left -= rest;
-        if (role_ == Role::kInitiator) {
-          uint64_t b = 0;
-          for (const auto& p : f.payload) b += p.iov_len;
-          queued_bytes_.fetch_sub(std::min(b, queued_bytes_.load()), std::memory_order_relaxed);
-        }
         out_.pop_front();
       } else {
         f.sent += left;
@@ -579,6 +574,8 @@ Status Connection::OnReply() {
 void Connection::CompleteFront(const std::vector<wire::EntryFailure>& failures, const Status& frame_status) {
   Request req = std::move(inflight_.front().req);
   inflight_.pop_front();
+  queued_bytes_.fetch_sub(std::min(req.bytes, queued_bytes_.load(std::memory_order_relaxed)),
+                         std::memory_order_relaxed);
   if (req.notify) req.notify->Set(frame_status);
   if (req.batch) {
     size_t fi = 0;

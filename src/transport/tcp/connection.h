@@ -108,6 +108,7 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   // fails at once with kUnavailable.
   void Send(Request r);
   bool Broken() const { return broken_.load(std::memory_order_acquire); }
+  // Bytes of requests sent or queued on this stream and not yet answered.
   uint64_t QueuedBytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
   // Closes once nothing is in flight (any thread).
   void RetireWhenIdle();

@@ -139,21 +139,21 @@ class TcpLink : public PeerLink {
   }
 
  private:
-  // The stream with the fewest bytes queued (a broken one only if all are).
+  // The stream with the fewest bytes queued; ties go to the lowest index, so
+  // light traffic stays on one stream (one loop awake on each side) and heavy
+  // traffic spreads over all of them. A broken stream only if all are.
   Connection* PickStream() {
-    size_t start = rr_.fetch_add(1, std::memory_order_relaxed);
     Connection* best = nullptr;
     uint64_t best_q = 0;
-    for (size_t k = 0; k < streams_.size(); ++k) {
-      Connection* c = streams_[(start + k) % streams_.size()].get();
-      if (c->Broken()) continue;
-      uint64_t q = c->QueuedBytes();
+    for (const auto& s : streams_) {
+      if (s->Broken()) continue;
+      uint64_t q = s->QueuedBytes();
       if (best == nullptr || q < best_q) {
-        best = c;
+        best = s.get();
         best_q = q;
       }
     }
-    return best ? best : streams_[start % streams_.size()].get();
+    return best ? best : streams_[0].get();
   }
 
   const uint32_t max_frame_bytes_;
@@ -162,7 +162,6 @@ class TcpLink : public PeerLink {
   const uint16_t version_;
   std::vector<std::shared_ptr<Connection>> streams_;
   std::shared_ptr<tcp::WriteTracker> tracker_;
-  std::atomic<size_t> rr_{0};
 };
 
 class TcpTransportImpl : public Transport {
