@@ -1,0 +1,534 @@
+"""ferry.Engine: the native Python API over the C++ engine.
+
+Thread safety: every method of Engine, Segment and Batch may be called from any
+number of threads at once. Every call that can block (transfers, waits,
+handshakes, notifications, close) releases the GIL while it blocks.
+
+Lifetime: memory registered through :meth:`Engine.register` is kept alive by
+the engine (a reference to the object, or for buffers an export that also
+stops e.g. a bytearray from being resized) until it is unregistered or the
+engine is closed. Addresses registered as plain ints are the caller's to keep
+valid.
+"""
+
+from __future__ import annotations
+
+import enum
+import numbers
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Iterable, NamedTuple, Sequence
+
+from . import _ferry
+from ._errors import (DeadlineExceeded, FailedPrecondition, FerryError, InvalidArgument,
+                      Unimplemented)
+
+
+class Opcode(enum.IntEnum):
+    """Direction of a request, seen from the local engine."""
+
+    READ = 0  # copy remote bytes into local memory
+    WRITE = 1  # copy local bytes into the remote segment
+
+
+class TransferState(enum.IntEnum):
+    PENDING = 0
+    COMPLETED = 1
+    FAILED = 2
+
+
+class Request(NamedTuple):
+    """One one-sided operation for :meth:`Engine.transfer` / :meth:`Engine.submit`.
+
+    ``local`` is an address (int) or an object (buffer / ``data_ptr()``) inside
+    registered memory; ``length`` defaults to the object's size.
+    """
+
+    opcode: Opcode
+    local: Any
+    segment: Any  # Segment, peer id str, or raw handle int
+    remote_addr: int
+    length: int | None = None
+
+
+class Notification(NamedTuple):
+    sender: str  # the sender's peer id
+    name: str
+    message: bytes
+
+
+class RemoteRegion(NamedTuple):
+    addr: int
+    length: int
+    location: str
+
+
+class BatchStatus(NamedTuple):
+    state: TransferState
+    submitted: int
+    completed: int
+    failed: int
+    first_error: FerryError | None
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    peer_id: str
+    engine_name: str
+    instance_id: int
+    wire_version: int
+    transport: str
+    capabilities: dict
+    regions: list = field(default_factory=list)  # [RemoteRegion], as of this handshake
+
+
+def _is_address(obj: Any) -> bool:
+    return isinstance(obj, numbers.Integral) and not isinstance(obj, bool)
+
+
+def resolve_memory(obj: Any, length: int | None = None, *, writable: bool = True):
+    """(address, nbytes, keepalive) of an int address, a contiguous object with
+    the buffer protocol, or an object with ``data_ptr()`` (e.g. a torch tensor).
+
+    ``length`` (optional for objects, required for addresses) may shorten an
+    object's range but not extend it.
+    """
+    if _is_address(obj):
+        if length is None:
+            raise InvalidArgument(f"a length is needed with the address {int(obj):#x}")
+        return int(obj), int(length), None
+    data_ptr = getattr(obj, "data_ptr", None)
+    if callable(data_ptr):  # torch.Tensor and friends
+        device = getattr(obj, "device", None)
+        if device is not None and getattr(device, "type", str(device)) != "cpu":
+            raise Unimplemented(f"{type(obj).__name__} on {device}: only host memory can be "
+                                "registered so far")
+        is_contiguous = getattr(obj, "is_contiguous", None)
+        if callable(is_contiguous) and not is_contiguous():
+            raise InvalidArgument(f"{type(obj).__name__} is not contiguous")
+        try:
+            nbytes = int(obj.numel()) * int(obj.element_size())
+        except AttributeError:
+            nbytes = int(obj.nbytes)
+        addr, keep = int(data_ptr()), obj
+    else:
+        try:
+            view = memoryview(obj)
+        except TypeError:
+            raise InvalidArgument(
+                f"{type(obj).__name__} is neither an address, a buffer nor has data_ptr()"
+            ) from None
+        if writable and view.readonly:
+            raise InvalidArgument(
+                f"{type(obj).__name__} is read-only; register or read into writable memory "
+                "(e.g. a bytearray or a numpy array)")
+        if not view.contiguous:
+            raise InvalidArgument(f"{type(obj).__name__} is not contiguous")
+        addr, nbytes = _ferry.buffer_address(view, False)
+        keep = view  # the export pins the memory (no resize) while we hold it
+    if length is not None:
+        if length < 0 or length > nbytes:
+            raise InvalidArgument(
+                f"length {length} is outside the {nbytes} bytes of the {type(obj).__name__}")
+        nbytes = int(length)
+    return addr, nbytes, keep
+
+
+def _shutdown(native, registered: dict) -> None:
+    native.close()
+    registered.clear()
+
+
+class Segment:
+    """An opened peer segment (see :meth:`Engine.open_segment`)."""
+
+    __slots__ = ("_engine_ref", "handle", "peer_id", "__weakref__")
+
+    def __init__(self, engine: "Engine", handle: int, peer_id: str):
+        self._engine_ref = weakref.ref(engine)  # the engine caches its segments: no cycle
+        self.handle = handle
+        self.peer_id = peer_id
+
+    @property
+    def engine(self) -> "Engine":
+        engine = self._engine_ref()
+        if engine is None:
+            raise FailedPrecondition(f"the engine of segment {self.peer_id} is gone")
+        return engine
+
+    def info(self) -> SegmentInfo:
+        """Re-handshakes with the peer and returns what it advertises now."""
+        return self.engine.query_segment(self)
+
+    def close(self) -> None:
+        self.engine.close_segment(self)
+
+    def __eq__(self, other):
+        return (isinstance(other, Segment) and other._engine_ref() is self._engine_ref()
+                and other.handle == self.handle)
+
+    def __hash__(self):
+        return hash(self.handle)
+
+    def __repr__(self):
+        return f"<ferry.Segment {self.peer_id} handle={self.handle:#x}>"
+
+
+class Batch:
+    """Requests submitted together; see :meth:`Engine.submit`.
+
+    Freed by :meth:`free`, on leaving a ``with`` block, or when garbage
+    collected (a batch collected while requests are still pending is freed by
+    its engine later).
+    """
+
+    def __init__(self, engine: "Engine", batch_id: int, size: int):
+        self._engine = engine
+        self.id = batch_id
+        self._size = size
+        self._lock = threading.Lock()
+        self._freed = False
+        self._finalizer = weakref.finalize(self, engine._release_batch, batch_id)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def status(self) -> BatchStatus:
+        state, submitted, completed, failed, first_error = self._engine._native.batch_status(self.id)
+        return BatchStatus(TransferState(state), submitted, completed, failed, first_error)
+
+    def done(self) -> bool:
+        """True once every request finished (completed or failed)."""
+        return self.status().state != TransferState.PENDING
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Waits for every request. Returns None if all completed; raises the
+        first failure's error, or DeadlineExceeded if requests are still
+        pending after ``timeout`` seconds (None: until they end, at the latest
+        at the engine's transfer_timeout)."""
+        native = self._engine._native
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            # Short steps keep the thread responsive to signals (Ctrl-C).
+            step = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
+            try:
+                native.wait_batch(self.id, step)
+                return
+            except DeadlineExceeded:
+                status = self.status()
+                if status.state != TransferState.PENDING:
+                    raise  # a request of the batch itself ran out of time
+                if deadline is not None and time.monotonic() >= deadline:
+                    pending = status.submitted - status.completed - status.failed
+                    raise DeadlineExceeded(
+                        f"batch {self.id:#x}: {pending} of {status.submitted} requests still "
+                        f"pending after {timeout} s") from None
+
+    def results(self, timeout: float | None = None) -> list:
+        """Waits like :meth:`wait`, then returns one entry per request: None if
+        it completed, else its FerryError."""
+        try:
+            self.wait(timeout)
+        except DeadlineExceeded:
+            if not self.done():
+                raise
+        except FerryError:
+            pass
+        return [error for _state, error in self._engine._native.transfer_statuses(self.id)]
+
+    def free(self) -> None:
+        """Releases the batch; FailedPrecondition while requests are pending."""
+        with self._lock:
+            if self._freed:
+                return
+            self._engine._native.free_batch(self.id)
+            self._freed = True
+            self._finalizer.detach()
+
+    def __enter__(self) -> "Batch":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.wait()
+        except FerryError:
+            if exc_type is None:
+                raise
+        finally:
+            if not self._engine.closed:
+                self.free()
+
+    def __repr__(self):
+        return f"<ferry.Batch {self.id:#x} requests={self._size}>"
+
+
+class Engine:
+    """A Ferry engine: registers memory, opens peer segments, moves bytes.
+
+    Keyword arguments set ``EngineOptions`` (durations in seconds):
+    local_name, listen_host ("127.0.0.1"), listen_port (0: any), metadata
+    ("P2PHANDSHAKE"), transport ("auto" | "tcp" | "local"), connect_timeout (5),
+    transfer_timeout (30), handshake_timeout (5), tcp_streams (2), io_threads
+    (0), slice_size, max_frame_bytes, max_frame_entries, spin (50e-6),
+    testing_wire_version_min/max. With ``environment=True`` (default) FERRY_*
+    environment variables are overlaid on them.
+
+    A context manager: leaving the block closes the engine.
+    """
+
+    def __init__(self, *, environment: bool = True, **options: Any):
+        opts = _ferry.EngineOptions()
+        for key, value in options.items():
+            if key.startswith("_") or not hasattr(opts, key):
+                raise TypeError(f"Engine() got an unknown option {key!r}")
+            setattr(opts, key, value)
+        self._native = _ferry.NativeEngine(opts, environment)
+        self._lock = threading.Lock()
+        self._registered: dict[int, tuple[int, Any]] = {}  # addr -> (length, keepalive)
+        self._segments: dict[str, Segment] = {}  # peer id -> open segment
+        self._orphans: set[int] = set()  # batches collected while pending
+        self._finalizer = weakref.finalize(self, _shutdown, self._native, self._registered)
+
+    # ---- Lifetime -------------------------------------------------------------
+    def close(self) -> None:
+        """Destroys the C++ engine (waiting for calls in progress; requests
+        still in flight fail with Cancelled) and drops registered objects.
+        Idempotent; later calls raise FailedPrecondition."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else "open"
+        return f"<ferry.Engine {self.peer_id} {state}>"
+
+    # ---- Identity -------------------------------------------------------------
+    @property
+    def peer_id(self) -> str:
+        """"host:port" (IPv6 hosts in brackets): how peers name this engine."""
+        return self._native.peer_id
+
+    @property
+    def rpc_port(self) -> int:
+        return self._native.rpc_port
+
+    @property
+    def local_name(self) -> str:
+        return self._native.local_name
+
+    @property
+    def capabilities(self) -> dict:
+        return self._native.capabilities()
+
+    @property
+    def options(self) -> dict:
+        """The options in effect, after defaults and the environment."""
+        o = self._native.options()
+        return {name: getattr(o, name) for name in dir(o) if not name.startswith("_")}
+
+    # ---- Memory ---------------------------------------------------------------
+    def register(self, obj: Any, length: int | None = None, location: str = "*") -> int:
+        """Registers an address (with ``length``) or an object's memory; returns
+        its address. The object is kept alive until unregistered."""
+        addr, nbytes, keep = resolve_memory(obj, length, writable=True)
+        self._native.register_memory(addr, nbytes, location)
+        with self._lock:
+            self._registered[addr] = (nbytes, keep)
+        return addr
+
+    def register_many(self, objs: Sequence[Any], lengths: Sequence[int] | None = None,
+                      location: str = "*") -> list[int]:
+        """Registers several; all or nothing. Returns their addresses."""
+        if lengths is not None and len(lengths) != len(objs):
+            raise InvalidArgument(f"{len(objs)} objects but {len(lengths)} lengths")
+        resolved = [resolve_memory(o, None if lengths is None else lengths[i], writable=True)
+                    for i, o in enumerate(objs)]
+        addrs = [r[0] for r in resolved]
+        self._native.register_memory_list(addrs, [r[1] for r in resolved], [location])
+        with self._lock:
+            for addr, nbytes, keep in resolved:
+                self._registered[addr] = (nbytes, keep)
+        return addrs
+
+    def unregister(self, obj: Any) -> None:
+        """Unregisters the region starting at an address or object (waiting for
+        transfers in flight that touch it) and drops its reference."""
+        addr = int(obj) if _is_address(obj) else resolve_memory(obj, writable=False)[0]
+        self._native.unregister_memory(addr)
+        with self._lock:
+            self._registered.pop(addr, None)
+
+    def unregister_many(self, objs: Iterable[Any]) -> None:
+        """Unregisters each; raises the first error (the others are still tried)."""
+        first_error = None
+        for obj in objs:
+            try:
+                self.unregister(obj)
+            except FerryError as e:
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+
+    def registered(self) -> dict[int, int]:
+        """{address: length} of what was registered through this object."""
+        with self._lock:
+            return {addr: nbytes for addr, (nbytes, _keep) in self._registered.items()}
+
+    # ---- Segments -------------------------------------------------------------
+    def open_segment(self, peer_id: str) -> Segment:
+        """Handshakes with the peer "host:port" (cached: the same peer gives the
+        same segment). Unavailable if it cannot be reached."""
+        segment = self._segments.get(peer_id)
+        if segment is not None:
+            return segment
+        handle = self._native.open_segment(peer_id)
+        with self._lock:
+            return self._segments.setdefault(peer_id, Segment(self, handle, peer_id))
+
+    def close_segment(self, segment: Segment | str) -> None:
+        seg = segment if isinstance(segment, Segment) else self._segments.get(segment)
+        if seg is None:
+            raise InvalidArgument(f"no open segment {segment!r}")
+        with self._lock:
+            if self._segments.get(seg.peer_id) is seg:
+                del self._segments[seg.peer_id]
+        self._native.close_segment(seg.handle)
+
+    def query_segment(self, segment: Segment | str) -> SegmentInfo:
+        d = self._native.query_segment(self._handle(segment))
+        d["regions"] = [RemoteRegion(*r) for r in d["regions"]]
+        return SegmentInfo(**d)
+
+    def _handle(self, segment: Any) -> int:
+        if isinstance(segment, Segment):
+            if segment._engine_ref() is not self:
+                raise InvalidArgument(f"{segment!r} belongs to another engine")
+            return segment.handle
+        if isinstance(segment, str):
+            return self.open_segment(segment).handle
+        if _is_address(segment):
+            return int(segment)
+        raise InvalidArgument(f"not a segment: {segment!r}")
+
+    # ---- Transfers --------------------------------------------------------------
+    def _lists(self, locals_, lengths, writable):
+        """Addresses and lengths for a list of locals (ints pass straight through)."""
+        if lengths is not None and (len(locals_) == 0 or _is_address(locals_[0])):
+            return locals_, lengths
+        if lengths is not None and len(lengths) != len(locals_):
+            raise InvalidArgument(f"{len(locals_)} local buffers but {len(lengths)} lengths")
+        addrs, sizes = [], []
+        for i, local in enumerate(locals_):
+            addr, nbytes, _keep = resolve_memory(
+                local, None if lengths is None else lengths[i], writable=writable)
+            addrs.append(addr)
+            sizes.append(nbytes)
+        return addrs, sizes
+
+    def _one(self, opcode, segment, local, remote_addr, length):
+        addr, nbytes, _keep = resolve_memory(local, length, writable=opcode == Opcode.READ)
+        self._native.transfer_sync([int(opcode)], [self._handle(segment)], [addr],
+                                   [int(remote_addr)], [nbytes])
+
+    def write(self, segment, local, remote_addr: int, length: int | None = None) -> None:
+        """Copies local memory (an address, or an object in registered memory)
+        to ``remote_addr`` of the segment; returns once the peer has the bytes."""
+        self._one(Opcode.WRITE, segment, local, remote_addr, length)
+
+    def read(self, segment, local, remote_addr: int, length: int | None = None) -> None:
+        """Copies ``length`` bytes at ``remote_addr`` of the segment into local memory."""
+        self._one(Opcode.READ, segment, local, remote_addr, length)
+
+    def write_many(self, segment, locals_: Sequence, remote_addrs: Sequence[int],
+                   lengths: Sequence[int] | None = None) -> None:
+        """Writes several ranges to one segment in one synchronous batch."""
+        addrs, sizes = self._lists(locals_, lengths, writable=False)
+        self._native.transfer_sync([int(Opcode.WRITE)], [self._handle(segment)], addrs,
+                                   remote_addrs, sizes)
+
+    def read_many(self, segment, locals_: Sequence, remote_addrs: Sequence[int],
+                  lengths: Sequence[int] | None = None) -> None:
+        addrs, sizes = self._lists(locals_, lengths, writable=True)
+        self._native.transfer_sync([int(Opcode.READ)], [self._handle(segment)], addrs,
+                                   remote_addrs, sizes)
+
+    def _columns(self, requests: Sequence[Request]):
+        ops, segs, addrs, remotes, sizes = [], [], [], [], []
+        for r in requests:
+            opcode, local, segment, remote_addr, length = (tuple(r) + (None,))[:5]
+            addr, nbytes, _keep = resolve_memory(local, length, writable=opcode == Opcode.READ)
+            ops.append(int(opcode))
+            segs.append(self._handle(segment))
+            addrs.append(addr)
+            remotes.append(int(remote_addr))
+            sizes.append(nbytes)
+        return ops, segs, addrs, remotes, sizes
+
+    def transfer(self, requests: Sequence[Request]) -> None:
+        """Runs any mix of reads and writes (to any segments) synchronously;
+        returns when all completed, else raises the first failure."""
+        if requests:
+            self._native.transfer_sync(*self._columns(requests))
+
+    def submit(self, requests: Sequence[Request]) -> Batch:
+        """Submits requests asynchronously; returns their Batch."""
+        return self._submit(*self._columns(requests))
+
+    def write_async(self, segment, locals_: Sequence, remote_addrs: Sequence[int],
+                    lengths: Sequence[int] | None = None) -> Batch:
+        addrs, sizes = self._lists(locals_, lengths, writable=False)
+        return self._submit([int(Opcode.WRITE)], [self._handle(segment)], addrs, remote_addrs, sizes)
+
+    def read_async(self, segment, locals_: Sequence, remote_addrs: Sequence[int],
+                   lengths: Sequence[int] | None = None) -> Batch:
+        addrs, sizes = self._lists(locals_, lengths, writable=True)
+        return self._submit([int(Opcode.READ)], [self._handle(segment)], addrs, remote_addrs, sizes)
+
+    def _submit(self, ops, segs, addrs, remotes, sizes) -> Batch:
+        if self._orphans:
+            self._sweep_orphans()
+        native = self._native
+        batch_id = native.allocate_batch(max(1, len(addrs)))
+        try:
+            native.submit(batch_id, ops, segs, addrs, remotes, sizes)
+        except BaseException:
+            native.free_batch(batch_id)  # nothing was submitted
+            raise
+        return Batch(self, batch_id, len(addrs))
+
+    def _release_batch(self, batch_id: int) -> None:
+        """Frees a collected batch, or remembers it while it is still pending."""
+        try:
+            self._native.free_batch(batch_id)
+            self._orphans.discard(batch_id)
+        except FailedPrecondition:
+            if not self._native.closed:
+                self._orphans.add(batch_id)
+        except FerryError:
+            self._orphans.discard(batch_id)
+
+    def _sweep_orphans(self) -> None:
+        for batch_id in list(self._orphans):
+            self._release_batch(batch_id)
+
+    # ---- Notifications --------------------------------------------------------
+    def notify(self, segment, name: str, message: bytes | str = b"") -> None:
+        """Delivers (name, message) to the peer after every write this engine
+        submitted to it before the call; returns once the peer acknowledged."""
+        if isinstance(message, str):
+            message = message.encode()
+        self._native.send_notification(self._handle(segment), name, message)
+
+    def notifications(self) -> list[Notification]:
+        """Drains the notifications received so far, oldest first."""
+        return [Notification(*n) for n in self._native.get_notifications()]

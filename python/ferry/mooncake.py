@@ -1,0 +1,652 @@
+"""A drop-in for ``mooncake.engine.TransferEngine`` on top of Ferry.
+
+    from ferry.mooncake import TransferEngine      # or, for unchanged callers:
+    import ferry.mooncake; ferry.mooncake.install()
+    from mooncake.engine import TransferEngine
+
+Reproduces the Python surface SGLang, vLLM and LMCache use (method names,
+argument names, defaults and integer return conventions). Differences that
+callers can observe, all on the side of reporting more:
+
+* Every failure that Mooncake reduces to an integer is logged once on the
+  ``ferry.mooncake`` logger and kept: :meth:`TransferEngine.last_error`.
+* Protocols other than "tcp" (e.g. "rdma") run over Ferry's best available
+  transport; ``device_name`` and ``transport_hint`` are accepted and ignored.
+* A sync call's deadline is ``MC_TRANSFER_TIMEOUT`` per request (Mooncake adds
+  one nanosecond per byte on top).
+* Only the "P2PHANDSHAKE" metadata mode exists so far; others fail with -1.
+* The MC_* variables are read once, in initialize(); Ferry's own FERRY_*
+  variables are then overlaid by the engine as everywhere else.
+* ``get_engine()`` returns the ferry.Engine; ``get_engine_ptr()`` (a raw C++
+  pointer for Mooncake Store) does not exist.
+* ``close()`` (not in Mooncake) closes the engine without waiting for the
+  garbage collector.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import importlib.abc
+import importlib.metadata
+import importlib.util
+import ipaddress
+import json
+import logging
+import os
+import random
+import re
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from . import _ferry
+from ._engine import Engine, Opcode, Segment, TransferState
+from ._errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    FerryError,
+    InvalidArgument,
+    Unavailable,
+    Unimplemented,
+)
+from ._pool import ManagedPool
+
+log = logging.getLogger("ferry.mooncake")
+
+#: The Mooncake release whose Python surface this module reproduces.
+MOONCAKE_VERSION = "0.3.12"
+
+
+class TransferOpcode(enum.IntEnum):
+    Read = 0
+    Write = 1
+
+
+Read = TransferOpcode.Read
+Write = TransferOpcode.Write
+
+
+class TransferNotify:
+    """A notification: ``name`` and ``msg`` (both str), read-write."""
+
+    __slots__ = ("name", "msg")
+
+    def __init__(self, name: str = "", msg: str = ""):
+        self.name = name
+        self.msg = msg
+
+    def __eq__(self, other):
+        return isinstance(other, TransferNotify) and (self.name, self.msg) == (other.name, other.msg)
+
+    def __repr__(self):
+        return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
+
+
+# ---- Ferry errors -> Mooncake ints: the one place they are mapped ----------------
+# Values of Mooncake's error.h; every other failure is -1 (ERR_INVALID_ARGUMENT is
+# also what Mooncake's Python layer returns for most failures).
+_MOONCAKE_CODES = {
+    "INVALID_ARGUMENT": -1,  # ERR_INVALID_ARGUMENT
+    "RESOURCE_EXHAUSTED": -2,  # ERR_TOO_MANY_REQUESTS
+    "NOT_FOUND": -3,  # ERR_ADDRESS_NOT_REGISTERED
+    "FAILED_PRECONDITION": -4,  # ERR_BATCH_BUSY
+    "ALREADY_EXISTS": -7,  # ERR_ADDRESS_OVERLAPPED
+}
+
+
+def mooncake_code(error: FerryError) -> int:
+    """The (negative) Mooncake error code for a Ferry error."""
+    return _MOONCAKE_CODES.get(error.code_name, -1)
+
+
+def check_status_code(error: FerryError) -> int:
+    """transfer_check_status's value for a failed batch: -2 timed out, else -1."""
+    return -2 if isinstance(error, DeadlineExceeded) else -1
+
+
+def _returns(on_failure=None):
+    """Turns a FerryError raised by the method into Mooncake's return value:
+    ``on_failure``, or with on_failure=None the mapped error code. The reason
+    is logged once and kept for last_error()."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def method(self, *args, **kwargs):
+            try:
+                return fn(self, *args, **kwargs)
+            except FerryError as e:
+                return self._failed(fn.__name__, e, mooncake_code(e) if on_failure is None else on_failure)
+
+        return method
+
+    return wrap
+
+
+# ---- MC_* environment variables: read here, once per initialize() ---------------
+_LOG_LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
+               "WARN": logging.WARNING, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
+               "FATAL": logging.CRITICAL, "CRITICAL": logging.CRITICAL}
+
+# protocol -> Ferry transport. Mooncake's accelerated protocols run over the
+# best transport Ferry has (with no RDMA device Mooncake falls back to TCP too).
+_PROTOCOLS = {"tcp": "tcp", "rdma": "auto", "efa": "auto", "nvlink": "auto",
+              "nvlink_intra": "auto", "hip": "auto", "cxl": "auto", "barex": "auto",
+              "ascend": "auto", "nvmeof": "auto"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    force_tcp: bool = False  # MC_FORCE_TCP: set (to anything, even "False") = on
+    transfer_timeout: float = 30.0  # MC_TRANSFER_TIMEOUT, seconds, at least 5
+    bind_address: str | None = None  # MC_TCP_BIND_ADDRESS: address to bind and advertise
+    log_level: int | None = None  # MC_LOG_LEVEL
+    metadata_server: str | None = None  # MC_METADATA_SERVER: used when the argument is ""
+    handshake_port: int | None = None  # MC_HANDSHAKE_PORT: a fixed rpc (handshake) port
+    rpc_port_range: tuple[int, int] | None = None  # MC_MIN_RPC_PORT / MC_MAX_RPC_PORT
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> "Settings":
+        """Reads the MC_* variables; a malformed value is logged and ignored."""
+
+        def number(name, parse, default):
+            raw = env.get(name)
+            if raw is None or raw.strip() == "":
+                return default
+            try:
+                return parse(raw.strip())
+            except ValueError:
+                log.warning("ignoring %s=%r: not a number", name, raw)
+                return default
+
+        timeout = number("MC_TRANSFER_TIMEOUT", float, 30.0)
+        if timeout < 5:
+            log.warning("MC_TRANSFER_TIMEOUT=%s is below the minimum; using 5 s", timeout)
+            timeout = 5.0
+        level = None
+        if env.get("MC_LOG_LEVEL"):
+            level = _LOG_LEVELS.get(env["MC_LOG_LEVEL"].strip().upper())
+            if level is None:
+                log.warning("ignoring MC_LOG_LEVEL=%r", env["MC_LOG_LEVEL"])
+        low = number("MC_MIN_RPC_PORT", int, None)
+        high = number("MC_MAX_RPC_PORT", int, None)
+        port_range = None
+        if low is not None or high is not None:
+            low, high = low or 15000, high or 17000
+            port_range = (low, high) if 0 < low <= high <= 65535 else None
+            if port_range is None:
+                log.warning("ignoring the rpc port range %s-%s", low, high)
+        return cls(
+            force_tcp="MC_FORCE_TCP" in env,
+            transfer_timeout=timeout,
+            bind_address=env.get("MC_TCP_BIND_ADDRESS") or None,
+            log_level=level,
+            metadata_server=env.get("MC_METADATA_SERVER") or None,
+            handshake_port=number("MC_HANDSHAKE_PORT", int, None),
+            rpc_port_range=port_range,
+        )
+
+
+# ---- Host names and peer ids -----------------------------------------------------
+def _split_host_port(name: str) -> tuple[str, str | None]:
+    """"h", "h:p", "[v6]", "[v6]:p" or a bare IPv6 address -> (host, port or None)."""
+    if name.startswith("["):
+        host, sep, rest = name[1:].partition("]")
+        if not sep:
+            raise InvalidArgument(f"unbalanced brackets in {name!r}")
+        return host, rest[1:] if rest.startswith(":") else None
+    if name.count(":") > 1:  # bare IPv6
+        return name, None
+    host, sep, port = name.partition(":")
+    return host, port if sep else None
+
+
+def _numeric_host(host: str) -> str:
+    """An IP literal for a host name (IPv4 preferred)."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            return socket.getaddrinfo(host, None, family, socket.SOCK_STREAM)[0][4][0]
+        except (socket.gaierror, IndexError):
+            continue
+    raise Unavailable(f"cannot resolve the host name {host!r}")
+
+
+def _peer_id(target_hostname: str) -> str:
+    host, port = _split_host_port(target_hostname)
+    if not port or not port.isdigit():
+        raise InvalidArgument(f"{target_hostname!r} is not \"host:rpc_port\" (the session id of "
+                              "a P2PHANDSHAKE engine)")
+    ip = _numeric_host(host)
+    return f"[{ip}]:{int(port)}" if ":" in ip else f"{ip}:{int(port)}"
+
+
+def _metadata_url(metadata_server: str, metadata_type: str = "") -> str:
+    if metadata_server == "P2PHANDSHAKE" or "://" in metadata_server:
+        return metadata_server
+    return f"{metadata_type or 'etcd'}://{metadata_server}"
+
+
+class TransferEngine:
+    """Mooncake's ``TransferEngine``: construct, ``initialize()``, then call.
+
+    Thread-safe; every call that moves bytes releases the GIL while it waits.
+    """
+
+    TransferOpcode = TransferOpcode
+
+    def __init__(self):
+        self._engine: Engine | None = None
+        self._pool: ManagedPool | None = None
+        self._lock = threading.Lock()
+        self._segments: dict[str, Segment] = {}  # target_hostname as given -> segment
+        self._batches: dict = {}  # batch id -> ferry.Batch, until its status was collected
+        self._local_errors = threading.local()
+        self._last_error: str | None = None
+
+    # ---- Errors -----------------------------------------------------------------
+    def _failed(self, method: str, error: FerryError, result):
+        text = f"{method}: {error}"
+        self._local_errors.text = text
+        self._last_error = text
+        log.error("%s", text)
+        return result
+
+    def last_error(self) -> str | None:
+        """Why the last failed call of this thread failed (of any thread, if
+        this one had none): "method: CODE: message"; None if nothing failed."""
+        return getattr(self._local_errors, "text", None) or self._last_error
+
+    def _require(self) -> Engine:
+        engine = self._engine
+        if engine is None:
+            raise FailedPrecondition("the TransferEngine is not initialized; call initialize()")
+        return engine
+
+    # ---- Set-up -----------------------------------------------------------------
+    def initialize(self, local_hostname: str, metadata_server: str, protocol: str,
+                   device_name: str) -> int:
+        return self._initialize("initialize", local_hostname, metadata_server, protocol,
+                                device_name, "")
+
+    def initialize_ext(self, local_hostname: str, metadata_server: str, protocol: str,
+                       device_name: str, metadata_type: str) -> int:
+        return self._initialize("initialize_ext", local_hostname, metadata_server, protocol,
+                                device_name, metadata_type)
+
+    def _initialize(self, method, local_hostname, metadata_server, protocol, device_name,
+                    metadata_type) -> int:
+        try:
+            with self._lock:
+                self._start(local_hostname, metadata_server, protocol, device_name,
+                            metadata_type)
+            return 0
+        except FerryError as e:
+            return self._failed(method, e, -1)
+
+    def _start(self, local_hostname, metadata_server, protocol, device_name, metadata_type):
+        if self._engine is not None:
+            raise FailedPrecondition(f"already initialized as {self._engine.peer_id}")
+        settings = Settings.from_environ(os.environ)
+        if settings.log_level is not None:
+            log.setLevel(settings.log_level)
+        server = metadata_server or settings.metadata_server
+        if not server:
+            raise InvalidArgument("no metadata server given (use \"P2PHANDSHAKE\")")
+        metadata = _metadata_url(server, metadata_type)
+        transport = _PROTOCOLS.get(protocol)
+        if transport is None:
+            raise InvalidArgument(f"unknown protocol {protocol!r}; known: {sorted(_PROTOCOLS)}")
+        if settings.force_tcp:
+            transport = "tcp"
+        host, _port = _split_host_port(settings.bind_address or local_hostname)
+        if not host:
+            raise InvalidArgument(f"no host in local_hostname {local_hostname!r}")
+        listen_host = _numeric_host(host)
+        # The rpc port is the handshake port: fixed, from a range, or any free one.
+        # A port in local_hostname is ignored (as Mooncake does in P2P mode).
+        if settings.handshake_port is not None:
+            ports = [settings.handshake_port]
+        elif settings.rpc_port_range is not None:
+            low, high = settings.rpc_port_range
+            ports = random.sample(range(low, high + 1), min(16, high - low + 1))
+        else:
+            ports = [0]
+        error = None
+        for port in ports:
+            try:
+                engine = Engine(listen_host=listen_host, listen_port=port,
+                                metadata=metadata, transport=transport,
+                                transfer_timeout=settings.transfer_timeout)
+                break
+            except (InvalidArgument, Unimplemented):
+                raise
+            except FerryError as e:  # e.g. the port is taken: try the next one
+                error = e
+        else:
+            raise error
+        self._pool = ManagedPool(engine)
+        self._engine = engine
+        log.info("initialized %s (protocol %r over %s, device %r)", engine.peer_id, protocol,
+                 transport, device_name)
+
+    def get_rpc_port(self) -> int:
+        """The rpc (handshake) port; the session id is f"{host}:{port}". -1 if
+        not initialized."""
+        engine = self._engine
+        if engine is None:
+            return self._failed("get_rpc_port", FailedPrecondition("not initialized"), -1)
+        return engine.rpc_port
+
+    def get_engine(self) -> Engine | None:
+        """The underlying ferry.Engine (None before initialize())."""
+        return self._engine
+
+    def close(self) -> None:
+        """Not in Mooncake: closes the engine now instead of at garbage collection."""
+        with self._lock:
+            engine, self._engine = self._engine, None
+            self._segments.clear()
+            self._batches.clear()
+        if engine is not None:
+            engine.close()
+
+    # ---- Memory -----------------------------------------------------------------
+    @_returns()
+    def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int:
+        self._require().register(int(buffer_addr), int(capacity), location)
+        return 0
+
+    @_returns()
+    def unregister_memory(self, buffer_addr: int) -> int:
+        self._require().unregister(int(buffer_addr))
+        return 0
+
+    @_returns()
+    def batch_register_memory(self, buffer_addresses, capacities, location: str = "*") -> int:
+        engine = self._require()
+        if len(buffer_addresses) != len(capacities):
+            raise InvalidArgument(f"{len(buffer_addresses)} addresses but {len(capacities)} "
+                                  "capacities")
+        engine.register_many([int(a) for a in buffer_addresses], [int(c) for c in capacities],
+                             location)
+        return 0
+
+    @_returns()
+    def batch_unregister_memory(self, buffer_addresses) -> int:
+        self._require().unregister_many([int(a) for a in buffer_addresses])
+        return 0
+
+    @_returns(0)
+    def allocate_managed_buffer(self, length: int) -> int:
+        self._require()
+        return self._pool.allocate(int(length))
+
+    @_returns()
+    def free_managed_buffer(self, buffer_addr: int, length: int) -> int:
+        self._require()
+        size = self._pool.size_of(int(buffer_addr))
+        if size is not None and not 0 < length <= size:
+            log.warning("free_managed_buffer(%#x, %d): the buffer has %d bytes", buffer_addr,
+                        length, size)
+        self._pool.free(int(buffer_addr))
+        return 0
+
+    @_returns(-1)
+    def write_bytes_to_buffer(self, dest_address: int, src_bytes, length: int) -> int:
+        _ferry.copy_from_buffer(int(dest_address), src_bytes, int(length))
+        return 0
+
+    def read_bytes_from_buffer(self, source_address: int, length: int) -> bytes:
+        return _ferry.read_bytes(int(source_address), int(length))
+
+    # ---- Peers ------------------------------------------------------------------
+    def _segment(self, target_hostname: str) -> Segment:
+        """The segment of a peer, opened (handshake) on first use."""
+        segment = self._segments.get(target_hostname)
+        if segment is None:
+            segment = self._require().open_segment(_peer_id(target_hostname))
+            self._segments[target_hostname] = segment
+        return segment
+
+    @_returns()
+    def send_probe(self, peer_server_name: str) -> int:
+        """0 if the peer answers a handshake now, negative otherwise."""
+        self._require().query_segment(self._segment(peer_server_name))
+        return 0
+
+    @_returns(0)
+    def get_first_buffer_address(self, segment_name: str) -> int:
+        """The start of the peer's first region (0 if it has none). Ferry lists a
+        peer's regions by address, Mooncake by registration: the same buffer
+        whenever the peer registered one region, or registered in address order."""
+        regions = self._require().query_segment(self._segment(segment_name)).regions
+        return regions[0].addr if regions else 0
+
+    def get_local_topology(self, device_name: str | None = None) -> str:
+        """{"cpu:<numa node>": [[preferred NICs], [other NICs]]}; no RDMA NICs here."""
+        nodes = sorted(int(m.group(1)) for p in Path("/sys/devices/system/node").glob("node*")
+                       if (m := re.fullmatch(r"node(\d+)", p.name)))
+        return json.dumps({f"cpu:{n}": [[], []] for n in nodes or [0]})
+
+    # ---- Synchronous transfers --------------------------------------------------
+    def _sync(self, target_hostname, opcode, buffers, peer_buffer_addresses, lengths, notify=None):
+        engine = self._require()
+        if not len(buffers) == len(peer_buffer_addresses) == len(lengths):
+            raise InvalidArgument(f"{len(buffers)} buffers, {len(peer_buffer_addresses)} peer "
+                                  f"addresses and {len(lengths)} lengths")
+        segment = self._segment(target_hostname)
+        if len(buffers):
+            transfer = engine.write_many if opcode == Opcode.WRITE else engine.read_many
+            transfer(segment, buffers, peer_buffer_addresses, lengths)
+        if notify is not None:
+            engine.notify(segment, notify.name, notify.msg.encode("utf-8", "surrogateescape"))
+        return 0
+
+    @staticmethod
+    def _opcode(opcode) -> Opcode:
+        try:
+            return Opcode(int(opcode))
+        except (ValueError, TypeError):
+            raise InvalidArgument(f"unknown opcode {opcode!r}") from None
+
+    @_returns(-1)
+    def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
+                            length: int, transport_hint: str = "") -> int:
+        return self._sync(target_hostname, Opcode.WRITE, [buffer], [peer_buffer_address], [length])
+
+    @_returns(-1)
+    def transfer_sync_read(self, target_hostname: str, buffer: int, peer_buffer_address: int,
+                           length: int, transport_hint: str = "") -> int:
+        return self._sync(target_hostname, Opcode.READ, [buffer], [peer_buffer_address], [length])
+
+    @_returns(-1)
+    def transfer_sync(self, target_hostname: str, buffer: int, peer_buffer_address: int,
+                      length: int, opcode, notify: TransferNotify | None = None,
+                      transport_hint: str = "") -> int:
+        return self._sync(target_hostname, self._opcode(opcode), [buffer], [peer_buffer_address],
+                          [length], notify)
+
+    @_returns(-1)
+    def batch_transfer_sync_write(self, target_hostname: str, buffers, peer_buffer_addresses,
+                                  lengths, transport_hint: str = "") -> int:
+        return self._sync(target_hostname, Opcode.WRITE, buffers, peer_buffer_addresses, lengths)
+
+    @_returns(-1)
+    def batch_transfer_sync_read(self, target_hostname: str, buffers, peer_buffer_addresses,
+                                 lengths, transport_hint: str = "") -> int:
+        return self._sync(target_hostname, Opcode.READ, buffers, peer_buffer_addresses, lengths)
+
+    @_returns(-1)
+    def batch_transfer_sync(self, target_hostname: str, buffers, peer_buffer_addresses, lengths,
+                            opcode, notify: TransferNotify | None = None,
+                            transport_hint: str = "") -> int:
+        return self._sync(target_hostname, self._opcode(opcode), buffers, peer_buffer_addresses,
+                          lengths, notify)
+
+    # ---- Asynchronous transfers -------------------------------------------------
+    def _async(self, target_hostname, opcode, buffers, peer_buffer_addresses, lengths) -> int:
+        engine = self._require()
+        if not len(buffers) == len(peer_buffer_addresses) == len(lengths):
+            raise InvalidArgument(f"{len(buffers)} buffers, {len(peer_buffer_addresses)} peer "
+                                  f"addresses and {len(lengths)} lengths")
+        if not len(buffers):
+            raise InvalidArgument("an asynchronous batch needs at least one request")
+        segment = self._segment(target_hostname)
+        submit = engine.write_async if opcode == Opcode.WRITE else engine.read_async
+        batch = submit(segment, buffers, peer_buffer_addresses, lengths)
+        with self._lock:
+            self._batches[batch.id] = batch
+        return batch.id
+
+    @_returns(0)
+    def batch_transfer_async_write(self, target_hostname: str, buffers, peer_buffer_addresses,
+                                   lengths, transport_hint: str = "") -> int:
+        return self._async(target_hostname, Opcode.WRITE, buffers, peer_buffer_addresses, lengths)
+
+    @_returns(0)
+    def batch_transfer_async_read(self, target_hostname: str, buffers, peer_buffer_addresses,
+                                  lengths, transport_hint: str = "") -> int:
+        return self._async(target_hostname, Opcode.READ, buffers, peer_buffer_addresses, lengths)
+
+    @_returns(0)
+    def batch_transfer_async(self, target_hostname: str, buffers, peer_buffer_addresses, lengths,
+                             opcode, transport_hint: str = "") -> int:
+        return self._async(target_hostname, self._opcode(opcode), buffers, peer_buffer_addresses,
+                           lengths)
+
+    @_returns(0)
+    def transfer_submit_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
+                              length: int) -> int:
+        return self._async(target_hostname, Opcode.WRITE, [buffer], [peer_buffer_address],
+                           [length])
+
+    def _take_batch(self, batch_id: int):
+        with self._lock:
+            batch = self._batches.pop(batch_id, None)
+        if batch is None:
+            raise InvalidArgument(f"unknown batch id {batch_id!r} (never returned by this engine, "
+                                  "or its status was already collected)")
+        return batch
+
+    @_returns(-1)
+    def get_batch_transfer_status(self, batch_ids) -> int:
+        """Waits for every batch, frees them; 0 if all requests completed."""
+        errors = []
+        for batch_id in batch_ids:
+            try:
+                batch = self._take_batch(batch_id)
+                try:
+                    batch.wait()
+                finally:
+                    batch.free()
+            except FerryError as e:
+                errors.append(e)
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            first = errors[0]
+            raise type(first)(f"{len(errors)} of {len(batch_ids)} batches failed; the first: "
+                              f"{first.message}", first.code, first.code_name)
+        return 0
+
+    def transfer_check_status(self, batch_id: int) -> int:
+        """1 completed, 0 in progress, -1 failed, -2 timed out (finished
+        batches are freed)."""
+        try:
+            with self._lock:
+                batch = self._batches.get(batch_id)
+            if batch is None:
+                self._take_batch(batch_id)  # raises, naming the id
+            status = batch.status()
+            if status.state == TransferState.PENDING:
+                return 0
+            self._take_batch(batch_id).free()
+            if status.state == TransferState.COMPLETED:
+                return 1
+            return self._failed("transfer_check_status", status.first_error,
+                                check_status_code(status.first_error))
+        except FerryError as e:
+            return self._failed("transfer_check_status", e, -1)
+
+    # ---- Notifications ------------------------------------------------------------
+    def get_notifies(self) -> list[TransferNotify]:
+        """Drains the notifications received so far, oldest first."""
+        engine = self._engine
+        if engine is None:
+            return []
+        return [TransferNotify(n.name, n.message.decode("utf-8", "surrogateescape"))
+                for n in engine.notifications()]
+
+
+# ---- `import mooncake.engine` -> this module ----------------------------------------
+_MODULE_NAMES = ("mooncake", "mooncake.engine")
+_DISTRIBUTION = "mooncake-transfer-engine"
+_EXPORTS = ("TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write")
+
+
+class _Distribution(importlib.metadata.Distribution):
+    """Metadata so importlib.metadata.version("mooncake-transfer-engine") works."""
+
+    def read_text(self, filename):
+        if filename == "METADATA":
+            return (f"Metadata-Version: 2.1\nName: {_DISTRIBUTION}\nVersion: {MOONCAKE_VERSION}\n"
+                    f"Summary: Ferry {_ferry.version()} standing in for Mooncake's transfer "
+                    "engine\n")
+        return None
+
+    def locate_file(self, path):
+        return Path(__file__).parent / path
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _MODULE_NAMES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, is_package=fullname == "mooncake")
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        module.__doc__ = f"Ferry's stand-in for {module.__name__} (see ferry.mooncake)."
+        if module.__name__ == "mooncake.engine":
+            for name in _EXPORTS:
+                setattr(module, name, globals()[name])
+
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        name = context.name
+        if name is None or re.sub(r"[-_.]+", "-", name).lower() == _DISTRIBUTION:
+            yield _Distribution()
+
+
+_finder = _Finder()
+
+
+def install():
+    """Makes ``import mooncake.engine`` (and the distribution metadata of
+    mooncake-transfer-engine) resolve to Ferry, ahead of any real Mooncake.
+    Idempotent; returns the ``mooncake.engine`` module."""
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    for name in _MODULE_NAMES:
+        module = sys.modules.get(name)
+        if module is not None and module.__spec__ is not None and module.__spec__.loader is not _finder:
+            del sys.modules[name]
+    return importlib.import_module("mooncake.engine")
+
+
+def uninstall():
+    """Undoes :func:`install`."""
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+    for name in _MODULE_NAMES:
+        module = sys.modules.get(name)
+        if module is not None and module.__spec__ is not None and module.__spec__.loader is _finder:
+            del sys.modules[name]

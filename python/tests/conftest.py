@@ -1,0 +1,151 @@
+"""Shared fixtures: where the built package is, and peer processes.
+
+The package is imported from the build tree: $FERRY_PYTHONPATH if set (it
+wins over PYTHONPATH), else PYTHONPATH, else <repo>/build/python.
+Run from the repo root after building into ./build:
+    PYTHONPATH=build/python /usr/bin/python3 -m pytest -q python/tests
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parents[1]
+
+if os.environ.get("FERRY_PYTHONPATH"):
+    sys.path.insert(0, os.environ["FERRY_PYTHONPATH"])
+else:
+    sys.path.append(str(REPO / "build" / "python"))
+
+import ferry  # noqa: E402
+
+# The directory holding the imported package, for child processes.
+FERRY_PATH = str(Path(ferry.__file__).resolve().parent.parent)
+PEER_SCRIPT = TESTS / "peer.py"
+REPLY_TIMEOUT = 120  # seconds; bounds every exchange with a child process
+
+
+def child_env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([FERRY_PATH, str(TESTS)])
+    env.pop("FERRY_PYTHONPATH", None)
+    env.update(extra)
+    return env
+
+
+class Peer:
+    """A child process running peer.py: the first stdout line is a JSON hello
+    (peer id, addresses); later, one JSON request line in, one reply line out."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(PEER_SCRIPT), *args], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, env=env or child_env())
+        self.killed = False  # by kill(): a non-zero exit is expected
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.hello = self._reply()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _reply(self) -> dict:
+        try:
+            line = self._lines.get(timeout=REPLY_TIMEOUT)
+        except queue.Empty:
+            self.kill()
+            raise AssertionError(f"peer {self.proc.args} did not answer in {REPLY_TIMEOUT} s")
+        if line is None:
+            code = self.proc.wait(timeout=REPLY_TIMEOUT)
+            raise AssertionError(f"peer {self.proc.args} exited with {code} (see stderr)")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise AssertionError(f"peer failed: {reply['error']}")
+        return reply
+
+    def request(self, cmd: str, **args) -> dict:
+        self.proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def close(self) -> int:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write('{"cmd": "exit"}\n')
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+        try:
+            return self.proc.wait(timeout=REPLY_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def pause(self):
+        """Stops the process (SIGSTOP): connected, but it answers nothing."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        tasks = Path(f"/proc/{self.proc.pid}/task")
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        while time.monotonic() < deadline:  # every thread, not just the signal, has stopped
+            states = []
+            for task in tasks.iterdir():
+                try:
+                    states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+                except OSError:
+                    pass
+            if states and all(state in "tT" for state in states):
+                return
+            time.sleep(0.001)
+        raise AssertionError(f"peer {self.proc.pid} did not stop")
+
+    def resume(self):
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def kill(self):
+        self.killed = True
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=REPLY_TIMEOUT)
+
+
+@pytest.fixture
+def spawn():
+    """spawn(*args) -> Peer; every peer is stopped (and must exit 0) at teardown."""
+    peers = []
+
+    def start(*args, env=None):
+        peer = Peer(*args, env=env)
+        peers.append(peer)
+        return peer
+
+    yield start
+    failures = []
+    for peer in peers:
+        try:
+            code = peer.close()
+        except subprocess.TimeoutExpired:
+            code = "hung"
+        if code != 0 and not peer.killed:
+            failures.append((peer.proc.args[2:], code))
+    assert not failures, f"peers did not exit cleanly: {failures}"
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound once, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

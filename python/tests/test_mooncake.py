@@ -1,0 +1,524 @@
+"""ferry.mooncake.TransferEngine as a drop-in for mooncake.engine.TransferEngine."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import inspect
+import json
+import logging
+import random
+import sys
+import time
+
+import pytest
+
+import ferry
+import ferry.mooncake as mc
+from conftest import child_env, free_port
+from peer import pattern
+
+SIZE = 4 << 20
+# Managed buffers are carved from large registered arenas: this is outside them.
+UNREGISTERED = 0x1000
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def new_engine(protocol="tcp") -> mc.TransferEngine:
+    e = mc.TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == 0, e.last_error()
+    return e
+
+
+def settle(engine, batch_id, limit=120.0) -> int:
+    """Polls transfer_check_status until the batch is no longer in progress
+    (bounded: gives up, returning 0, after `limit` seconds)."""
+    deadline = time.monotonic() + limit
+    while (state := engine.transfer_check_status(batch_id)) == 0 and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    return state
+
+
+@pytest.fixture
+def engine():
+    e = new_engine()
+    yield e
+    e.close()
+
+
+@pytest.fixture
+def target(spawn):
+    return spawn("mooncake", str(SIZE), "tcp")
+
+
+# ---- Import and surface ---------------------------------------------------------------
+def test_install_makes_mooncake_engine_importable():
+    assert "mooncake" not in sys.modules
+    try:
+        module = mc.install()
+        from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode
+
+        import mooncake.engine
+
+        assert TransferEngine is mc.TransferEngine and module is mooncake.engine
+        assert TransferOpcode.Read == 0 and TransferOpcode.Write == 1
+        assert mooncake.engine.Read == 0 and mooncake.engine.Write == 1
+        assert TransferEngine.TransferOpcode is TransferOpcode
+        assert importlib.metadata.version("mooncake-transfer-engine") == mc.MOONCAKE_VERSION
+        assert mc.install() is module  # idempotent
+        note = TransferNotify()
+        assert (note.name, note.msg) == ("", "")
+        note = TransferNotify("n", "m")
+        note.msg = "changed"
+        assert (note.name, note.msg) == ("n", "changed")
+        engine = TransferEngine()
+        assert hasattr(engine, "batch_transfer_sync_write") and hasattr(engine, "send_probe")
+    finally:
+        mc.uninstall()
+    assert "mooncake" not in sys.modules
+    with pytest.raises(ImportError):
+        import mooncake.engine  # noqa: F401
+
+
+# name -> parameters (with defaults) as the Mooncake reference lists them
+SURFACE = {
+    "initialize": "local_hostname, metadata_server, protocol, device_name",
+    "initialize_ext": "local_hostname, metadata_server, protocol, device_name, metadata_type",
+    "get_rpc_port": "",
+    "register_memory": "buffer_addr, capacity, location='*'",
+    "unregister_memory": "buffer_addr",
+    "batch_register_memory": "buffer_addresses, capacities, location='*'",
+    "batch_unregister_memory": "buffer_addresses",
+    "transfer_sync_write": "target_hostname, buffer, peer_buffer_address, length, transport_hint=''",
+    "transfer_sync_read": "target_hostname, buffer, peer_buffer_address, length, transport_hint=''",
+    "transfer_sync": "target_hostname, buffer, peer_buffer_address, length, opcode, notify=None, "
+                     "transport_hint=''",
+    "batch_transfer_sync_write": "target_hostname, buffers, peer_buffer_addresses, lengths, "
+                                 "transport_hint=''",
+    "batch_transfer_sync_read": "target_hostname, buffers, peer_buffer_addresses, lengths, "
+                                "transport_hint=''",
+    "batch_transfer_sync": "target_hostname, buffers, peer_buffer_addresses, lengths, opcode, "
+                           "notify=None, transport_hint=''",
+    "batch_transfer_async_write": "target_hostname, buffers, peer_buffer_addresses, lengths, "
+                                  "transport_hint=''",
+    "batch_transfer_async_read": "target_hostname, buffers, peer_buffer_addresses, lengths, "
+                                 "transport_hint=''",
+    "batch_transfer_async": "target_hostname, buffers, peer_buffer_addresses, lengths, opcode, "
+                            "transport_hint=''",
+    "get_batch_transfer_status": "batch_ids",
+    "transfer_submit_write": "target_hostname, buffer, peer_buffer_address, length",
+    "transfer_check_status": "batch_id",
+    "allocate_managed_buffer": "length",
+    "free_managed_buffer": "buffer_addr, length",
+    "write_bytes_to_buffer": "dest_address, src_bytes, length",
+    "read_bytes_from_buffer": "source_address, length",
+    "get_first_buffer_address": "segment_name",
+    "get_local_topology": "device_name=None",
+    "get_notifies": "",
+    "send_probe": "peer_server_name",
+    "get_engine": "",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SURFACE))
+def test_method_signatures(name):
+    params = list(inspect.signature(getattr(mc.TransferEngine, name)).parameters.values())[1:]
+    text = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+                     for p in params)
+    assert text == SURFACE[name]
+
+
+# ---- initialize and the environment -------------------------------------------------------
+def test_initialize_rdma_without_rdma_runs_over_tcp_or_local():
+    e = new_engine("rdma")
+    try:
+        assert e.get_rpc_port() > 0
+        assert e.get_engine().options["transport"] == "auto"
+        assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == -1  # twice
+        assert "already initialized" in e.last_error()
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("metadata", ["etcd://127.0.0.1:2379", "127.0.0.1:2379",
+                                      "redis://127.0.0.1:6379", "http://127.0.0.1:8080/metadata"])
+def test_metadata_servers_are_not_implemented_yet(metadata):
+    e = mc.TransferEngine()
+    assert e.initialize("127.0.0.1", metadata, "tcp", "") == -1
+    assert "UNIMPLEMENTED" in e.last_error() and "initialize" in e.last_error()
+    assert e.get_rpc_port() == -1
+    assert e.initialize_ext("127.0.0.1", "127.0.0.1:6379", "tcp", "", "redis") == -1
+    assert "redis://127.0.0.1:6379" in e.last_error()
+
+
+def test_bad_initialize_arguments():
+    e = mc.TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "carrier-pigeon", "") == -1
+    assert "protocol" in e.last_error()
+    assert e.initialize("", "P2PHANDSHAKE", "tcp", "") == -1
+    assert "local_hostname" in e.last_error()
+
+
+def test_calls_before_initialize_fail_with_a_reason():
+    e = mc.TransferEngine()
+    assert e.register_memory(0x1000, 16) < 0
+    assert "not initialized" in e.last_error()
+    assert e.transfer_sync_write("127.0.0.1:1", 0x1000, 0x2000, 16) == -1
+    assert e.batch_transfer_async_write("127.0.0.1:1", [0x1000], [0x2000], [16]) == 0
+    assert e.allocate_managed_buffer(16) == 0
+    assert e.get_notifies() == []
+
+
+def test_environment_is_read_at_initialize(monkeypatch):
+    monkeypatch.setenv("MC_FORCE_TCP", "False")  # presence means on
+    monkeypatch.setenv("MC_TRANSFER_TIMEOUT", "2")  # below the minimum of 5
+    port = free_port()
+    monkeypatch.setenv("MC_HANDSHAKE_PORT", str(port))
+    monkeypatch.setenv("MC_LOG_LEVEL", "ERROR")
+    e = new_engine("rdma")
+    try:
+        opts = e.get_engine().options
+        assert opts["transport"] == "tcp" and opts["transfer_timeout"] == 5.0
+        assert e.get_rpc_port() == port
+        assert logging.getLogger("ferry.mooncake").level == logging.ERROR
+    finally:
+        e.close()
+        logging.getLogger("ferry.mooncake").setLevel(logging.NOTSET)
+    monkeypatch.delenv("MC_FORCE_TCP")
+    monkeypatch.delenv("MC_HANDSHAKE_PORT")
+    monkeypatch.delenv("MC_LOG_LEVEL")
+    monkeypatch.setenv("MC_TRANSFER_TIMEOUT", "12.5")
+    monkeypatch.setenv("MC_MIN_RPC_PORT", "20000")
+    monkeypatch.setenv("MC_MAX_RPC_PORT", "20999")
+    e = new_engine("rdma")
+    try:
+        opts = e.get_engine().options
+        assert opts["transport"] == "auto" and opts["transfer_timeout"] == 12.5
+        assert 20000 <= e.get_rpc_port() <= 20999
+    finally:
+        e.close()
+
+
+# ---- Memory ---------------------------------------------------------------------------
+def test_register_memory_return_codes(engine):
+    buf = engine.allocate_managed_buffer(1)  # keeps the pool registered
+    assert buf != 0
+    data = bytearray(1 << 16)
+    addr = ferry._ferry.buffer_address(data)[0]
+    assert engine.register_memory(addr, 0) == -1
+    assert "zero-length" in engine.last_error()
+    assert engine.register_memory(addr, len(data)) == 0
+    assert engine.register_memory(addr + 100, 100) == -7
+    assert "overlaps" in engine.last_error()
+    assert engine.unregister_memory(addr + 1) == -3
+    assert engine.unregister_memory(addr) == 0
+    assert engine.unregister_memory(addr) == -3
+    assert engine.batch_register_memory([addr, addr + 4096], [4096]) == -1
+    assert engine.batch_register_memory([addr, addr + 4096], [4096, 4096], "cpu:0") == 0
+    assert engine.batch_register_memory([addr + 8192, addr + 4096], [4096, 4096]) == -7
+    assert engine.batch_unregister_memory([addr, addr + 4096]) == 0
+    assert engine.batch_unregister_memory([addr]) == -3
+
+
+def test_managed_buffers(engine):
+    a = engine.allocate_managed_buffer(1000)
+    b = engine.allocate_managed_buffer(5000)
+    assert a and b and a != b and abs(b - a) >= 1000
+    payload = bytes(range(256)) * 4
+    assert engine.write_bytes_to_buffer(a, payload, 1000) == 0
+    assert engine.read_bytes_from_buffer(a, 1000) == payload[:1000]
+    assert engine.write_bytes_to_buffer(a, b"short", 10) == -1
+    assert "exceeds" in engine.last_error()
+    assert engine.free_managed_buffer(a, 1000) == 0
+    assert engine.free_managed_buffer(a, 1000) < 0  # twice
+    assert engine.free_managed_buffer(b, 5000) == 0
+    assert engine.allocate_managed_buffer(1000) == a  # the space is reused
+    big = engine.allocate_managed_buffer(300 << 20)  # larger than an arena: a new one
+    assert big and engine.write_bytes_to_buffer(big + (300 << 20) - 3, b"end", 3) == 0
+    assert engine.allocate_managed_buffer(0) == 0
+    regions = engine.get_engine().query_segment(engine.get_engine().peer_id).regions
+    assert len(regions) == 2  # two arenas, registered once each
+
+
+def test_get_local_topology(engine):
+    topology = json.loads(engine.get_local_topology())
+    assert topology and all(k.startswith("cpu:") for k in topology)
+
+
+# ---- Transfers ---------------------------------------------------------------------------
+def test_thousand_rounds_of_random_writes_and_reads(engine, target):
+    peer, remote = target.hello["peer_id"], target.hello["addr"]
+    assert engine.get_first_buffer_address(peer) == remote
+    src = engine.allocate_managed_buffer(SIZE)
+    dst = engine.allocate_managed_buffer(SIZE)
+    rng = random.Random(1)
+    mirror = bytearray(SIZE)  # what the target's buffer must hold
+    for round_ in range(1000):
+        length = rng.choice([1, 7, 4096, rng.randint(1, 1 << 16), rng.randint(1, SIZE // 4)])
+        offset = rng.randint(0, SIZE - length)
+        data = rng.randbytes(length)
+        assert engine.write_bytes_to_buffer(src, data, length) == 0
+        assert engine.transfer_sync_write(peer, src, remote + offset, length) == 0, engine.last_error()
+        mirror[offset:offset + length] = data
+        assert engine.transfer_sync_read(peer, dst, remote + offset, length) == 0, engine.last_error()
+        assert engine.read_bytes_from_buffer(dst, length) == data, f"round {round_}"
+    assert target.request("sha")["sha"] == sha(bytes(mirror))
+
+
+def test_batches_of_100_entries(engine, target):
+    peer, remote = target.hello["peer_id"], target.hello["addr"]
+    n, chunk = 100, 8192
+    src = engine.allocate_managed_buffer(n * chunk)
+    dst = engine.allocate_managed_buffer(n * chunk)
+    data = pattern(3, n * chunk).tobytes()
+    engine.write_bytes_to_buffer(src, data, len(data))
+    srcs = [src + i * chunk for i in range(n)]
+    dsts = [dst + i * chunk for i in range(n)]
+    remotes = [remote + 2 * i * chunk for i in range(n)]  # every other chunk
+    lengths = [chunk] * n
+
+    def expected_remote(blob):
+        out = bytearray(2 * n * chunk)
+        for i in range(n):
+            out[2 * i * chunk:(2 * i + 1) * chunk] = blob[i * chunk:(i + 1) * chunk]
+        return bytes(out)
+
+    assert engine.batch_transfer_sync_write(peer, srcs, remotes, lengths) == 0
+    assert target.request("sha", length=2 * n * chunk)["sha"] == sha(expected_remote(data))
+    assert engine.batch_transfer_sync_read(peer, dsts, remotes, lengths) == 0
+    assert engine.read_bytes_from_buffer(dst, n * chunk) == data
+    assert engine.batch_transfer_sync_write(peer, srcs, remotes, lengths[:-1]) == -1
+    assert "lengths" in engine.last_error()
+    assert engine.batch_transfer_sync_write(peer, [], [], []) == 0
+
+    data = pattern(4, n * chunk).tobytes()
+    engine.write_bytes_to_buffer(src, data, len(data))
+    ids = [engine.batch_transfer_async_write(peer, srcs[:50], remotes[:50], lengths[:50]),
+           engine.batch_transfer_async(peer, srcs[50:], remotes[50:], lengths[50:],
+                                       mc.TransferOpcode.Write)]
+    assert all(ids) and ids[0] != ids[1]
+    assert engine.get_batch_transfer_status(ids) == 0
+    assert engine.get_batch_transfer_status(ids) == -1  # already collected
+    assert target.request("sha", length=2 * n * chunk)["sha"] == sha(expected_remote(data))
+    engine.write_bytes_to_buffer(dst, bytes(n * chunk), n * chunk)
+    ids = [engine.batch_transfer_async_read(peer, dsts, remotes, lengths),
+           engine.batch_transfer_async(peer, [dst], [remote], [10], 0)]
+    assert engine.get_batch_transfer_status(ids) == 0
+    assert engine.read_bytes_from_buffer(dst + 10, n * chunk - 10) == data[10:]
+    assert engine.read_bytes_from_buffer(dst, 10) == expected_remote(data)[:10]
+
+    # one-at-a-time submission with polling
+    batch_id = engine.transfer_submit_write(peer, src, remote, 4096)
+    assert batch_id != 0
+    assert settle(engine, batch_id) == 1
+    assert engine.transfer_check_status(batch_id) == -1  # freed when it completed
+    bad = engine.transfer_submit_write(peer, src, UNREGISTERED, 4096)
+    assert bad != 0
+    assert settle(engine, bad) == -1 and "refused" in engine.last_error()
+    bad = engine.batch_transfer_async_write(peer, [src, src], [remote, UNREGISTERED], [8, 8])
+    assert engine.get_batch_transfer_status([bad]) == -1
+    assert "request 1" in engine.last_error()
+
+
+def test_transfer_failures_return_minus_one_with_reason(engine, target):
+    peer, remote = target.hello["peer_id"], target.hello["addr"]
+    src = engine.allocate_managed_buffer(4096)
+    assert engine.transfer_sync_write(peer, src, UNREGISTERED, 4096) == -1
+    assert "refused" in engine.last_error()
+    assert engine.transfer_sync_read(peer, 0x1234, remote, 16) == -1
+    assert "registered" in engine.last_error()
+    assert engine.transfer_sync(peer, src, remote, 16, 7) == -1
+    assert "opcode" in engine.last_error()
+    assert engine.transfer_sync_write("no-port", src, remote, 16) == -1
+    assert "host:rpc_port" in engine.last_error()
+    assert engine.transfer_sync_write("127.0.0.1:notaport", src, remote, 16) == -1
+
+
+def test_async_calls_to_an_unknown_peer_return_zero(engine):
+    src = engine.allocate_managed_buffer(4096)
+    dead = f"127.0.0.1:{free_port()}"
+    assert engine.batch_transfer_async_write(dead, [src], [0x1000], [16]) == 0
+    assert "UNAVAILABLE" in engine.last_error()
+    assert engine.batch_transfer_async_read(dead, [src], [0x1000], [16]) == 0
+    assert engine.batch_transfer_async(dead, [src], [0x1000], [16], mc.TransferOpcode.Read) == 0
+    assert engine.transfer_submit_write(dead, src, 0x1000, 16) == 0
+    assert engine.transfer_sync_write(dead, src, 0x1000, 16) == -1
+    assert engine.get_first_buffer_address(dead) == 0
+
+
+def test_send_probe(engine, spawn):
+    target = spawn("mooncake", "4096", "tcp")
+    peer = target.hello["peer_id"]
+    assert engine.send_probe(peer) == 0
+    assert engine.send_probe(f"127.0.0.1:{free_port()}") < 0
+    target.kill()
+    assert engine.send_probe(peer) != 0  # the cached segment's peer is gone
+    assert engine.last_error().startswith("send_probe")
+
+
+def test_notifications_arrive_after_the_data(engine, target):
+    peer, remote = target.hello["peer_id"], target.hello["addr"]
+    src = engine.allocate_managed_buffer(SIZE)
+    for i in range(3):
+        data = pattern(20 + i, SIZE).tobytes()
+        engine.write_bytes_to_buffer(src, data, SIZE)
+        note = mc.TransferNotify(f"kv-{i}", json.dumps({"round": i}))
+        if i == 0:
+            assert engine.transfer_sync(peer, src, remote, SIZE, mc.Write, note) == 0
+        else:
+            half = SIZE // 2
+            assert engine.batch_transfer_sync(peer, [src, src + half], [remote, remote + half],
+                                              [half, half], mc.TransferOpcode.Write, notify=note) == 0
+        notes = target.request("notifies", count=1)["notes"]
+        assert [(n["name"], json.loads(n["msg"])) for n in notes] == [(f"kv-{i}", {"round": i})]
+        assert notes[0]["sha"] == sha(data)
+
+
+def test_notifications_between_two_local_engines(engine):
+    other = new_engine()
+    try:
+        dst = other.allocate_managed_buffer(64)
+        src = engine.allocate_managed_buffer(64)
+        engine.write_bytes_to_buffer(src, b"x" * 64, 64)
+        peer = f"127.0.0.1:{other.get_rpc_port()}"
+        assert engine.transfer_sync(peer, src, dst, 64, mc.Write, mc.TransferNotify("a", "é")) == 0
+        notes = other.get_notifies()
+        assert notes == [mc.TransferNotify("a", "é")]
+        assert other.read_bytes_from_buffer(dst, 64) == b"x" * 64
+        assert other.get_notifies() == []  # drained
+    finally:
+        other.close()
+
+
+def test_each_failure_is_logged_once(engine, caplog):
+    with caplog.at_level(logging.ERROR, logger="ferry.mooncake"):
+        assert engine.unregister_memory(0x1000) == -3
+    records = [r for r in caplog.records if r.name == "ferry.mooncake"]
+    assert len(records) == 1
+    assert records[0].getMessage() == engine.last_error()
+    assert engine.last_error().startswith("unregister_memory: NOT_FOUND")
+
+
+def test_last_error_is_per_thread(engine):
+    import threading
+
+    assert engine.unregister_memory(0x1000) == -3
+    seen = {}
+
+    def other():
+        assert engine.register_memory(0x2000, 0) == -1
+        seen["other"] = engine.last_error()
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(30)
+    assert "unregister_memory" in engine.last_error()
+    assert "register_memory" in seen["other"] and "unregister" not in seen["other"]
+
+
+def test_mooncake_code_mapping():
+    def code(cls):
+        return mc.mooncake_code(cls("x"))
+
+    assert code(ferry.InvalidArgument) == -1
+    assert code(ferry.NotFound) == -3
+    assert code(ferry.AlreadyExists) == -7
+    assert code(ferry.Unavailable) < 0 and code(ferry.Internal) < 0
+
+
+def test_check_status_reports_a_timeout(spawn, monkeypatch):
+    target = spawn("mooncake", "4096", "tcp")
+    peer, remote = target.hello["peer_id"], target.hello["addr"]
+    monkeypatch.setenv("MC_TRANSFER_TIMEOUT", "5")  # the minimum
+    engine = new_engine()
+    try:
+        src = engine.allocate_managed_buffer(4096)
+        assert engine.transfer_sync_write(peer, src, remote, 4096) == 0
+        target.pause()
+        try:
+            batch_id = engine.transfer_submit_write(peer, src, remote, 4096)
+            assert batch_id != 0 and engine.transfer_check_status(batch_id) == 0
+            slow = engine.batch_transfer_async_write(peer, [src], [remote], [4096])
+            assert settle(engine, batch_id) == -2 and "DEADLINE_EXCEEDED" in engine.last_error()
+            assert engine.get_batch_transfer_status([slow]) == -1
+        finally:
+            target.resume()
+        assert engine.transfer_sync_write(peer, src, remote, 4096) == 0
+    finally:
+        engine.close()
+
+
+def test_a_restarted_peer_under_the_same_session_id(engine, spawn):
+    port = free_port()
+    first = spawn("mooncake", "4096", "tcp", env=child_env(MC_HANDSHAKE_PORT=str(port)))
+    session = first.hello["peer_id"]
+    assert session == f"127.0.0.1:{port}"
+    src = engine.allocate_managed_buffer(4096)
+    engine.write_bytes_to_buffer(src, b"a" * 4096, 4096)
+    assert engine.transfer_sync_write(session, src, first.hello["addr"], 4096) == 0
+    first.kill()
+    assert engine.transfer_sync_write(session, src, first.hello["addr"], 4096) == -1
+    assert "UNAVAILABLE" in engine.last_error()
+    second = spawn("mooncake", "4096", "tcp", env=child_env(MC_HANDSHAKE_PORT=str(port)))
+    assert second.hello["peer_id"] == session
+    assert engine.transfer_sync_write(session, src, second.hello["addr"], 4096) == 0, \
+        engine.last_error()
+    assert second.request("sha")["sha"] == sha(b"a" * 4096)
+
+
+def test_lists_may_be_tuples_or_numpy_arrays(engine, target):
+    import numpy as np
+
+    peer, remote = target.hello["peer_id"], target.hello["addr"]
+    src = engine.allocate_managed_buffer(64)
+    engine.write_bytes_to_buffer(src, bytes(range(64)), 64)
+    assert engine.batch_transfer_sync_write(
+        peer, np.array([src, src + 32], dtype=np.uint64), np.array([remote + 32, remote]),
+        np.array([32, 32])) == 0, engine.last_error()
+    assert engine.batch_transfer_sync_write(peer, (src,), (remote + 64,), (8,)) == 0
+    assert engine.transfer_sync_write(peer, np.uint64(src), np.int64(remote + 72), np.int32(8)) == 0
+    want = bytes(range(32, 64)) + bytes(range(32)) + bytes(range(8)) * 2
+    assert target.request("sha", length=80)["sha"] == sha(want)
+
+
+def test_get_batch_transfer_status_names_every_failure(engine, target):
+    peer, remote = target.hello["peer_id"], target.hello["addr"]
+    src = engine.allocate_managed_buffer(64)
+    good = engine.batch_transfer_async_write(peer, [src], [remote], [8])
+    bad = [engine.batch_transfer_async_write(peer, [src], [UNREGISTERED], [8]) for _ in range(2)]
+    assert engine.get_batch_transfer_status([good, *bad, 424242]) == -1
+    assert "3 of 4 batches failed" in engine.last_error()
+
+
+@pytest.mark.parametrize("given, peer_id", [
+    ("127.0.0.1:15001", "127.0.0.1:15001"),
+    ("localhost:15001", "127.0.0.1:15001"),
+    ("[::1]:15001", "[::1]:15001"),
+    ("[0:0::1]:15001", "[::1]:15001"),
+])
+def test_session_ids(given, peer_id):
+    assert mc._peer_id(given) == peer_id
+
+
+@pytest.mark.parametrize("bad", ["127.0.0.1", "127.0.0.1:", "127.0.0.1:x", "[::1", "::1"])
+def test_bad_session_ids(bad):
+    with pytest.raises(ferry.InvalidArgument):
+        mc._peer_id(bad)
+
+
+def test_a_dropped_transfer_engine_is_closed(engine):
+    import gc
+
+    gc.disable()
+    try:
+        other = new_engine()
+        other.allocate_managed_buffer(64)
+        peer = f"127.0.0.1:{other.get_rpc_port()}"
+        assert engine.send_probe(peer) == 0
+        del other
+        assert engine.send_probe(peer) != 0
+    finally:
+        gc.enable()
