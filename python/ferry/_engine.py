@@ -273,18 +273,20 @@ class Engine:
     transfer_timeout (30), handshake_timeout (5), tcp_streams (2), io_threads
     (0), slice_size, max_frame_bytes, max_frame_entries, spin (50e-6),
     testing_wire_version_min/max. With ``environment=True`` (default) FERRY_*
-    environment variables are overlaid on them.
+    environment variables replace the defaults; keyword arguments win over both.
 
     A context manager: leaving the block closes the engine.
     """
 
     def __init__(self, *, environment: bool = True, **options: Any):
         opts = _ferry.EngineOptions()
+        if environment:
+            opts = opts.with_environment()
         for key, value in options.items():
             if key.startswith("_") or not hasattr(opts, key):
                 raise TypeError(f"Engine() got an unknown option {key!r}")
             setattr(opts, key, value)
-        self._native = _ferry.NativeEngine(opts, environment)
+        self._native = _ferry.NativeEngine(opts)
         self._lock = threading.Lock()
         self._registered: dict[int, tuple[int, Any]] = {}  # addr -> (length, keepalive)
         self._segments: dict[str, Segment] = {}  # peer id -> open segment

@@ -129,8 +129,7 @@ StatusOr<std::vector<ferry::TransferRequest>> BuildRequests(
 
 class NativeEngine {
  public:
-  NativeEngine(ferry::EngineOptions options, bool environment) {
-    if (environment) options = options.WithEnvironment();
+  explicit NativeEngine(ferry::EngineOptions options) {
     StatusOr<std::unique_ptr<ferry::Engine>> created = [&] {
       py::gil_scoped_release nogil;
       return ferry::Engine::Create(std::move(options));
@@ -420,6 +419,8 @@ PYBIND11_MODULE(_ferry, m) {
 
   py::class_<ferry::EngineOptions>(m, "EngineOptions")
       .def(py::init<>())
+      .def("with_environment", &ferry::EngineOptions::WithEnvironment,
+           "A copy with FERRY_* environment variables overlaid.")
       .def_readwrite("local_name", &ferry::EngineOptions::local_name)
       .def_readwrite("listen_host", &ferry::EngineOptions::listen_host)
       .def_readwrite("listen_port", &ferry::EngineOptions::listen_port)
@@ -458,7 +459,7 @@ PYBIND11_MODULE(_ferry, m) {
           [](ferry::EngineOptions& o, uint16_t v) { o.testing.wire_version_max = v; });
 
   py::class_<NativeEngine>(m, "NativeEngine")
-      .def(py::init<ferry::EngineOptions, bool>(), py::arg("options"), py::arg("environment"))
+      .def(py::init<ferry::EngineOptions>(), py::arg("options"))
       .def("close", &NativeEngine::Close)
       .def_property_readonly("closed", &NativeEngine::closed)
       .def_property_readonly("peer_id", &NativeEngine::peer_id)
