@@ -118,6 +118,10 @@ void EventLoop::Run() {
                        : static_cast<int>(std::max<long long>(
                              1, std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - now).count()));
     }
+    // While spinning, give the core to any other runnable thread between
+    // polls: on a machine with few cores the thread we wait for (a peer's
+    // loop, the caller) may be queued behind us.
+    if (timeout_ms == 0) std::this_thread::yield();
     int n = ::epoll_wait(epfd_, events, kMaxEvents, timeout_ms);
     sleeping_.store(false, std::memory_order_relaxed);
     if (n < 0 && errno != EINTR) {
