@@ -1,0 +1,83 @@
+#!/bin/sh
+# Smoke tests of the `ferry` command: cli_smoke_test.sh PATH_TO_FERRY CASE
+set -u
+FERRY=$1
+CASE=$2
+PY=python3
+[ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+
+fail() { echo "FAIL ($CASE): $*" >&2; exit 1; }
+
+# expect_status WANT CMD...: runs CMD, checks its exit status.
+expect_status() {
+  want=$1; shift
+  "$@" >/tmp/ferry_smoke_out.$$ 2>/tmp/ferry_smoke_err.$$
+  got=$?
+  cat /tmp/ferry_smoke_out.$$ /tmp/ferry_smoke_err.$$
+  rm -f /tmp/ferry_smoke_out.$$ /tmp/ferry_smoke_err.$$
+  [ "$got" -eq "$want" ] || fail "'$*' exited $got, expected $want"
+}
+
+# check_json 'python expression on d' CMD...: CMD must print one JSON object.
+check_json() {
+  expr=$1; shift
+  out=$("$@") || fail "'$*' exited $?"
+  echo "$out"
+  printf '%s' "$out" | $PY -c "
+import json, sys
+d = json.load(sys.stdin)
+ok = $expr
+sys.exit(0 if ok else 1)" || fail "JSON check failed: $expr"
+}
+
+case "$CASE" in
+  info)
+    expect_status 0 "$FERRY" info
+    check_json "d['version'] != '' and 'tcp' in d['transports']" "$FERRY" info --json ;;
+  help)
+    expect_status 0 "$FERRY" --help
+    expect_status 0 "$FERRY" bench --help
+    expect_status 0 "$FERRY" info --help
+    expect_status 0 "$FERRY" metadata-server --help ;;
+  bad_flag)
+    expect_status 2 "$FERRY" bench --no-such-flag
+    expect_status 2 "$FERRY" no-such-command ;;
+  bad_value)
+    expect_status 2 "$FERRY" bench --block-size 12Q
+    expect_status 2 "$FERRY" bench --operation sideways
+    expect_status 2 "$FERRY" bench --workload kv:gpt-9
+    expect_status 2 "$FERRY" bench --threads 0 ;;
+  shm)
+    expect_status 2 "$FERRY" bench --transport shm ;;
+  metadata_server)
+    expect_status 1 "$FERRY" metadata-server ;;
+  bench_write_verify)
+    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['bytes'] > 0 and d['transport'] == 'tcp'" \
+      "$FERRY" bench --duration 0.5 --json --verify --no-baseline ;;
+  bench_read_verify)
+    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0" \
+      "$FERRY" bench --operation read --block-size 64K --batch-size 16 --threads 2 --duration 0.5 --json --verify --no-baseline ;;
+  bench_kv_mixed_verify)
+    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['entries_per_batch'] == 64 * 256" \
+      "$FERRY" bench --operation mixed --workload kv:llama3-8b:tokens=256:page=1 --duration 0.5 --json --verify --no-baseline ;;
+  bench_sync_verify)
+    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['sync']" \
+      "$FERRY" bench --sync --block-size 4K --total-bytes 4M --json --verify --no-baseline ;;
+  bench_local_verify)
+    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['transport'] == 'local'" \
+      "$FERRY" bench --transport local --duration 0.5 --json --verify --no-baseline ;;
+  verify_catches_damage)
+    # --verify must notice bytes that differ: 16 bytes of a write, 1 byte of a read.
+    out=$("$FERRY" bench --duration 0.3 --json --verify --no-baseline --inject-mismatch)
+    [ $? -eq 1 ] || fail "a run with mismatches must exit 1"
+    printf '%s' "$out" | $PY -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if d['mismatches']==16 and d['mismatched_blocks']==1 else 1)" || fail "write damage not reported: $out"
+    out=$("$FERRY" bench --operation read --duration 0.3 --json --verify --no-baseline --inject-mismatch)
+    [ $? -eq 1 ] || fail "a run with mismatches must exit 1"
+    printf '%s' "$out" | $PY -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if d['mismatches']==1 and d['mismatched_blocks']==1 else 1)" || fail "read damage not reported: $out" ;;
+  bench_baseline_json)
+    check_json "d['throughput_gbps'] > 0 and d['baseline']['socket_gbps'] > 0 and d['baseline']['socket_rtt_us'] > 0 and d['baseline']['memcpy_gbps'] > 0 and d['baseline']['scatter_gbps'] > 0 and d['latency_us']['p50'] > 0" \
+      "$FERRY" bench --block-size 64K --batch-size 64 --duration 0.5 --json ;;
+  *)
+    fail "unknown case" ;;
+esac
+echo "ok ($CASE)"

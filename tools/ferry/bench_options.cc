@@ -1,0 +1,280 @@
+#include "bench_options.h"
+
+#include <iostream>
+
+#include "cli.h"
+
+namespace ferry::bench {
+namespace {
+
+constexpr const char* kHelp = R"(Usage: ferry bench [FLAGS]
+
+Measures Ferry against plain sockets and memcpy on the same machine, in one run.
+With no flags: starts a target process on 127.0.0.1 (the embedded peer-to-peer
+handshake, no server), writes 1 MiB blocks in batches of 32 for 1.5 s, runs
+the baselines, and prints a table (about 5 s in all).
+
+Roles:
+  --role target|initiator   run one side only (default: both, target as a child)
+  --listen HOST             address to listen on and advertise (default 127.0.0.1)
+  --target HOST:PORT        initiator: the target's peer id (its first line of output)
+  --control HOST:PORT       initiator: the target's control port (its second line;
+                            found automatically from the target's segment name)
+
+Workload:
+  --operation write|read|mixed   direction (default write; mixed: alternate entries)
+  --block-size SIZE         bytes per request, e.g. 4K, 64K, 1M (default 1M)
+  --batch-size N            requests per batch (default 32)
+  --threads N               initiator threads, each with its own batch (default 1)
+  --workload kv:MODEL[:tokens=N][:page=P]
+                            KV-cache push: one batch = every (layer buffer, page)
+                            entry, pages scattered on both sides. Models:
+                            llama3-8b, llama3-70b-tp8, deepseek-v3
+                            (default tokens=4096, page=16)
+  --sync                    one synchronous request at a time (latency)
+  --duration SECONDS        length of each measured phase (default 1.5; sweep: 1)
+  --total-bytes SIZE        stop after this many bytes instead of a duration
+  --buffer-size SIZE        registered buffer per side (default: what the workload
+                            needs, at least 64M; --role target: 1G)
+  --hugepages               back the buffers (both sides) with transparent huge
+                            pages (madvise); default: ordinary 4 KiB pages
+
+Engine:
+  --transport auto|tcp|local|shm   (local: both engines in this process;
+                            shm: not available yet)
+  --streams N               TCP connections per peer (EngineOptions.tcp_streams)
+  --io-threads N            TCP event-loop threads (0: one per stream)
+  --slice-size SIZE         TCP slice size
+  --spin-us N               event-loop / waiter spin before blocking
+
+Checks and output:
+  --verify                  check every byte of every block against a pattern
+                            (writes: the target checks its own buffer; reads: the
+                            initiator checks what arrived). Slows the run.
+  --inject-mismatch         (testing --verify) damage the first entry of the first
+                            measured batch after it arrived; expect mismatches
+  --no-baseline             skip the plain-socket and memcpy baselines
+  --json                    print one JSON object instead of the table
+  --sweep                   sweep block sizes (and threads): table, CSV and PNG chart
+  --sweep-blocks LIST       default 4K,16K,64K,256K,1M,4M
+  --sweep-threads LIST      default 1,4 (or --threads)
+  --output PREFIX           sweep files: PREFIX.csv, PREFIX.png (default ferry-sweep)
+  --plot-script PATH        the chart script (default: plot_sweep.py next to ferry)
+
+Sizes take K, M, G (binary). Exit status: 0 ok, 1 the run failed, 2 bad usage.
+)";
+
+int PositiveInt(std::string_view flag, std::string_view text, int max) {
+  uint64_t v = cli::ParseUint(flag, text);
+  if (v == 0 || v > static_cast<uint64_t>(max)) {
+    throw cli::UsageError("bad value '" + std::string(text) + "' for " + std::string(flag) +
+                          ": must be 1.." + std::to_string(max));
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+std::optional<BenchOptions> ParseBenchOptions(const std::vector<std::string>& args) {
+  BenchOptions o;
+  cli::FlagParser p("bench");
+  p.Value("--role", [&](std::string_view v) {
+    if (v == "target") {
+      o.role = Role::kTarget;
+    } else if (v == "initiator") {
+      o.role = Role::kInitiator;
+    } else {
+      throw cli::UsageError("bad value '" + std::string(v) +
+                            "' for --role: expected target or initiator");
+    }
+  });
+  p.Value("--target", [&](std::string_view v) { o.target = v; });
+  p.Value("--control", [&](std::string_view v) { o.control = v; });
+  p.Value("--listen", [&](std::string_view v) {
+    if (v.empty()) throw cli::UsageError("bad value '' for --listen: expected an address");
+    o.listen = v;
+  });
+  p.Value("--operation", [&](std::string_view v) {
+    if (v == "write") {
+      o.op = Operation::kWrite;
+    } else if (v == "read") {
+      o.op = Operation::kRead;
+    } else if (v == "mixed") {
+      o.op = Operation::kMixed;
+    } else {
+      throw cli::UsageError("bad value '" + std::string(v) +
+                            "' for --operation: expected write, read or mixed");
+    }
+  });
+  p.Value("--block-size", [&](std::string_view v) {
+    o.block = cli::ParseSize("--block-size", v);
+    if (o.block == 0) throw cli::UsageError("bad value '0' for --block-size: must be at least 1");
+    o.block_set = true;
+  });
+  p.Value("--batch-size", [&](std::string_view v) {
+    o.batch = static_cast<uint64_t>(PositiveInt("--batch-size", v, 1 << 24));
+    o.batch_set = true;
+  });
+  p.Value("--threads", [&](std::string_view v) {
+    o.threads = PositiveInt("--threads", v, 256);
+    o.threads_set = true;
+  });
+  p.Value("--workload", [&](std::string_view v) { o.kv = ParseKvPreset(v); });
+  p.Switch("--sync", [&] { o.sync = true; });
+  p.Value("--transport", [&](std::string_view v) {
+    if (v != "auto" && v != "tcp" && v != "local" && v != "shm") {
+      throw cli::UsageError("bad value '" + std::string(v) +
+                            "' for --transport: expected auto, tcp, local or shm");
+    }
+    o.transport = v;
+  });
+  p.Value("--streams", [&](std::string_view v) { o.streams = PositiveInt("--streams", v, 64); });
+  p.Value("--io-threads", [&](std::string_view v) {
+    uint64_t n = cli::ParseUint("--io-threads", v);
+    if (n > 64)
+      throw cli::UsageError("bad value '" + std::string(v) + "' for --io-threads: at most 64");
+    o.io_threads = static_cast<int>(n);
+  });
+  p.Value("--slice-size", [&](std::string_view v) {
+    o.slice_size = cli::ParseSize("--slice-size", v);
+    if (o.slice_size == 0 || o.slice_size > 0xffffffffu) {
+      throw cli::UsageError("bad value '" + std::string(v) + "' for --slice-size: 1..4G-1");
+    }
+  });
+  p.Value("--spin-us", [&](std::string_view v) {
+    o.spin_us = static_cast<int64_t>(cli::ParseUint("--spin-us", v));
+  });
+  p.Value("--duration",
+          [&](std::string_view v) { o.duration = cli::ParseSeconds("--duration", v); });
+  p.Value("--total-bytes", [&](std::string_view v) {
+    o.total_bytes = cli::ParseSize("--total-bytes", v);
+    if (o.total_bytes == 0) throw cli::UsageError("bad value '0' for --total-bytes");
+  });
+  p.Value("--buffer-size", [&](std::string_view v) {
+    o.buffer_size = cli::ParseSize("--buffer-size", v);
+    if (o.buffer_size == 0) throw cli::UsageError("bad value '0' for --buffer-size");
+  });
+  p.Switch("--hugepages", [&] { o.hugepages = true; });
+  p.Switch("--verify", [&] { o.verify = true; });
+  p.Switch("--inject-mismatch", [&] { o.inject_mismatch = true; });
+  p.Switch("--no-baseline", [&] { o.no_baseline = true; });
+  p.Switch("--json", [&] { o.json = true; });
+  p.Switch("--sweep", [&] { o.sweep = true; });
+  p.Value("--sweep-blocks", [&](std::string_view v) {
+    o.sweep_blocks = cli::ParseSizeList("--sweep-blocks", v);
+    for (uint64_t b : o.sweep_blocks) {
+      if (b == 0) throw cli::UsageError("bad value '" + std::string(v) + "' for --sweep-blocks: 0");
+    }
+  });
+  p.Value("--sweep-threads", [&](std::string_view v) {
+    o.sweep_threads = cli::ParseUintList("--sweep-threads", v);
+    for (uint64_t t : o.sweep_threads) {
+      if (t == 0 || t > 256) {
+        throw cli::UsageError("bad value '" + std::string(v) + "' for --sweep-threads: 1..256");
+      }
+    }
+  });
+  p.Value("--output", [&](std::string_view v) { o.output = v; });
+  p.Value("--plot-script", [&](std::string_view v) { o.plot_script = v; });
+
+  if (p.Parse(args)) {
+    std::cout << kHelp;
+    return std::nullopt;
+  }
+
+  // Combinations.
+  if (o.transport == "shm") {
+    throw cli::UsageError(
+        "--transport shm: the shared-memory transport is not available yet "
+        "(use auto, tcp or local)");
+  }
+  if (o.role == Role::kInitiator && o.target.empty()) {
+    throw cli::UsageError("--role initiator needs --target HOST:PORT (the target's peer id)");
+  }
+  if (o.role != Role::kInitiator && !o.target.empty()) {
+    throw cli::UsageError("--target is only for --role initiator");
+  }
+  if (o.role != Role::kInitiator && !o.control.empty()) {
+    throw cli::UsageError("--control is only for --role initiator");
+  }
+  if (o.role != Role::kLauncher && o.transport == "local") {
+    throw cli::UsageError(
+        "--transport local runs both engines in one process; "
+        "use it without --role");
+  }
+  if (o.kv && (o.block_set || o.batch_set)) {
+    throw cli::UsageError(
+        "--block-size and --batch-size do not apply to --workload "
+        "(the preset defines the entries of a batch)");
+  }
+  if (o.kv && o.sweep)
+    throw cli::UsageError("--sweep sweeps block sizes; it does not take --workload");
+  if (o.sweep && o.block_set) {
+    throw cli::UsageError("--sweep takes --sweep-blocks, not --block-size");
+  }
+  if (!o.sweep && (!o.sweep_blocks.empty() || !o.sweep_threads.empty())) {
+    throw cli::UsageError("--sweep-blocks and --sweep-threads need --sweep");
+  }
+  if (o.sweep && o.threads_set && !o.sweep_threads.empty()) {
+    throw cli::UsageError("give either --threads or --sweep-threads with --sweep");
+  }
+  if (o.inject_mismatch && !o.verify) throw cli::UsageError("--inject-mismatch needs --verify");
+  if (o.duration > 0 && o.total_bytes > 0) {
+    throw cli::UsageError("give either --duration or --total-bytes, not both");
+  }
+  if (o.sweep && o.total_bytes > 0)
+    throw cli::UsageError("--sweep takes --duration, not --total-bytes");
+  if (o.sweep && o.sync) throw cli::UsageError("--sweep measures batches; it does not take --sync");
+  if (o.role == Role::kTarget) {
+    // The target only needs what shapes its engine and buffer.
+    if (o.json || o.verify || o.sweep || o.sync || o.kv || o.block_set || o.batch_set ||
+        o.threads_set || o.duration > 0 || o.total_bytes > 0 || o.no_baseline) {
+      throw cli::UsageError(
+          "--role target takes only --listen, --buffer-size, --transport, "
+          "--streams, --io-threads, --slice-size and --spin-us; the initiator "
+          "chooses the workload");
+    }
+  }
+  if (o.sweep) {
+    if (o.sweep_blocks.empty()) {
+      o.sweep_blocks = {4u << 10, 16u << 10, 64u << 10, 256u << 10, 1u << 20, 4u << 20};
+    }
+    if (o.sweep_threads.empty()) {
+      o.sweep_threads = o.threads_set ? std::vector<uint64_t>{static_cast<uint64_t>(o.threads)}
+                                      : std::vector<uint64_t>{1, 4};
+    }
+  }
+  if (o.duration == 0 && o.total_bytes == 0) o.duration = o.sweep ? 1.0 : 1.5;
+  return o;
+}
+
+std::vector<std::string> BenchOptions::TargetArgs(uint64_t buffer_size) const {
+  std::vector<std::string> a = {"bench",
+                                "--role",
+                                "target",
+                                "--listen",
+                                listen,
+                                "--buffer-size",
+                                std::to_string(buffer_size)};
+  if (hugepages) a.push_back("--hugepages");
+  if (transport != "auto") a.insert(a.end(), {"--transport", transport});
+  if (streams > 0) a.insert(a.end(), {"--streams", std::to_string(streams)});
+  if (io_threads >= 0) a.insert(a.end(), {"--io-threads", std::to_string(io_threads)});
+  if (slice_size > 0) a.insert(a.end(), {"--slice-size", std::to_string(slice_size)});
+  if (spin_us >= 0) a.insert(a.end(), {"--spin-us", std::to_string(spin_us)});
+  return a;
+}
+
+EngineOptions BenchOptions::MakeEngineOptions() const {
+  EngineOptions e = EngineOptions{}.WithEnvironment();
+  e.listen_host = listen;
+  e.metadata = "P2PHANDSHAKE";
+  if (transport != "auto") e.transport = transport;
+  if (streams > 0) e.tcp_streams = streams;
+  if (io_threads >= 0) e.io_threads = io_threads;
+  if (slice_size > 0) e.slice_size = static_cast<uint32_t>(slice_size);
+  if (spin_us >= 0) e.spin = std::chrono::microseconds(spin_us);
+  return e;
+}
+
+}  // namespace ferry::bench

@@ -1,0 +1,126 @@
+// `ferry info` and `ferry metadata-server`.
+#include <iostream>
+
+#include "cli.h"
+#include "commands.h"
+#include "ferry/ferry.h"
+#include "json.h"
+
+namespace ferry::cli {
+namespace {
+
+constexpr const char* kInfoHelp = R"(Usage: ferry info [--json] [--version]
+
+Starts an engine on 127.0.0.1 (any free port) with the settings from the
+environment (FERRY_*), prints what it reports, and stops it:
+version, transports, features, wire versions, and every effective option.
+
+  --json      one JSON object
+  --version   print only the version
+)";
+
+constexpr const char* kMetadataHelp = R"(Usage: ferry metadata-server
+
+A metadata service that lets many engines find each other by name. Not
+available yet: engines meet with the embedded peer-to-peer handshake
+(EngineOptions.metadata = "P2PHANDSHAKE"), which needs no server.
+)";
+
+std::string Join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+long long Ms(std::chrono::milliseconds d) { return static_cast<long long>(d.count()); }
+
+}  // namespace
+
+int InfoMain(const std::vector<std::string>& args) {
+  bool json = false, version_only = false;
+  FlagParser p("info");
+  p.Switch("--json", [&] { json = true; });
+  p.Switch("--version", [&] { version_only = true; });
+  if (p.Parse(args)) {
+    std::cout << kInfoHelp;
+    return 0;
+  }
+  if (version_only) {
+    std::cout << "ferry " << Version() << "\n";
+    return 0;
+  }
+  EngineOptions requested = EngineOptions{}.WithEnvironment();
+  auto engine = Engine::Create(requested);
+  if (!engine.ok()) {
+    throw RunError("cannot start an engine to ask it: " + engine.status().ToString());
+  }
+  const Capabilities caps = (*engine)->GetCapabilities();
+  const EngineOptions& o = (*engine)->options();
+  if (json) {
+    bench::JsonWriter j;
+    j.BeginObject().Field("version", Version());
+    j.Key("wire_versions").BeginObject().Field("min", static_cast<int>(caps.wire_version_min));
+    j.Field("max", static_cast<int>(caps.wire_version_max)).EndObject();
+    j.Key("transports").BeginArray();
+    for (const auto& t : caps.transports) j.Value(t);
+    j.EndArray();
+    j.Key("features").BeginArray();
+    for (const auto& f : caps.features) j.Value(f);
+    j.EndArray();
+    j.Key("options").BeginObject();
+    j.Field("local_name", o.local_name).Field("listen_host", o.listen_host);
+    j.Field("listen_port", static_cast<int>(o.listen_port)).Field("metadata", o.metadata);
+    j.Field("transport", o.transport);
+    j.Field("connect_timeout_ms", static_cast<uint64_t>(Ms(o.connect_timeout)));
+    j.Field("transfer_timeout_ms", static_cast<uint64_t>(Ms(o.transfer_timeout)));
+    j.Field("handshake_timeout_ms", static_cast<uint64_t>(Ms(o.handshake_timeout)));
+    j.Field("tcp_streams", o.tcp_streams).Field("io_threads", o.io_threads);
+    j.Field("slice_size", static_cast<uint64_t>(o.slice_size));
+    j.Field("max_frame_bytes", static_cast<uint64_t>(o.max_frame_bytes));
+    j.Field("max_frame_entries", static_cast<uint64_t>(o.max_frame_entries));
+    j.Field("spin_us", static_cast<uint64_t>(o.spin.count()));
+    j.EndObject();
+    j.Field("peer_id_of_this_probe", (*engine)->PeerId());
+    j.EndObject();
+    std::cout << j.str() << std::endl;
+    return 0;
+  }
+  std::cout << "ferry " << Version() << "\n"
+            << "wire versions      " << caps.wire_version_min << ".." << caps.wire_version_max
+            << " (this build: " << kWireVersionMin << ".." << kWireVersionMax << ")\n"
+            << "transports         " << Join(caps.transports) << "   (shm: not available yet)\n"
+            << "features           " << Join(caps.features) << "\n"
+            << "metadata           " << o.metadata << " (metadata server: not available yet)\n"
+            << "\neffective options (defaults overlaid with FERRY_* from the environment):\n"
+            << "  local_name          " << (o.local_name.empty() ? "(the peer id)" : o.local_name)
+            << "   [this probe: " << (*engine)->LocalName() << "]\n"
+            << "  listen_host         " << o.listen_host << "\n"
+            << "  listen_port         " << o.listen_port
+            << (o.listen_port == 0 ? " (any free)" : "")
+            << "   [this probe: " << (*engine)->RpcPort() << "]\n"
+            << "  transport           " << o.transport << "\n"
+            << "  connect_timeout     " << Ms(o.connect_timeout) << " ms\n"
+            << "  transfer_timeout    " << Ms(o.transfer_timeout) << " ms\n"
+            << "  handshake_timeout   " << Ms(o.handshake_timeout) << " ms\n"
+            << "  tcp_streams         " << o.tcp_streams << "\n"
+            << "  io_threads          " << o.io_threads << "\n"
+            << "  slice_size          " << o.slice_size << " B\n"
+            << "  max_frame_bytes     " << o.max_frame_bytes << " B\n"
+            << "  max_frame_entries   " << o.max_frame_entries << "\n"
+            << "  spin                " << o.spin.count() << " µs\n";
+  return 0;
+}
+
+int MetadataServerMain(const std::vector<std::string>& args) {
+  FlagParser p("metadata-server");
+  if (p.Parse(args)) {
+    std::cout << kMetadataHelp;
+    return 0;
+  }
+  std::cerr << "ferry metadata-server: not available yet. Engines meet with the embedded "
+               "peer-to-peer handshake (EngineOptions.metadata = \"P2PHANDSHAKE\"); no server "
+               "is needed.\n";
+  return 1;
+}
+
+}  // namespace ferry::cli
