@@ -34,13 +34,15 @@ struct EngineOptions {
   // How long an accepted connection may take to say hello.
   std::chrono::milliseconds handshake_timeout{5000};
 
-  // TCP: parallel connections (streams) per peer.
+  // TCP: parallel connections (streams) per peer, 1..64.
   int tcp_streams = 2;
-  // TCP: event-loop threads (0 = one per stream, at most 4).
+  // TCP: event-loop threads, 0..64 (0 = one per stream, at most 4).
   int io_threads = 0;
-  // TCP: a request larger than this is cut into slices striped across streams.
+  // TCP: a request larger than this is cut into slices striped across
+  // streams. 4 KiB <= slice_size <= max_frame_bytes.
   uint32_t slice_size = 1u << 20;
-  // TCP: most payload bytes and entries coalesced into one frame.
+  // TCP: most payload bytes (<= 64 MiB) and entries (1..1024) coalesced into
+  // one frame.
   uint32_t max_frame_bytes = 1u << 20;
   uint32_t max_frame_entries = 512;
   // How long event loops and waiters spin before blocking after activity.

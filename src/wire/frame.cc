@@ -80,8 +80,8 @@ void EncodeHeader(const FrameHeader& h, uint8_t out[kFrameHeaderSize]) {
 
 StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kFrameHeaderSize]) {
   ByteReader r(in, kFrameHeaderSize);
-  uint32_t magic;
-  uint8_t type;
+  uint32_t magic = 0;
+  uint8_t type = 0;
   FrameHeader h;
   r.U32(&magic);
   r.U8(&h.version);

@@ -1,0 +1,168 @@
+// Shared pieces of the transport conformance suite: the list of transports
+// and a pair of engines in one process, both forced to one transport.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.h"
+#include "tests/testing/buffer.h"
+#include "tests/testing/pattern.h"
+#include "tests/testing/status_matchers.h"
+
+namespace ferry::test {
+
+// The transports the conformance suite runs against. Adding a transport to
+// the suite is adding its name here.
+inline const std::vector<std::string> kTransports = {"local", "tcp"};
+
+// Generous bounds; no test asserts how fast anything is.
+inline constexpr std::chrono::milliseconds kTransferTimeout{60000};
+inline constexpr std::chrono::milliseconds kWaitTimeout{120000};
+
+inline EngineOptions ConformanceOptions(const std::string& transport) {
+  EngineOptions o;
+  o.transport = transport;
+  o.listen_host = "127.0.0.1";
+  o.listen_port = 0;
+  o.transfer_timeout = kTransferTimeout;
+  return o;
+}
+
+// One request of a scatter: local buffer offset, remote buffer offset, length.
+struct Piece {
+  uint64_t local_off = 0;
+  uint64_t remote_off = 0;
+  uint64_t length = 0;
+};
+
+// Two engines ("initiator" and "target") on one transport; the initiator has
+// opened the target's segment.
+class EnginePair {
+ public:
+  void Start(const std::string& transport) {
+    Start(ConformanceOptions(transport), ConformanceOptions(transport));
+  }
+  void Start(const EngineOptions& initiator_options, const EngineOptions& target_options) {
+    auto a = Engine::Create(initiator_options);
+    ASSERT_THAT(GetStatus(a), IsOk())
+        << "creating the initiator engine, transport " << initiator_options.transport;
+    initiator_ = std::move(a).value();
+    auto b = Engine::Create(target_options);
+    ASSERT_THAT(GetStatus(b), IsOk())
+        << "creating the target engine, transport " << target_options.transport;
+    target_ = std::move(b).value();
+    auto seg = initiator_->OpenSegment(target_->PeerId());
+    ASSERT_THAT(GetStatus(seg), IsOk())
+        << "opening " << target_->PeerId() << ", transport " << initiator_options.transport;
+    segment_ = *seg;
+  }
+
+  Engine& initiator() { return *initiator_; }
+  // Destroys the target engine (its buffers stay allocated).
+  void DestroyTarget() { target_.reset(); }
+  Engine& target() { return *target_; }
+  SegmentHandle segment() const { return segment_; }
+
+  // A zeroed buffer that lives as long as the engines, registered with
+  // `engine` unless it is null. Null (after a test failure) if registering
+  // failed.
+  unsigned char* Alloc(size_t size, Engine* engine) {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_.push_back(std::make_unique<AlignedBuffer>(size));
+    unsigned char* p = buffers_.back()->data();
+    if (engine != nullptr) {
+      const Status s = engine->RegisterMemory(p, size);
+      EXPECT_THAT(s, IsOk()) << "registering " << size << " bytes";
+      if (!s.ok()) return nullptr;
+    }
+    return p;
+  }
+
+  // Runs `pieces` as one batch of `op` requests between `local` (registered
+  // with the initiator) and `remote` (registered with the target), submitted
+  // in calls of at most `submit_chunk` requests, and checks:
+  //   - every request completed and the batch counts add up;
+  //   - each destination range holds its request's pattern;
+  //   - every other destination byte is untouched;
+  //   - the source is unchanged.
+  void RunScatter(Opcode op, unsigned char* local, size_t local_size, unsigned char* remote,
+                  size_t remote_size, const std::vector<Piece>& pieces, uint64_t seed,
+                  size_t submit_chunk) {
+    const uint64_t local_bg = Mix64(seed ^ 0x10ca1), remote_bg = Mix64(seed ^ 0x4e307e);
+    std::vector<PatternRange> local_ranges, remote_ranges;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      local_ranges.push_back({pieces[i].local_off, pieces[i].length, RequestSeed(seed, i), 0});
+      remote_ranges.push_back({pieces[i].remote_off, pieces[i].length, RequestSeed(seed, i), 0});
+    }
+    if (op == Opcode::kWrite) {
+      FillLayout(local, local_size, local_ranges, local_bg);
+      FillPattern(remote, remote_size, remote_bg);
+    } else {
+      FillPattern(local, local_size, local_bg);
+      FillLayout(remote, remote_size, remote_ranges, remote_bg);
+    }
+
+    const uint64_t remote_addr = reinterpret_cast<uintptr_t>(remote);
+    std::vector<TransferRequest> reqs;
+    reqs.reserve(pieces.size());
+    for (const Piece& p : pieces) {
+      reqs.push_back({op, local + p.local_off, segment_, remote_addr + p.remote_off, p.length});
+    }
+    auto batch_or = initiator_->AllocateBatch(reqs.size());
+    ASSERT_THAT(GetStatus(batch_or), IsOk());
+    const BatchId batch = *batch_or;
+    for (size_t i = 0; i < reqs.size(); i += submit_chunk) {
+      const size_t n = std::min(submit_chunk, reqs.size() - i);
+      ASSERT_THAT(initiator_->Submit(batch, std::span(reqs).subspan(i, n)), IsOk())
+          << "submitting requests [" << i << ", " << i + n << ")";
+    }
+    const Status waited = initiator_->WaitBatch(batch, kWaitTimeout);
+    EXPECT_THAT(waited, IsOk());
+    auto bs = initiator_->GetBatchStatus(batch);
+    ASSERT_THAT(GetStatus(bs), IsOk());
+    EXPECT_EQ(TransferStateName(bs->state), TransferStateName(TransferState::kCompleted));
+    EXPECT_EQ(bs->submitted, reqs.size());
+    EXPECT_EQ(bs->completed, reqs.size());
+    EXPECT_EQ(bs->failed, 0u);
+    EXPECT_THAT(bs->first_error, IsOk());
+    if (!waited.ok()) {
+      // Name the first few failed requests.
+      int shown = 0;
+      for (size_t i = 0; i < reqs.size() && shown < 5; ++i) {
+        auto ts = initiator_->GetTransferStatus(batch, i);
+        if (ts.ok() && ts->state != TransferState::kCompleted) {
+          ADD_FAILURE() << "request " << i << " is " << TransferStateName(ts->state) << ": "
+                        << ts->status;
+          ++shown;
+        }
+      }
+    }
+    EXPECT_THAT(initiator_->FreeBatch(batch), IsOk());
+
+    if (op == Opcode::kWrite) {
+      EXPECT_TRUE(CheckLayout(remote, remote_size, remote_ranges, remote_bg)) << "remote (target)";
+      EXPECT_TRUE(CheckLayout(local, local_size, local_ranges, local_bg)) << "local source changed";
+    } else {
+      EXPECT_TRUE(CheckLayout(local, local_size, local_ranges, local_bg)) << "local (destination)";
+      EXPECT_TRUE(CheckLayout(remote, remote_size, remote_ranges, remote_bg))
+          << "remote source changed";
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  // Declared before the engines so it is destroyed after them.
+  std::vector<std::unique_ptr<AlignedBuffer>> buffers_;
+  std::unique_ptr<Engine> initiator_;
+  std::unique_ptr<Engine> target_;
+  SegmentHandle segment_;
+};
+
+}  // namespace ferry::test

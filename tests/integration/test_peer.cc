@@ -1,0 +1,308 @@
+// ferry_test_peer: a Ferry engine in its own process, driven by the
+// multi-process tests over stdin/stdout.
+//
+//   ferry_test_peer [--host H] [--port N] [--size BYTES] [--seed S]
+//                   [--wire-min V] [--wire-max V] [--handshake-timeout-ms MS]
+//                   [--transfer-timeout-ms MS]
+//
+// Registers one buffer of --size bytes (default 16 MiB) filled with the
+// pattern stream --seed at position = offset in the buffer, then prints
+//
+//   READY <peer_id> <buffer_addr (0x hex)> <size>
+//
+// and serves until SIGTERM/SIGINT, stdin EOF or QUIT. Commands, one a line,
+// each answered with one line:
+//   PING                          -> PONG
+//   CHECK <seed> [<off> <len>]    -> OK | BAD <offset>   (buffer vs stream <seed>,
+//                                    position = offset; default: whole buffer)
+//   FILL <seed>                   -> OK                  (refill the whole buffer)
+//   NOTE <name>                   -> NOTE OK | NOTE BAD <offset> | NOTE NONE | NOTE MALFORMED
+//       Waits (at most 20 s) for the notification <name>. A notification
+//       whose message is "CHECK <seed> <off> <len>" is checked the moment the
+//       peer first sees it, so NOTE tells whether the data was in place then.
+//   QUIT                          -> BYE, then exits 0
+// Errors at start-up print "ERROR <text>" and exit 2.
+
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/ferry.h"
+#include "tests/testing/buffer.h"
+#include "tests/testing/pattern.h"
+
+namespace {
+
+volatile sig_atomic_t g_stop = 0;
+
+void OnSignal(int) { g_stop = 1; }
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::printf("ERROR %s\n", what.c_str());
+  std::fflush(stdout);
+  std::exit(2);
+}
+
+uint64_t ParseNumber(const char* flag, const char* value) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(value, &end, 0);
+  if (errno != 0 || end == value || *end != '\0') Fail(std::string("bad value for ") + flag);
+  return v;
+}
+
+void Reply(const std::string& line) {
+  std::fputs(line.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+struct Options {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  uint64_t size = 16u << 20;
+  uint64_t seed = 1;
+  uint16_t wire_min = 0;
+  uint16_t wire_max = 0;
+  int64_t handshake_timeout_ms = -1;
+  int64_t transfer_timeout_ms = -1;
+};
+
+Options ParseArgs(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) Fail("missing value for " + flag);
+    const char* value = argv[++i];
+    if (flag == "--host") {
+      o.host = value;
+    } else if (flag == "--port") {
+      o.port = static_cast<uint16_t>(ParseNumber(argv[i - 1], value));
+    } else if (flag == "--size") {
+      o.size = ParseNumber(argv[i - 1], value);
+    } else if (flag == "--seed") {
+      o.seed = ParseNumber(argv[i - 1], value);
+    } else if (flag == "--wire-min") {
+      o.wire_min = static_cast<uint16_t>(ParseNumber(argv[i - 1], value));
+    } else if (flag == "--wire-max") {
+      o.wire_max = static_cast<uint16_t>(ParseNumber(argv[i - 1], value));
+    } else if (flag == "--handshake-timeout-ms") {
+      o.handshake_timeout_ms = static_cast<int64_t>(ParseNumber(argv[i - 1], value));
+    } else if (flag == "--transfer-timeout-ms") {
+      o.transfer_timeout_ms = static_cast<int64_t>(ParseNumber(argv[i - 1], value));
+    } else {
+      Fail("unknown flag " + flag);
+    }
+  }
+  if (o.size == 0) Fail("--size must be positive");
+  return o;
+}
+
+// Checks every notification the moment it is first seen.
+class NoteWatcher {
+ public:
+  NoteWatcher(ferry::Engine* engine, const unsigned char* buf, uint64_t size)
+      : engine_(engine), buf_(buf), size_(size), thread_([this] { Run(); }) {}
+  ~NoteWatcher() {
+    stop_ = true;
+    thread_.join();
+  }
+
+  // "OK", "BAD <off>", "MALFORMED" or "NONE" (not seen within the timeout).
+  std::string Wait(const std::string& name, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, timeout, [&] { return results_.count(name) != 0; });
+    auto it = results_.find(name);
+    return it == results_.end() ? "NONE" : it->second;
+  }
+
+ private:
+  void Run() {
+    while (!stop_) {
+      std::vector<ferry::Notification> notes = engine_->GetNotifications();
+      for (const ferry::Notification& n : notes) {
+        std::string result = Check(n.message);
+        std::lock_guard<std::mutex> lock(mu_);
+        results_[n.name] = result;
+        cv_.notify_all();
+      }
+      if (notes.empty()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  std::string Check(const std::string& message) const {
+    std::istringstream in(message);
+    std::string word;
+    uint64_t seed = 0, off = 0, len = 0;
+    if (!(in >> word >> seed >> off >> len) || word != "CHECK" || off > size_ ||
+        len > size_ - off) {
+      return "MALFORMED";
+    }
+    const std::optional<size_t> bad = ferry::test::CheckPattern(buf_ + off, len, seed, off);
+    return bad ? "BAD " + std::to_string(off + *bad) : "OK";
+  }
+
+  ferry::Engine* engine_;
+  const unsigned char* buf_;
+  uint64_t size_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> results_;
+  std::thread thread_;
+};
+
+// CHECK and FILL touch the buffer that remote engines write into. The
+// happens-before edge from such a write to a CHECK (the writer's engine got
+// our engine's acknowledgement, then the driver wrote to our stdin) runs
+// through other processes, which ThreadSanitizer cannot see; so these two do
+// not go through its instrumentation (and do not call memcmp/memcpy, which
+// it intercepts). The notification checks in NoteWatcher stay instrumented:
+// there the engine itself must order the data before the notification.
+__attribute__((no_sanitize("thread"), noinline)) std::optional<size_t> CheckBufferFromAfar(
+    const unsigned char* p, size_t len, uint64_t seed, uint64_t pos) {
+  uint64_t word = 0;
+  for (size_t i = 0; i < len; ++i) {
+    const uint64_t at = pos + i;
+    if (i == 0 || (at & 7) == 0) word = ferry::test::PatternWord(seed, at >> 3);
+    if (p[i] != static_cast<unsigned char>(word >> ((at & 7) * 8))) return i;
+  }
+  return std::nullopt;
+}
+
+__attribute__((no_sanitize("thread"), noinline)) void FillBufferFromAfar(unsigned char* p,
+                                                                         size_t len,
+                                                                         uint64_t seed) {
+  uint64_t word = 0;
+  for (size_t i = 0; i < len; ++i) {
+    if ((i & 7) == 0) word = ferry::test::PatternWord(seed, i >> 3);
+    p[i] = static_cast<unsigned char>(word >> ((i & 7) * 8));
+  }
+}
+
+std::string HandleCommand(const std::string& line, unsigned char* buf, uint64_t size,
+                          NoteWatcher& notes, bool* quit) {
+  std::istringstream in(line);
+  std::string cmd;
+  in >> cmd;
+  if (cmd == "PING") return "PONG";
+  if (cmd == "QUIT") {
+    *quit = true;
+    return "BYE";
+  }
+  if (cmd == "FILL") {
+    uint64_t seed = 0;
+    if (!(in >> seed)) return "ERROR usage: FILL <seed>";
+    FillBufferFromAfar(buf, size, seed);
+    return "OK";
+  }
+  if (cmd == "CHECK") {
+    uint64_t seed = 0, off = 0, len = size;
+    if (!(in >> seed)) return "ERROR usage: CHECK <seed> [<off> <len>]";
+    if (in >> off) {
+      if (!(in >> len)) return "ERROR usage: CHECK <seed> [<off> <len>]";
+    }
+    if (off > size || len > size - off) return "ERROR range outside the buffer";
+    const std::optional<size_t> bad = CheckBufferFromAfar(buf + off, len, seed, off);
+    return bad ? "BAD " + std::to_string(off + *bad) : "OK";
+  }
+  if (cmd == "NOTE") {
+    std::string name;
+    if (!(in >> name)) return "ERROR usage: NOTE <name>";
+    return "NOTE " + notes.Wait(name, std::chrono::seconds(20));
+  }
+  return "ERROR unknown command";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options opt = ParseArgs(argc, argv);
+
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: poll() returns EINTR
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  ferry::test::AlignedBuffer buffer(opt.size);
+  ferry::test::FillPattern(buffer.data(), opt.size, opt.seed, 0);
+
+  ferry::EngineOptions eo;
+  eo.listen_host = opt.host;
+  eo.listen_port = opt.port;
+  eo.testing.wire_version_min = opt.wire_min;
+  eo.testing.wire_version_max = opt.wire_max;
+  if (opt.handshake_timeout_ms >= 0) {
+    eo.handshake_timeout = std::chrono::milliseconds(opt.handshake_timeout_ms);
+  }
+  if (opt.transfer_timeout_ms >= 0) {
+    eo.transfer_timeout = std::chrono::milliseconds(opt.transfer_timeout_ms);
+  }
+  auto engine_or = ferry::Engine::Create(eo);
+  if (!engine_or.ok()) Fail("Engine::Create: " + engine_or.status().ToString());
+  std::unique_ptr<ferry::Engine> engine = std::move(engine_or).value();
+  const ferry::Status reg = engine->RegisterMemory(buffer.data(), opt.size);
+  if (!reg.ok()) Fail("RegisterMemory: " + reg.ToString());
+
+  int rc = 0;
+  {
+    NoteWatcher notes(engine.get(), buffer.data(), opt.size);
+    char ready[256];
+    std::snprintf(ready, sizeof(ready), "READY %s 0x%llx %llu", engine->PeerId().c_str(),
+                  static_cast<unsigned long long>(buffer.addr()),
+                  static_cast<unsigned long long>(opt.size));
+    Reply(ready);
+
+    std::string pending;
+    bool quit = false;
+    while (!quit && !g_stop) {
+      pollfd pfd{STDIN_FILENO, POLLIN, 0};
+      const int n = poll(&pfd, 1, 200);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        rc = 3;
+        break;
+      }
+      if (n == 0) continue;
+      char chunk[4096];
+      const ssize_t got = read(STDIN_FILENO, chunk, sizeof(chunk));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) break;  // EOF: the driver is gone
+      pending.append(chunk, static_cast<size_t>(got));
+      size_t nl;
+      while (!quit && (nl = pending.find('\n')) != std::string::npos) {
+        const std::string line = pending.substr(0, nl);
+        pending.erase(0, nl + 1);
+        Reply(HandleCommand(line, buffer.data(), opt.size, notes, &quit));
+      }
+    }
+  }
+  // Shut down in order: engine first (stops transfers into the buffer).
+  const ferry::Status unreg = engine->UnregisterMemory(buffer.data());
+  if (!unreg.ok()) {
+    std::fprintf(stderr, "ferry_test_peer: UnregisterMemory: %s\n", unreg.ToString().c_str());
+    rc = 4;
+  }
+  engine.reset();
+  return rc;
+}
