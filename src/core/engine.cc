@@ -416,6 +416,7 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   // 1. Validate everything before anything moves.
   std::vector<std::shared_ptr<Segment>> segs(requests.size());
   std::map<uint64_t, std::shared_ptr<Segment>> distinct;
+  RemoteRegion local_region;  // the last local region found; most requests share it
   for (size_t i = 0; i < requests.size(); ++i) {
     const TransferRequest& r = requests[i];
     auto bad = [&](const Status& s) { return s.WithPrefix("request " + std::to_string(i)); };
@@ -424,8 +425,12 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
     }
     if (r.local == nullptr) return bad(InvalidArgumentError("local address is null"));
     if (r.length == 0) return bad(InvalidArgumentError("length is zero"));
-    Status s = impl_->target->registry().Check(reinterpret_cast<uint64_t>(r.local), r.length, "local buffer");
-    if (!s.ok()) return bad(s);
+    const uint64_t local = reinterpret_cast<uint64_t>(r.local);
+    if (!(local >= local_region.addr && r.length <= local_region.length &&
+          local - local_region.addr <= local_region.length - r.length)) {
+      Status s = impl_->target->registry().Check(local, r.length, "local buffer", &local_region);
+      if (!s.ok()) return bad(s);
+    }
     if (r.remote_addr + r.length < r.remote_addr) {
       return bad(InvalidArgumentError("remote range " + internal::FormatRange(r.remote_addr, r.length) +
                                       " wraps around the address space"));

@@ -103,8 +103,18 @@ const std::shared_ptr<Region>* MemoryRegistry::FindLocked(uint64_t addr, uint64_
 }
 
 Status MemoryRegistry::Check(uint64_t addr, uint64_t length, std::string_view what) const {
+  RemoteRegion ignored;
+  return Check(addr, length, what, &ignored);
+}
+
+Status MemoryRegistry::Check(uint64_t addr, uint64_t length, std::string_view what,
+                             RemoteRegion* found) const {
   std::shared_lock lock(mu_);
-  if (FindLocked(addr, length) != nullptr) return OkStatus();
+  if (const std::shared_ptr<Region>* r = FindLocked(addr, length)) {
+    found->addr = (*r)->addr;
+    found->length = (*r)->length;
+    return OkStatus();
+  }
   return InvalidArgumentError(std::string(what) + " " + FormatRange(addr, length) +
                               " is not inside a registered memory region (register it first)");
 }

@@ -59,6 +59,9 @@ class MemoryRegistry {
   // OK iff [addr, addr+length) lies inside one registered region.
   // kInvalidArgument otherwise, naming the range and `what` ("local buffer").
   Status Check(uint64_t addr, uint64_t length, std::string_view what) const;
+  // Like Check; on success also returns the containing region's bounds so a
+  // caller checking many ranges can skip the lookup for ranges inside it.
+  Status Check(uint64_t addr, uint64_t length, std::string_view what, RemoteRegion* found) const;
   // Like Check, and pins the region for the caller.
   StatusOr<RegionPin> Pin(uint64_t addr, uint64_t length, std::string_view what) const;
 

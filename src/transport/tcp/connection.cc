@@ -457,6 +457,28 @@ void Connection::AddDiscard(size_t length) {
   }
 }
 
+Status Connection::PinEntry(const wire::Entry& e, uint32_t index, const Region** last,
+                            std::vector<RegionPin>* pins, std::vector<wire::EntryFailure>* failures) {
+  Status s;
+  const Region* r = *last;
+  if (e.length == 0) {
+    s = InvalidArgumentError("zero-length entry");
+  } else if (r != nullptr && e.addr >= r->addr && e.length <= r->length &&
+             e.addr - r->addr <= r->length - e.length) {
+    return OkStatus();  // inside the region pinned for an earlier entry
+  } else {
+    auto pin = server_->target->registry().Pin(e.addr, e.length, "remote range");
+    if (pin.ok()) {
+      *last = pin->region();
+      pins->push_back(std::move(*pin));
+      return OkStatus();
+    }
+    s = pin.status().WithPrefix("peer " + server_->target->peer_id() + " refused");
+  }
+  failures->push_back({index, s.code(), s.message()});
+  return s;
+}
+
 Status Connection::ServeWrite() {
   FERRY_ASSIGN_OR_RETURN(recv_entries_, wire::DecodeEntries(body_));
   uint64_t total = 0;
@@ -470,20 +492,14 @@ Status Connection::ServeWrite() {
   recv_index_ = 0;
   recv_failures_.clear();
   recv_pins_.clear();
+  const Region* last = nullptr;  // entries of a frame mostly share a region
   for (uint32_t i = 0; i < recv_entries_.size(); ++i) {
     const wire::Entry& e = recv_entries_[i];
-    if (e.length == 0) {
-      recv_failures_.push_back({i, StatusCode::kInvalidArgument, "zero-length entry"});
-      continue;
-    }
-    auto pin = server_->target->registry().Pin(e.addr, e.length, "remote range");
-    if (!pin.ok()) {
-      recv_failures_.push_back({i, pin.status().code(),
-                                "peer " + server_->target->peer_id() + " refused: " + pin.status().message()});
+    Status s = PinEntry(e, i, &last, &recv_pins_, &recv_failures_);
+    if (!s.ok()) {
       AddDiscard(e.length);  // drain the bytes; nothing is written
       continue;
     }
-    recv_pins_.push_back(std::move(*pin));
     recv_iov_.push_back({reinterpret_cast<void*>(e.addr), e.length});
   }
   if (recv_iov_.empty()) return OnPayload();
@@ -496,19 +512,10 @@ Status Connection::ServeRead() {
   wire::Reply rep;
   std::vector<iovec> payload;
   std::vector<RegionPin> pins;
+  const Region* last = nullptr;
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
-    if (e.length == 0) {
-      rep.failures.push_back({i, StatusCode::kInvalidArgument, "zero-length entry"});
-      continue;
-    }
-    auto pin = server_->target->registry().Pin(e.addr, e.length, "remote range");
-    if (!pin.ok()) {
-      rep.failures.push_back({i, pin.status().code(),
-                              "peer " + server_->target->peer_id() + " refused: " + pin.status().message()});
-      continue;
-    }
-    pins.push_back(std::move(*pin));
+    if (!PinEntry(e, i, &last, &pins, &rep.failures).ok()) continue;
     payload.push_back({reinterpret_cast<void*>(e.addr), e.length});
   }
   std::string body;

@@ -154,6 +154,10 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   void QueueReply(wire::FrameType type, uint64_t seq, std::string body,
                   std::vector<iovec> payload = {}, std::vector<RegionPin> pins = {});
   void AddDiscard(size_t length);
+  // Pins the region holding entry `e` unless *last already covers it; on
+  // failure records it in `failures` (naming the range) and returns it.
+  Status PinEntry(const wire::Entry& e, uint32_t index, const Region** last,
+                  std::vector<RegionPin>* pins, std::vector<wire::EntryFailure>* failures);
   void CheckIdleRetire();
 
   EventLoop* const loop_;
