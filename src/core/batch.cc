@@ -34,7 +34,7 @@ void BatchState::CompleteSlices(size_t index, uint32_t slices, const Status& sta
   if (!status.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!r.failed.load(std::memory_order_relaxed)) {
-      r.error = status;
+      errors_.emplace(index, status);
       r.failed.store(true, std::memory_order_release);
       if (first_error_.ok()) first_error_ = status.WithPrefix("request " + std::to_string(index));
     }
@@ -57,7 +57,8 @@ TransferStatus BatchState::Get(size_t index) const {
   out.state = static_cast<TransferState>(r.state.load(std::memory_order_acquire));
   if (out.state == TransferState::kFailed) {
     std::lock_guard<std::mutex> lock(mu_);
-    out.status = r.error;
+    auto it = errors_.find(index);
+    if (it != errors_.end()) out.status = it->second;
   }
   return out;
 }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 
 #include "ferry/status.h"
 #include "ferry/types.h"
@@ -48,11 +49,11 @@ class BatchState {
   bool WaitIdle(std::chrono::steady_clock::time_point deadline, std::chrono::microseconds spin);
 
  private:
+  // 8 bytes: batches of 100,000s of requests are allocated per transfer.
   struct Request {
     std::atomic<uint32_t> remaining{0};
     std::atomic<uint8_t> state{0};  // TransferState
     std::atomic<bool> failed{false};
-    Status error;  // set once, under mu_, by the first failing slice
   };
 
   const size_t capacity_;
@@ -65,6 +66,9 @@ class BatchState {
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
   Status first_error_;  // guarded by mu_
+  // The first failure of each failed request, by index (failures are rare,
+  // so they live here rather than in every Request). Guarded by mu_.
+  std::unordered_map<size_t, Status> errors_;
 };
 
 }  // namespace ferry::internal

@@ -414,7 +414,7 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   FERRY_ASSIGN_OR_RETURN(auto batch, impl_->GetBatch(id));
   if (requests.empty()) return InvalidArgumentError("no requests to submit");
   // 1. Validate everything before anything moves.
-  std::vector<std::shared_ptr<Segment>> segs(requests.size());
+  std::vector<Segment*> segs(requests.size());  // owned by `distinct`
   std::map<uint64_t, std::shared_ptr<Segment>> distinct;
   RemoteRegion local_region;  // the last local region found; most requests share it
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -441,7 +441,7 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
       if (!got.ok()) return bad(got.status());
       seg = distinct.emplace(r.segment.value, *got).first;
     }
-    segs[i] = seg->second;
+    segs[i] = seg->second.get();
   }
   // 2. Make sure every peer is reachable (connects lazily).
   std::map<Segment*, std::pair<std::shared_ptr<internal::PeerLink>, uint32_t>> links;
@@ -460,10 +460,10 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   std::map<Segment*, std::vector<internal::Slice>> per_peer;
   for (size_t i = 0; i < requests.size(); ++i) {
     const TransferRequest& r = requests[i];
-    uint32_t max_slice = links[segs[i].get()].second;
+    uint32_t max_slice = links[segs[i]].second;
     uint64_t n = (r.length + max_slice - 1) / max_slice;
     batch->Begin(base + i, static_cast<uint32_t>(n));
-    auto& out = per_peer[segs[i].get()];
+    auto& out = per_peer[segs[i]];
     for (uint64_t off = 0; off < r.length; off += max_slice) {
       uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(max_slice, r.length - off));
       out.push_back({r.opcode, static_cast<char*>(r.local) + off, r.remote_addr + off, len,

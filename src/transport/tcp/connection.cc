@@ -66,12 +66,6 @@ Status NotifyWaiter::Wait(Clock::time_point deadline) {
 
 // ---- Connection --------------------------------------------------------------
 
-size_t Connection::OutFrame::total() const {
-  size_t n = head.size();
-  for (const auto& v : payload) n += v.iov_len;
-  return n;
-}
-
 Connection::Connection(EventLoop* loop, UniqueFd fd, Role role, std::string peer_name,
                        std::shared_ptr<const ServerContext> server, uint16_t wire_version)
     : loop_(loop),
@@ -139,6 +133,8 @@ void Connection::DrainSubmissions() {
     uint64_t seq = next_seq_++;
     std::memcpy(r.head.data() + kSeqOffset, &seq, sizeof(seq));
     OutFrame f;
+    f.total = r.head.size();
+    for (const iovec& v : r.payload) f.total += v.iov_len;
     f.head = std::move(r.head);
     f.payload = std::move(r.payload);
     out_.push_back(std::move(f));
@@ -264,7 +260,7 @@ void Connection::Flush() {
     size_t left = static_cast<size_t>(w);
     while (left > 0 && !out_.empty()) {
       OutFrame& f = out_.front();
-      size_t rest = f.total() - f.sent;
+      size_t rest = f.total - f.sent;
       if (left >= rest) {
         left -= rest;
         out_.pop_front();
@@ -289,6 +285,7 @@ void Connection::QueueReply(wire::FrameType type, uint64_t seq, std::string body
   h.payload_len = static_cast<uint32_t>(plen);
   OutFrame f;
   f.head = wire::BuildFrame(h, body);
+  f.total = f.head.size() + plen;
   f.payload = std::move(payload);
   f.pins = std::move(pins);
   out_.push_back(std::move(f));

@@ -124,7 +124,7 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
     std::vector<iovec> payload;
     std::vector<RegionPin> pins;  // kept until the bytes are sent
     size_t sent = 0;
-    size_t total() const;
+    size_t total = 0;  // head + payload bytes
   };
   struct Inflight {
     uint64_t seq;
