@@ -193,6 +193,10 @@ void Connection::Close(const Status& why) {
   queued_bytes_.store(0);
 }
 
+bool Connection::WantsTick() const {
+  return role_ == Role::kAccepted || !inflight_.empty() || retire_.load(std::memory_order_relaxed);
+}
+
 void Connection::OnTick(Clock::time_point now) {
   if (role_ == Role::kAccepted && now > hello_deadline_) {
     Close(DeadlineExceededError("peer " + peer_name_ + " sent no valid hello in time"));

@@ -117,6 +117,7 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
 
   void OnEvents(uint32_t events) override;
   void OnTick(Clock::time_point now) override;
+  bool WantsTick() const override;
 
  private:
   struct OutFrame {

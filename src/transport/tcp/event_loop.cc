@@ -113,10 +113,15 @@ void EventLoop::Run() {
         sleeping_.store(false, std::memory_order_relaxed);
         continue;
       }
-      timeout_ms = handlers_.empty()
-                       ? -1
-                       : static_cast<int>(std::max<long long>(
-                             1, std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - now).count()));
+      bool ticking = false;
+      for (const auto& [fd, h] : handlers_) ticking = ticking || h->WantsTick();
+      if (!ticking) {
+        timeout_ms = -1;
+      } else {
+        if (now >= next_tick + kTick) next_tick = now + kTick;  // was asleep: start afresh
+        timeout_ms = static_cast<int>(std::max<long long>(
+            1, std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - now).count()));
+      }
     }
     // While spinning, give the core to any other runnable thread between
     // polls: on a machine with few cores the thread we wait for (a peer's

@@ -2,7 +2,8 @@
 //
 // After activity the loop polls without blocking for `spin` (low latency for
 // back-to-back small transfers); with nothing to do it blocks, so an idle
-// engine uses no CPU (it wakes every 50 ms only while handlers want ticks).
+// engine uses no CPU (it wakes every 50 ms only while a handler has a
+// deadline to watch).
 // Thread contract: RunInLoop may be called from any thread; Add/Modify/
 // Remove only on the loop thread. The loop thread is started by Start and
 // joined by Stop (or the destructor); handlers are called on it only.
@@ -28,8 +29,11 @@ class EventLoop {
    public:
     virtual ~Handler() = default;
     virtual void OnEvents(uint32_t events) = 0;
-    // Called about every 50 ms while the handler is registered.
+    // Called about every 50 ms while any registered handler WantsTick().
     virtual void OnTick(std::chrono::steady_clock::time_point now) = 0;
+    // Whether the handler has a deadline to watch; when none has, the loop
+    // sleeps until there is I/O or a task (an idle engine never wakes).
+    virtual bool WantsTick() const = 0;
   };
 
   EventLoop(std::string name, std::chrono::microseconds spin);

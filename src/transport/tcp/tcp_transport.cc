@@ -45,6 +45,7 @@ class Listener : public EventLoop::Handler {
     }
   }
   void OnTick(Clock::time_point) override {}
+  bool WantsTick() const override { return false; }
 
  private:
   UniqueFd fd_;
