@@ -41,14 +41,32 @@ void BatchState::CompleteSlices(size_t index, uint32_t slices, const Status& sta
   }
   if (r.remaining.fetch_sub(slices, std::memory_order_acq_rel) != slices) return;
   bool failed = r.failed.load(std::memory_order_acquire);
-  (failed ? failed_ : completed_).fetch_add(1, std::memory_order_relaxed);
-  // Release: a reader that sees the final state also sees the bytes/error.
+  // Order matters to observers: the request's final state first (release: a
+  // reader that sees it also sees the bytes and the error), then the
+  // counters (a reader that counts every request done finds every state
+  // final), then pending_ (waiters and FreeBatch see everything above).
   r.state.store(static_cast<uint8_t>(failed ? TransferState::kFailed : TransferState::kCompleted),
                 std::memory_order_release);
+  (failed ? failed_ : completed_).fetch_add(1, std::memory_order_acq_rel);
   if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     std::lock_guard<std::mutex> lock(mu_);  // no lost wake-up: waiters test under mu_
     idle_cv_.notify_all();
   }
+}
+
+bool BatchState::SettleIfFinal() const {
+  if (pending() == 0) return true;
+  const size_t n = reserved();
+  for (size_t i = 0; i < n; ++i) {
+    if (requests_[i].state.load(std::memory_order_acquire) ==
+        static_cast<uint8_t>(TransferState::kPending)) {
+      return false;
+    }
+  }
+  // Every request is final: the threads that completed the last ones are
+  // between their state store and the pending_ decrement. Nanoseconds.
+  while (pending() != 0) std::this_thread::yield();
+  return true;
 }
 
 TransferStatus BatchState::Get(size_t index) const {

@@ -42,6 +42,10 @@ class BatchState {
   TransferStatus Get(size_t index) const;
   BatchStatus Summary() const;
   size_t pending() const { return pending_.load(std::memory_order_acquire); }
+  // True when no request is pending any more (waiting out completions that
+  // already published their final state but have not finished their
+  // bookkeeping): then the batch may be freed.
+  bool SettleIfFinal() const;
 
   // Waits until no request is pending or the deadline passes; spins for up to
   // `spin` first (cheap when completion is imminent). OK when nothing is

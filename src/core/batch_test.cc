@@ -71,6 +71,39 @@ TEST(Batch, WaitIdleTimesOutThenWakesOnCompletion) {
   t.join();
 }
 
+TEST(Batch, SettlesOnlyWhenEveryRequestIsFinal) {
+  BatchState b(2);
+  ASSERT_TRUE(b.Reserve(2).ok());
+  b.Begin(0, 1);
+  b.Begin(1, 2);
+  EXPECT_FALSE(b.SettleIfFinal());
+  b.CompleteSlice(0, OkStatus());
+  b.CompleteSlice(1, OkStatus());
+  EXPECT_FALSE(b.SettleIfFinal());  // request 1 still has a slice out
+  b.CompleteSlice(1, OkStatus());
+  EXPECT_TRUE(b.SettleIfFinal());
+}
+
+// Regression: a caller that saw every request counted done (GetBatchStatus)
+// got "still in flight" from FreeBatch, because counters were bumped before
+// the final state was stored.
+TEST(Batch, CountedDoneImpliesFreeable) {
+  for (int round = 0; round < 2000; ++round) {
+    BatchState b(4);
+    ASSERT_TRUE(b.Reserve(4).ok());
+    for (int i = 0; i < 4; ++i) b.Begin(i, 1);
+    std::thread t([&] {
+      for (int i = 0; i < 4; ++i) b.CompleteSlice(i, OkStatus());
+    });
+    while (true) {
+      auto s = b.Summary();
+      if (s.completed + s.failed == 4) break;
+    }
+    EXPECT_TRUE(b.SettleIfFinal()) << "round " << round;
+    t.join();
+  }
+}
+
 TEST(Batch, ConcurrentCompletionsCountExactly) {
   constexpr int kRequests = 1000, kSlices = 8;
   BatchState b(kRequests);

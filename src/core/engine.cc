@@ -505,7 +505,7 @@ Status Engine::WaitBatch(BatchId id, std::chrono::milliseconds timeout) {
 
 Status Engine::FreeBatch(BatchId id) {
   FERRY_ASSIGN_OR_RETURN(auto batch, impl_->GetBatch(id));
-  if (batch->pending() > 0) {
+  if (!batch->SettleIfFinal()) {
     return FailedPreconditionError("batch " + std::to_string(id.value) + " still has " +
                                    std::to_string(batch->pending()) +
                                    " requests in flight; wait for them (each ends by its transfer deadline)");
