@@ -5,7 +5,7 @@
 
 #include "common/net.h"
 #include "metadata/metadata.h"
-#include "wire/frame.h"
+#include "wire/exchange.h"
 
 namespace ferry::internal {
 namespace {
@@ -19,26 +19,11 @@ class P2PMetadata : public MetadataClient {
     FERRY_ASSIGN_OR_RETURN(UniqueFd fd, ConnectTo(hp, deadline));
     std::string body;
     wire::EncodeDescriptor(self, &body);
-    wire::FrameHeader h;
-    h.type = wire::FrameType::kHandshakeRequest;
-    h.seq = 1;
-    std::string frame = wire::BuildFrame(h, body);
     auto ctx = [&](const Status& s) { return s.WithPrefix("handshake with " + name); };
-    Status s = SendAll(fd.get(), frame.data(), frame.size(), deadline);
-    if (!s.ok()) return ctx(s);
-    uint8_t hdr[wire::kFrameHeaderSize];
-    s = RecvAll(fd.get(), hdr, sizeof(hdr), deadline);
-    if (!s.ok()) return ctx(s);
-    auto rh = wire::DecodeHeader(hdr);
-    if (!rh.ok()) return ctx(rh.status());
-    if (rh->type != wire::FrameType::kHandshakeResponse) {
-      return ctx(DataLossError("peer answered with frame type " +
-                               std::to_string(static_cast<int>(rh->type))));
-    }
-    std::string resp(rh->body_len, '\0');
-    s = RecvAll(fd.get(), resp.data(), resp.size(), deadline);
-    if (!s.ok()) return ctx(s);
-    auto decoded = wire::DecodeHandshakeResponse(resp);
+    auto resp = wire::Exchange(fd.get(), wire::FrameType::kHandshakeRequest, body,
+                               wire::FrameType::kHandshakeResponse, deadline);
+    if (!resp.ok()) return ctx(resp.status());
+    auto decoded = wire::DecodeHandshakeResponse(*resp);
     if (!decoded.ok()) return ctx(decoded.status());
     if (!decoded->first.ok()) return ctx(decoded->first);
     return std::move(decoded->second);

@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "wire/exchange.h"
 #include "wire/frame.h"
 
 namespace ferry::internal {
@@ -210,25 +211,14 @@ class TcpTransportImpl : public Transport {
                               cfg_.local_peer_id};
       std::string body;
       wire::EncodeStreamHello(hello, &body);
-      wire::FrameHeader h;
-      h.type = wire::FrameType::kStreamHello;
-      std::string frame = wire::BuildFrame(h, body);
       auto ctx = [&](const Status& s) {
         return s.WithPrefix("opening stream " + std::to_string(i) + " to " + peer.peer_id);
       };
-      Status s = SendAll(fd.get(), frame.data(), frame.size(), deadline);
-      if (!s.ok()) return ctx(s);
-      uint8_t hdr[wire::kFrameHeaderSize];
-      s = RecvAll(fd.get(), hdr, sizeof(hdr), deadline);
-      if (!s.ok()) return ctx(s);
-      auto rh = wire::DecodeHeader(hdr);
-      if (!rh.ok()) return ctx(rh.status());
-      if (rh->type != wire::FrameType::kStreamHelloAck) return ctx(DataLossError("unexpected reply to hello"));
-      std::string ack(rh->body_len, '\0');
-      s = RecvAll(fd.get(), ack.data(), ack.size(), deadline);
-      if (!s.ok()) return ctx(s);
+      auto ack = wire::Exchange(fd.get(), wire::FrameType::kStreamHello, body,
+                                wire::FrameType::kStreamHelloAck, deadline);
+      if (!ack.ok()) return ctx(ack.status());
       Status remote;
-      s = wire::DecodeStatus(ack, &remote);
+      Status s = wire::DecodeStatus(*ack, &remote);
       if (!s.ok()) return ctx(s);
       if (!remote.ok()) return ctx(remote);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd.get(), true));

@@ -1,0 +1,20 @@
+// One blocking request/response over a socket, used before a connection is
+// handed to an event loop (handshakes, stream hellos).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <string_view>
+
+#include "ferry/status.h"
+#include "wire/frame.h"
+
+namespace ferry::wire {
+
+// Sends a frame of `type` with `body` and returns the body of the reply,
+// which must be of `reply_type`. Fails on any socket error, on the deadline,
+// or on a malformed or unexpected reply.
+StatusOr<std::string> Exchange(int fd, FrameType type, std::string_view body, FrameType reply_type,
+                               std::chrono::steady_clock::time_point deadline);
+
+}  // namespace ferry::wire
