@@ -15,8 +15,9 @@ callers can observe, all on the side of reporting more:
 * A sync call's deadline is ``MC_TRANSFER_TIMEOUT`` per request (Mooncake adds
   one nanosecond per byte on top).
 * Only the "P2PHANDSHAKE" metadata mode exists so far; others fail with -1.
-* The MC_* variables are read once, in initialize(); Ferry's own FERRY_*
-  variables are then overlaid by the engine as everywhere else.
+* The MC_* variables are read once, in initialize(). Ferry's own FERRY_*
+  variables set the engine's other defaults; what MC_* variables decide
+  (transport, timeout, addresses) wins over them.
 * ``get_engine()`` returns the ferry.Engine; ``get_engine_ptr()`` (a raw C++
   pointer for Mooncake Store) does not exist.
 * ``close()`` (not in Mooncake) closes the engine without waiting for the

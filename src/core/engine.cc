@@ -95,14 +95,17 @@ class Engine::Impl {
 
   ~Impl() {
     internal::LocalDirectory::Get().Remove(instance_id);
+    std::unordered_map<std::string, std::shared_ptr<Segment>> open;
     {
       std::lock_guard<std::mutex> lock(segments_mu);
-      for (auto& [name, seg] : by_name) {
-        std::lock_guard<std::mutex> l(seg->mu);
-        if (seg->link) seg->link->Retire();
-        seg->link.reset();
-      }
-      by_name.clear();
+      open.swap(by_name);
+    }
+    // Lock order everywhere: a segment's mu may be held while taking
+    // segments_mu (OpenSegment), never the other way round.
+    for (auto& [name, seg] : open) {
+      std::lock_guard<std::mutex> l(seg->mu);
+      if (seg->link) seg->link->Retire();
+      seg->link.reset();
     }
     for (auto& t : transports) t->Shutdown();
   }
