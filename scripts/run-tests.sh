@@ -1,11 +1,43 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine, builds Ferry and runs every test:
-# the C++ suites (ctest) and the Python package (pytest). Ends with both
-# runners' summary lines; exits non-zero if either failed.
+#  1. the C++ suites under sanitizers — AddressSanitizer + UBSan over every
+#     gtest binary, ThreadSanitizer over the engine's concurrency (core,
+#     conformance); FERRY_SKIP_SANITIZERS=1 skips this pass (it is most of
+#     the run time);
+#  2. every C++ test (ctest), then the Python package (pytest).
+# Ends with ctest's and pytest's summary lines; exits non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh || exit 1
+
+san_rc=0
+if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
+  san_pass() {  # build dir, sanitizer, test binaries...
+    local dir="$1" san="$2"
+    shift 2
+    echo "run-tests: sanitizer pass (${san}): $*"
+    cmake -G Ninja -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_BUILD_PYTHON=OFF \
+      -DFERRY_SANITIZE="$san" >/dev/null || return 1
+    cmake --build "$dir" -j "$(nproc)" --target "$@" ferry_test_peer >/dev/null || return 1
+    local rc=0 t
+    for t in "$@"; do
+      local bin
+      bin=$(find "$dir" -type f -name "$t" -perm -u+x | head -n 1)
+      if [ "$t" = wire_fuzz_replay ]; then
+        "$bin" 300000 || rc=1
+      else
+        "$bin" --gtest_brief=1 || rc=1
+      fi
+    done
+    return $rc
+  }
+  san_pass build-asan address,undefined common_test wire_test core_test conformance_test \
+    integration_test wire_fuzz_replay || san_rc=1
+  san_pass build-tsan thread core_test common_test conformance_test || san_rc=1
+  echo "run-tests: sanitizer passes exit ${san_rc} (0 = all passed)"
+fi
+
 cmake -G Ninja -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=/usr/bin/python3 || exit 1
 cmake --build build -j "$(nproc)" || exit 1
 
@@ -17,5 +49,5 @@ if [ -d python/tests ]; then
   PYTHONPATH="$PWD/build/python" /usr/bin/python3 -m pytest -q python/tests || pytest_rc=$?
 fi
 
-echo "run-tests: ctest exit ${ctest_rc}, pytest exit ${pytest_rc}"
-[ "$ctest_rc" -eq 0 ] && [ "$pytest_rc" -eq 0 ]
+# (No output after pytest's summary: the exit status says the rest.)
+[ "$san_rc" -eq 0 ] && [ "$ctest_rc" -eq 0 ] && [ "$pytest_rc" -eq 0 ]
