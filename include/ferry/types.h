@@ -100,7 +100,7 @@ struct SegmentInfo {
   uint16_t wire_version = 0;  // negotiated
   std::string transport;    // transport used for data: "local" or "tcp"
   Capabilities capabilities;
-  std::vector<RemoteRegion> regions;  // as of the last handshake
+  std::vector<RemoteRegion> regions;  // as of the last handshake, in registration order
 };
 
 }  // namespace ferry

@@ -424,9 +424,8 @@ class TransferEngine:
 
     @_returns(0)
     def get_first_buffer_address(self, segment_name: str) -> int:
-        """The start of the peer's first region (0 if it has none). Ferry lists a
-        peer's regions by address, Mooncake by registration: the same buffer
-        whenever the peer registered one region, or registered in address order."""
+        """The start of the first region the peer registered (0 if it has none);
+        Ferry's descriptors list regions in registration order."""
         regions = self._require().query_segment(self._segment(segment_name)).regions
         return regions[0].addr if regions else 0
 

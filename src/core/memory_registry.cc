@@ -69,6 +69,7 @@ Status MemoryRegistry::Register(std::span<const MemoryRegion> regions) {
     reg->addr = ranges[i].first;
     reg->length = ranges[i].second;
     reg->location = regions[i].location;
+    reg->order = next_order_++;
     regions_.emplace(reg->addr, std::move(reg));
   }
   return OkStatus();
@@ -132,9 +133,14 @@ StatusOr<RegionPin> MemoryRegistry::Pin(uint64_t addr, uint64_t length, std::str
 
 std::vector<RemoteRegion> MemoryRegistry::Snapshot() const {
   std::shared_lock lock(mu_);
+  std::vector<const Region*> by_order;
+  by_order.reserve(regions_.size());
+  for (const auto& [a, r] : regions_) by_order.push_back(r.get());
+  std::sort(by_order.begin(), by_order.end(),
+            [](const Region* x, const Region* y) { return x->order < y->order; });
   std::vector<RemoteRegion> out;
-  out.reserve(regions_.size());
-  for (const auto& [a, r] : regions_) out.push_back({r->addr, r->length, r->location});
+  out.reserve(by_order.size());
+  for (const Region* r : by_order) out.push_back({r->addr, r->length, r->location});
   return out;
 }
 

@@ -24,6 +24,7 @@ struct Region {
   uint64_t addr = 0;
   uint64_t length = 0;
   std::string location;
+  uint64_t order = 0;  // registration order (the first registered region is 0)
   std::atomic<int> pins{0};
   uint64_t end() const { return addr + length; }
 };
@@ -65,6 +66,8 @@ class MemoryRegistry {
   // Like Check, and pins the region for the caller.
   StatusOr<RegionPin> Pin(uint64_t addr, uint64_t length, std::string_view what) const;
 
+  // Every region, in registration order (callers such as Mooncake's
+  // get_first_buffer_address mean "the first one registered").
   std::vector<RemoteRegion> Snapshot() const;
   size_t size() const;
 
@@ -74,6 +77,7 @@ class MemoryRegistry {
 
   mutable std::shared_mutex mu_;
   std::map<uint64_t, std::shared_ptr<Region>> regions_;  // by start address
+  uint64_t next_order_ = 0;                                 // guarded by mu_
 };
 
 std::string FormatRange(uint64_t addr, uint64_t length);

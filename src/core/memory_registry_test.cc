@@ -56,6 +56,18 @@ TEST(MemoryRegistry, ListIsAllOrNothing) {
   EXPECT_EQ(r.Snapshot().size(), 2u);
 }
 
+TEST(MemoryRegistry, SnapshotKeepsRegistrationOrder) {
+  MemoryRegistry r;
+  ASSERT_TRUE(Reg(r, 0x9000, 0x100).ok());
+  ASSERT_TRUE(Reg(r, 0x1000, 0x100).ok());
+  ASSERT_TRUE(Reg(r, 0x5000, 0x100).ok());
+  auto snap = r.Snapshot();
+  ASSERT_EQ(snap.size(), 3u);
+  EXPECT_EQ(snap[0].addr, 0x9000u);
+  EXPECT_EQ(snap[1].addr, 0x1000u);
+  EXPECT_EQ(snap[2].addr, 0x5000u);
+}
+
 TEST(MemoryRegistry, UnregisterWaitsForPins) {
   MemoryRegistry r;
   ASSERT_TRUE(Reg(r, 0x1000, 0x1000).ok());
