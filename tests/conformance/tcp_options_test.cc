@@ -129,6 +129,31 @@ TEST_P(TcpTuningTest, NotificationFollowsStripedWrites) {
   EXPECT_OK(initiator().FreeBatch(batch));
 }
 
+// IPv6: peer ids are "[addr]:port" and the data streams connect over ::1.
+TEST(TcpIpv6Test, WriteAndReadOverLoopbackV6) {
+  EngineOptions o = ConformanceOptions("tcp");
+  o.listen_host = "::1";
+  auto probe = Engine::Create(o);
+  if (!probe.ok()) GTEST_SKIP() << "no IPv6 loopback here: " << probe.status();
+  probe->reset();
+  EnginePair pair;
+  ASSERT_NO_FATAL_FAILURE(pair.Start(o, o));
+  EXPECT_EQ(pair.target().PeerId().rfind("[::1]:", 0), 0u) << pair.target().PeerId();
+  constexpr size_t kSize = 3 * kMiB + 5;
+  unsigned char* local = pair.Alloc(kSize, &pair.initiator());
+  unsigned char* remote = pair.Alloc(kSize, &pair.target());
+  unsigned char* back = pair.Alloc(kSize, &pair.initiator());
+  ASSERT_NE(local, nullptr);
+  ASSERT_NE(remote, nullptr);
+  ASSERT_NE(back, nullptr);
+  FillPattern(local, kSize, 61, 0);
+  const uint64_t raddr = reinterpret_cast<uint64_t>(remote);
+  ASSERT_OK(pair.initiator().TransferSync({Opcode::kWrite, local, pair.segment(), raddr, kSize}));
+  EXPECT_EQ(DescribePatternMismatch(remote, kSize, 61, 0), "");
+  ASSERT_OK(pair.initiator().TransferSync({Opcode::kRead, back, pair.segment(), raddr, kSize}));
+  EXPECT_EQ(DescribePatternMismatch(back, kSize, 61, 0), "");
+}
+
 TEST(EngineCreateTest, PortInUseFails) {
   EngineOptions o = ConformanceOptions("tcp");
   auto first = Engine::Create(o);
