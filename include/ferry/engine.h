@@ -65,7 +65,7 @@ class Engine {
   StatusOr<SegmentInfo> QuerySegment(SegmentHandle segment);
 
   // ---- Batches -------------------------------------------------------------
-  // kInvalidArgument: capacity 0 or above 1<<24.
+  // kInvalidArgument: capacity 0 or above kMaxBatchCapacity (ferry/limits.h).
   StatusOr<BatchId> AllocateBatch(size_t capacity);
   // Submits requests; may be called several times per batch. Validates every
   // request first; if one is bad, none is submitted and the error names it.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "ferry/engine.h"
+#include "ferry/limits.h"
 #include "ferry/options.h"
 #include "ferry/status.h"
 #include "ferry/types.h"

@@ -18,6 +18,7 @@
 #include "common/net.h"
 #include "core/batch.h"
 #include "core/target.h"
+#include "ferry/limits.h"
 #include "ferry/version.h"
 #include "metadata/metadata.h"
 #include "transport/local/local_transport.h"
@@ -38,8 +39,6 @@ uint64_t ProcessToken() {
 }
 
 namespace {
-
-constexpr size_t kMaxBatchCapacity = size_t{1} << 24;
 
 uint64_t NewInstanceId() {
   std::random_device rd;
@@ -406,8 +405,8 @@ StatusOr<SegmentInfo> Engine::QuerySegment(SegmentHandle h) {
 // ---- batches -------------------------------------------------------------------
 
 StatusOr<BatchId> Engine::AllocateBatch(size_t capacity) {
-  if (capacity == 0 || capacity > internal::kMaxBatchCapacity) {
-    return InvalidArgumentError("batch capacity must be in [1, " + std::to_string(internal::kMaxBatchCapacity) +
+  if (capacity == 0 || capacity > kMaxBatchCapacity) {
+    return InvalidArgumentError("batch capacity must be in [1, " + std::to_string(kMaxBatchCapacity) +
                                 "], got " + std::to_string(capacity));
   }
   return BatchId{impl_->batches.Insert(std::make_shared<BatchState>(capacity))};
@@ -541,8 +540,11 @@ Status Engine::TransferSync(std::span<const TransferRequest> requests) {
 // ---- notifications --------------------------------------------------------------
 
 Status Engine::SendNotification(SegmentHandle h, std::string_view name, std::string_view message) {
-  if (name.size() > 4096 || message.size() > 60000) {
-    return InvalidArgumentError("notification too large (name <= 4096 bytes, message <= 60000 bytes)");
+  if (name.size() > kMaxNotificationName || message.size() > kMaxNotificationMessage) {
+    return InvalidArgumentError("notification too large: name " + std::to_string(name.size()) +
+                                " bytes (at most " + std::to_string(kMaxNotificationName) + "), message " +
+                                std::to_string(message.size()) + " bytes (at most " +
+                                std::to_string(kMaxNotificationMessage) + ")");
   }
   FERRY_ASSIGN_OR_RETURN(auto seg, impl_->GetSegment(h));
   FERRY_ASSIGN_OR_RETURN(auto link, impl_->EnsureLink(*seg));

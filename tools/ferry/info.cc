@@ -1,5 +1,8 @@
 // `ferry info` and `ferry metadata-server`.
+#include <sys/resource.h>
+
 #include <iostream>
+#include <string>
 
 #include "cli.h"
 #include "commands.h"
@@ -8,6 +11,14 @@
 
 namespace ferry::cli {
 namespace {
+
+std::string MemlockSoft() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_MEMLOCK, &r) != 0) return "unknown";
+  if (r.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return std::to_string(static_cast<unsigned long long>(r.rlim_cur)) + " B";
+}
+
 
 constexpr const char* kInfoHelp = R"(Usage: ferry info [--json] [--version]
 
@@ -80,6 +91,13 @@ int InfoMain(const std::vector<std::string>& args) {
     j.Field("max_frame_entries", static_cast<uint64_t>(o.max_frame_entries));
     j.Field("spin_us", static_cast<uint64_t>(o.spin.count()));
     j.EndObject();
+    j.Key("limits").BeginObject();
+    j.Field("max_batch_capacity", static_cast<uint64_t>(kMaxBatchCapacity));
+    j.Field("max_notification_name", static_cast<uint64_t>(kMaxNotificationName));
+    j.Field("max_notification_message", static_cast<uint64_t>(kMaxNotificationMessage));
+    j.Field("registered_memory", "address space (local and tcp do not pin pages)");
+    j.Field("memlock_soft", MemlockSoft());
+    j.EndObject();
     j.Field("peer_id_of_this_probe", (*engine)->PeerId());
     j.EndObject();
     std::cout << j.str() << std::endl;
@@ -107,7 +125,13 @@ int InfoMain(const std::vector<std::string>& args) {
             << "  slice_size          " << o.slice_size << " B\n"
             << "  max_frame_bytes     " << o.max_frame_bytes << " B\n"
             << "  max_frame_entries   " << o.max_frame_entries << "\n"
-            << "  spin                " << o.spin.count() << " µs\n";
+            << "  spin                " << o.spin.count() << " µs\n"
+            << "\nlimits:\n"
+            << "  batch capacity      " << kMaxBatchCapacity << " requests\n"
+            << "  notification        name " << kMaxNotificationName << " B, message "
+            << kMaxNotificationMessage << " B\n"
+            << "  registered memory   any amount: local and tcp do not pin pages\n"
+            << "  RLIMIT_MEMLOCK      " << MemlockSoft() << " (for pinning transports, later)\n";
   return 0;
 }
 
