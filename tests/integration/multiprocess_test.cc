@@ -336,7 +336,7 @@ TEST_F(MultiProcessTest, PeerKilledMidBatchFailsOnlyItsRequests) {
     reqs.push_back(a[i]);
     reqs.push_back(b[i]);
   }
-  doomed->Signal(SIGSTOP);
+  ASSERT_TRUE(doomed->Freeze());
   ASSERT_OK_AND_ASSIGN(BatchId batch, engine().AllocateBatch(reqs.size()));
   ASSERT_OK(engine().Submit(batch, reqs));
   std::this_thread::sleep_for(200ms);
@@ -435,7 +435,7 @@ TEST_F(MultiProcessTest, HungPeerRequestsEndAtTheirDeadline) {
   const std::vector<TransferRequest> a = MiBWrites(to_hung, hung_seg, *hung, 2, 523);
   const std::vector<TransferRequest> b = MiBWrites(to_live, live_seg, *live, 2, 524);
   std::vector<TransferRequest> reqs = {a[0], b[0], a[1], b[1]};
-  hung->Signal(SIGSTOP);
+  ASSERT_TRUE(hung->Freeze());
   ASSERT_OK_AND_ASSIGN(BatchId batch, engine().AllocateBatch(reqs.size()));
   ASSERT_OK(engine().Submit(batch, reqs));
   // The frozen peer cannot have acknowledged anything yet: the batch is
@@ -751,7 +751,7 @@ TEST_F(MultiProcessTest, EngineDestroyedWithRequestsInFlight) {
   ASSERT_OK(
       engine().TransferSync(TransferRequest{Opcode::kRead, local, seg, peer->buffer_addr(), 4096}));
   const std::vector<TransferRequest> reqs = MiBWrites(local, seg, *peer, 8, 1002);
-  peer->Signal(SIGSTOP);
+  ASSERT_TRUE(peer->Freeze());
   ASSERT_OK_AND_ASSIGN(BatchId batch, engine().AllocateBatch(reqs.size()));
   ASSERT_OK(engine().Submit(batch, reqs));
   (void)batch;

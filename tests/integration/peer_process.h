@@ -131,6 +131,23 @@ class PeerProcess {
     if (pid_ > 0) kill(pid_, sig);
   }
 
+  // SIGSTOP, then waits (bounded) until the whole process has stopped: kill()
+  // returns before the target's threads actually stop, and a thread still
+  // running could answer requests the test expects to stay in flight.
+  ::testing::AssertionResult Freeze(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    if (pid_ <= 0) return ::testing::AssertionFailure() << "peer not running";
+    kill(pid_, SIGSTOP);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      pid_t r = waitpid(pid_, &status, WUNTRACED | WNOHANG);
+      if (r == pid_ && WIFSTOPPED(status)) return ::testing::AssertionSuccess();
+      if (r == pid_) return ::testing::AssertionFailure() << "peer exited instead of stopping";
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return ::testing::AssertionFailure() << "peer did not stop within " << timeout.count() << " ms";
+  }
+
   // SIGKILL and reap. Idempotent.
   void Kill() {
     if (pid_ > 0) {
