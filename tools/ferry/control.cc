@@ -380,6 +380,25 @@ uint64_t ControlClient::Check(uint64_t seed, const std::vector<Range>& ranges,
   return reply[0];
 }
 
+namespace {
+
+// Totals of a set of baseline streams that started together at `start`.
+StreamResult Summarize(const char* what, Clock::time_point start, const std::vector<uint8_t>& ok,
+                       const std::vector<uint64_t>& bytes, const std::vector<Clock::time_point>& end) {
+  StreamResult r;
+  r.streams = static_cast<int>(ok.size());
+  Clock::time_point last = start;
+  for (size_t i = 0; i < ok.size(); ++i) {
+    if (!ok[i]) throw cli::RunError(std::string(what) + " stream " + std::to_string(i) + " failed");
+    r.bytes += bytes[i];
+    last = std::max(last, end[i]);
+  }
+  r.seconds = std::chrono::duration<double>(last - start).count();
+  return r;
+}
+
+}  // namespace
+
 StreamResult RunPlainStreams(const std::string& host, uint16_t port,
                              const std::vector<bool>& initiator_sends, uint8_t* local,
                              uint64_t local_length, uint64_t remote_length, double seconds) {
@@ -401,7 +420,7 @@ StreamResult RunPlainStreams(const std::string& host, uint16_t port,
   std::latch ready(n + 1), go(1);
   std::vector<uint64_t> bytes(n, 0);
   std::vector<Clock::time_point> end(n);
-  std::vector<bool> ok(n, true);
+  std::vector<uint8_t> ok(n, 1);  // not vector<bool>: threads write their own element
   Clock::time_point start;
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
@@ -452,16 +471,7 @@ StreamResult RunPlainStreams(const std::string& host, uint16_t port,
   start = Clock::now();
   go.count_down();
   for (auto& t : threads) t.join();
-  StreamResult r;
-  r.streams = n;
-  Clock::time_point last = start;
-  for (int i = 0; i < n; ++i) {
-    if (!ok[i]) throw cli::RunError("baseline stream " + std::to_string(i) + " failed");
-    r.bytes += bytes[i];
-    last = std::max(last, end[i]);
-  }
-  r.seconds = std::chrono::duration<double>(last - start).count();
-  return r;
+  return Summarize("baseline", start, ok, bytes, end);
 }
 
 StreamResult RunScatterStreams(const std::string& host, uint16_t port,
@@ -486,7 +496,7 @@ StreamResult RunScatterStreams(const std::string& host, uint16_t port,
   std::latch ready(n + 1), go(1);
   std::vector<uint64_t> bytes(n, 0);
   std::vector<Clock::time_point> end(n);
-  std::vector<bool> ok(n, true);
+  std::vector<uint8_t> ok(n, 1);  // not vector<bool>: threads write their own element
   Clock::time_point start;
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
@@ -532,16 +542,7 @@ StreamResult RunScatterStreams(const std::string& host, uint16_t port,
   start = Clock::now();
   go.count_down();
   for (auto& t : threads) t.join();
-  StreamResult r;
-  r.streams = n;
-  Clock::time_point last = start;
-  for (int i = 0; i < n; ++i) {
-    if (!ok[i]) throw cli::RunError("scatter baseline stream " + std::to_string(i) + " failed");
-    r.bytes += bytes[i];
-    last = std::max(last, end[i]);
-  }
-  r.seconds = std::chrono::duration<double>(last - start).count();
-  return r;
+  return Summarize("scatter baseline", start, ok, bytes, end);
 }
 
 std::vector<double> RunPingPong(const std::string& host, uint16_t port, double seconds,
