@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "core/batch.h"
+#include "core/slice_order.h"
 #include "core/target.h"
 #include "ferry/limits.h"
 #include "ferry/version.h"
@@ -474,6 +475,7 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   }
   Clock::time_point deadline = Clock::now() + impl_->options.transfer_timeout;
   for (auto& [seg, slices] : per_peer) {
+    internal::OrderForSending(slices);
     links[seg].first->Post(batch, std::move(slices), deadline);
   }
   return OkStatus();

@@ -505,6 +505,73 @@ TEST_P(TransportConformanceTest, ReadOutsideRegionsFailsAndLeavesLocalUntouched)
   EXPECT_TRUE(CheckLayout(local, kRegion, {{5000, 3000, seed, 5000}}, local_bg));
 }
 
+// The engine may send a batch's requests in any order (it groups them by
+// opcode and source address); every request must still report its own
+// outcome and land its own bytes. Requests in shuffled order on both sides,
+// reads and writes alternating, two of them out of range.
+TEST_P(TransportConformanceTest, ShuffledMixedBatchReportsEachRequestByIndex) {
+  constexpr size_t kCount = 600;
+  constexpr uint64_t kSlot = 2 * kKiB;
+  unsigned char* local = Alloc(kCount * kSlot, &initiator());
+  unsigned char* remote = Alloc(kCount * kSlot, &target());
+  unsigned char* unregistered = Alloc(4 * kSlot, nullptr);  // target memory, not registered
+  ASSERT_NE(local, nullptr);
+  ASSERT_NE(remote, nullptr);
+  ASSERT_NE(unregistered, nullptr);
+  const uint64_t remote_addr = reinterpret_cast<uintptr_t>(remote);
+  const uint64_t local_bg = Mix64(201), remote_bg = Mix64(202), seed = Mix64(203);
+  FillPattern(local, kCount * kSlot, local_bg);
+  FillPattern(remote, kCount * kSlot, remote_bg);
+
+  std::vector<size_t> local_slot(kCount), remote_slot(kCount);
+  for (size_t i = 0; i < kCount; ++i) {  // 389 and 577 are prime: both are permutations
+    local_slot[i] = (i * 389) % kCount;
+    remote_slot[i] = (i * 577) % kCount;
+  }
+  const std::vector<size_t> bad = {137, 420};  // one write, one read
+  std::vector<TransferRequest> reqs(kCount);
+  std::vector<PatternRange> local_expect, remote_expect;
+  for (size_t i = 0; i < kCount; ++i) {
+    const bool write = i % 2 == 1;
+    const uint64_t len = kSlot - (i % 3);
+    const uint64_t loff = local_slot[i] * kSlot, roff = remote_slot[i] * kSlot;
+    const bool is_bad = std::find(bad.begin(), bad.end(), i) != bad.end();
+    const uint64_t raddr =
+        is_bad ? reinterpret_cast<uintptr_t>(unregistered) + i % 2 * kSlot : remote_addr + roff;
+    reqs[i] = {write ? Opcode::kWrite : Opcode::kRead, local + loff, segment(), raddr, len};
+    if (write) {
+      FillPattern(local + loff, len, RequestSeed(seed, i));
+      local_expect.push_back({loff, len, RequestSeed(seed, i), 0});
+      if (!is_bad) remote_expect.push_back({roff, len, RequestSeed(seed, i), 0});
+    } else if (!is_bad) {
+      FillPattern(remote + roff, len, RequestSeed(seed, i));
+      local_expect.push_back({loff, len, RequestSeed(seed, i), 0});
+      remote_expect.push_back({roff, len, RequestSeed(seed, i), 0});
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator().AllocateBatch(kCount));
+  ASSERT_OK(initiator().Submit(batch, reqs));
+  EXPECT_THAT(initiator().WaitBatch(batch, kWaitTimeout), IsError());
+  for (size_t i = 0; i < kCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(TransferStatus ts, initiator().GetTransferStatus(batch, i));
+    const bool is_bad = std::find(bad.begin(), bad.end(), i) != bad.end();
+    if (is_bad) {
+      EXPECT_EQ(TransferStateName(ts.state), TransferStateName(TransferState::kFailed))
+          << "request " << i;
+      EXPECT_THAT(ts.status, IsError(MentionsNumber(reqs[i].remote_addr))) << "request " << i;
+    } else {
+      EXPECT_EQ(TransferStateName(ts.state), TransferStateName(TransferState::kCompleted))
+          << "request " << i << ": " << ts.status;
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(BatchStatus bs, initiator().GetBatchStatus(batch));
+  EXPECT_EQ(bs.completed, kCount - bad.size());
+  EXPECT_EQ(bs.failed, bad.size());
+  EXPECT_OK(initiator().FreeBatch(batch));
+  EXPECT_TRUE(CheckLayout(local, kCount * kSlot, local_expect, local_bg)) << "local";
+  EXPECT_TRUE(CheckLayout(remote, kCount * kSlot, remote_expect, remote_bg)) << "remote";
+}
+
 // A range whose end overflows 64 bits is refused, either by Submit or by
 // failing the request.
 TEST_P(TransportConformanceTest, RemoteRangeWrappingAroundIsRefused) {
