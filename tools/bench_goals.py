@@ -39,6 +39,8 @@ ROWS = [
      [("p50_vs_rtt", "<=", 3.0)]),
     ("kv-deepseek-v3-page64", ["--workload", "kv:deepseek-v3:tokens=10000:page=64"],
      "none (reference)", []),
+    ("mixed-16K-b256", ["--operation", "mixed", "--block-size", "16K", "--batch-size", "256"],
+     "none (reference: reads and writes alternating in one batch)", []),
 ]
 
 

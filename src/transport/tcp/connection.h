@@ -10,8 +10,10 @@
 //  - kTarget: serves a peer's requests against the engine's registered
 //    memory; every range is validated (and pinned) before bytes move.
 //
-// Payload bytes are never staged: writev from and readv into registered
-// memory directly. Thread contract: Send, Broken, QueuedBytes and
+// Payload bytes are sent with sendmsg straight from registered memory; long
+// payloads are read with readv straight into it, while headers, bodies and
+// short payloads arrive through a small read-ahead buffer (one recv for a
+// whole small frame). Thread contract: Send, Broken, QueuedBytes and
 // RetireWhenIdle may be called from any thread; everything else runs on the
 // loop thread.
 #pragma once
@@ -139,6 +141,13 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   void Flush();
   void UpdateInterest();
   void ReadSome();
+  // Feeds bytes read ahead into the frame being received (header, body,
+  // payload), dispatching each part as it completes.
+  Status Consume(const char* p, size_t n);
+  // Counts n payload bytes as landed; dispatches the frame when it is whole.
+  Status AdvancePayload(size_t n);
+  // Starts receiving a payload into recv_iov_ (dispatches at once if empty).
+  Status EnterPayload();
   // Called when a complete header/body/payload has arrived.
   Status OnHeader();
   Status OnBody();
@@ -195,6 +204,8 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   std::vector<RegionPin> recv_pins_;
   std::vector<wire::EntryFailure> recv_failures_;
   std::vector<wire::Entry> recv_entries_;
+  size_t payload_left_ = 0;              // bytes of recv_iov_ not yet filled
+  std::unique_ptr<char[]> read_ahead_;   // kReadAhead bytes, allocated on first use
   std::unique_ptr<char[]> scratch_;
 };
 
