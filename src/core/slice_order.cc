@@ -10,17 +10,17 @@ namespace {
 
 bool SendsBefore(const Slice& a, const Slice& b) {
   if (a.opcode != b.opcode) return a.opcode == Opcode::kWrite;  // writes first
-  return SourceAddress(a) < SourceAddress(b);
+  return DestinationAddress(a) < DestinationAddress(b);
 }
 
-// Sorts `group` (one opcode) by source address: an LSD radix sort of
+// Sorts `group` (one opcode) by destination address: an LSD radix sort of
 // (address - lowest, position) pairs, 11 bits a pass, as many passes as the
 // span of the addresses needs, then one permutation of the slices.
-void RadixBySource(Slice* group, size_t n) {
+void RadixByDestination(Slice* group, size_t n) {
   if (n < 2) return;
   uint64_t lo = UINT64_MAX, hi = 0;
   for (size_t i = 0; i < n; ++i) {
-    uint64_t a = SourceAddress(group[i]);
+    uint64_t a = DestinationAddress(group[i]);
     lo = std::min(lo, a);
     hi = std::max(hi, a);
   }
@@ -30,7 +30,7 @@ void RadixBySource(Slice* group, size_t n) {
   }
   using Key = std::pair<uint64_t, uint32_t>;
   std::vector<Key> keys(n), spare(n);
-  for (size_t i = 0; i < n; ++i) keys[i] = {SourceAddress(group[i]) - lo, static_cast<uint32_t>(i)};
+  for (size_t i = 0; i < n; ++i) keys[i] = {DestinationAddress(group[i]) - lo, static_cast<uint32_t>(i)};
   constexpr int kBits = 11;
   constexpr size_t kBuckets = size_t{1} << kBits;
   const int span_bits = std::bit_width(hi - lo);
@@ -54,8 +54,8 @@ void OrderForSending(std::vector<Slice>& slices) {
   auto reads = std::stable_partition(slices.begin(), slices.end(),
                                      [](const Slice& s) { return s.opcode == Opcode::kWrite; });
   const size_t writes = static_cast<size_t>(reads - slices.begin());
-  RadixBySource(slices.data(), writes);
-  RadixBySource(slices.data() + writes, slices.size() - writes);
+  RadixByDestination(slices.data(), writes);
+  RadixByDestination(slices.data() + writes, slices.size() - writes);
 }
 
 }  // namespace ferry::internal

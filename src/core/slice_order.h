@@ -8,15 +8,18 @@
 
 namespace ferry::internal {
 
-// Address the slice's bytes are copied from: the local buffer for a write,
-// the peer's memory for a read.
-inline uint64_t SourceAddress(const Slice& s) {
-  return s.opcode == Opcode::kWrite ? reinterpret_cast<uintptr_t>(s.local) : s.remote;
+// Address the slice's bytes land at: the peer's memory for a write, the
+// local buffer for a read.
+inline uint64_t DestinationAddress(const Slice& s) {
+  return s.opcode == Opcode::kWrite ? s.remote : reinterpret_cast<uintptr_t>(s.local);
 }
 
 // Puts writes before reads (a transport coalesces consecutive slices of one
-// opcode into a frame) and orders each group by source address, so the
-// sending side's copy walks memory forward instead of jumping between pages.
+// opcode into a frame) and orders each group by destination address, so the
+// receiving side's copy stores forward through memory instead of jumping
+// between pages. Scattered stores cost more than scattered loads: for 2 KiB
+// KV pages shuffled on both sides, ordering by destination took both sides'
+// CPU from ~0.82 to ~0.74 s/GB, ordering by source only to ~0.79.
 // Requests complete by their index, so the order inside a batch is free.
 // One pass when the slices are already in order; otherwise a radix sort
 // (~3 ms for 262,144 slices, against ~30 ms for std::sort).

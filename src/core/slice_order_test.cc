@@ -20,9 +20,9 @@ std::vector<uint32_t> Requests(const std::vector<Slice>& v) {
   return out;
 }
 
-TEST(SliceOrderTest, WritesByLocalAddressReadsByRemoteAddress) {
-  // Writes read local memory, reads read the peer's: each sorts by that.
-  std::vector<Slice> v = {W(300, 1, 0), R(1, 900, 1), W(100, 3, 2), R(2, 100, 3), W(200, 2, 4)};
+TEST(SliceOrderTest, WritesByRemoteAddressReadsByLocalAddress) {
+  // Writes land in the peer's memory, reads in local memory: each sorts by that.
+  std::vector<Slice> v = {W(1, 300, 0), R(900, 1, 1), W(3, 100, 2), R(100, 2, 3), W(2, 200, 4)};
   OrderForSending(v);
   EXPECT_EQ(Requests(v), (std::vector<uint32_t>{2, 4, 0, 3, 1}));
 }
@@ -35,7 +35,7 @@ TEST(SliceOrderTest, AlternatingOpcodesAreGrouped) {
 }
 
 TEST(SliceOrderTest, OrderedInputIsLeftAlone) {
-  std::vector<Slice> v = {W(100, 9, 0), W(100, 8, 1), W(200, 7, 2), R(0, 50, 3), R(0, 50, 4)};
+  std::vector<Slice> v = {W(9, 100, 0), W(8, 100, 1), W(7, 200, 2), R(50, 0, 3), R(50, 0, 4)};
   OrderForSending(v);
   EXPECT_EQ(Requests(v), (std::vector<uint32_t>{0, 1, 2, 3, 4}));
 }
@@ -48,18 +48,18 @@ TEST(SliceOrderTest, RadixPathMatchesAComparisonSort) {
   for (uint32_t i = 0; i < 5000; ++i) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     const uint64_t addr = (x % 4000) * (uint64_t{1} << 28) / 4000 * 4096 + 0x7f0000000000ull;
-    v.push_back(x % 3 ? W(addr, i, i) : R(i, addr, i));
+    v.push_back(x % 3 ? W(i, addr, i) : R(addr, i, i));
   }
   std::vector<Slice> want = v;
   std::stable_sort(want.begin(), want.end(), [](const Slice& a, const Slice& b) {
     if (a.opcode != b.opcode) return a.opcode == Opcode::kWrite;
-    return SourceAddress(a) < SourceAddress(b);
+    return DestinationAddress(a) < DestinationAddress(b);
   });
   OrderForSending(v);
   ASSERT_EQ(v.size(), want.size());
   for (size_t k = 0; k < v.size(); ++k) {
     EXPECT_EQ(v[k].opcode, want[k].opcode) << k;
-    EXPECT_EQ(SourceAddress(v[k]), SourceAddress(want[k])) << k;
+    EXPECT_EQ(DestinationAddress(v[k]), DestinationAddress(want[k])) << k;
   }
   // Radix passes are stable: equal addresses keep their submission order.
   EXPECT_EQ(Requests(v), Requests(want));
@@ -67,12 +67,12 @@ TEST(SliceOrderTest, RadixPathMatchesAComparisonSort) {
 
 TEST(SliceOrderTest, EveryRequestKeepsItsSlices) {
   std::vector<Slice> v;
-  for (uint32_t i = 0; i < 1000; ++i) v.push_back(W((i * 7919u) % 1000 * 64, i, i));
+  for (uint32_t i = 0; i < 1000; ++i) v.push_back(W(i, (i * 7919u) % 1000 * 64, i));
   OrderForSending(v);
   std::vector<bool> seen(1000, false);
   for (size_t k = 0; k < v.size(); ++k) {
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(v[k].local), k * 64);
-    EXPECT_EQ(v[k].remote, v[k].request);  // the slice moved whole
+    EXPECT_EQ(v[k].remote, k * 64);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v[k].local), v[k].request);  // the slice moved whole
     seen[v[k].request] = true;
   }
   EXPECT_EQ(std::count(seen.begin(), seen.end(), true), 1000);
