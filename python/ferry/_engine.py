@@ -272,6 +272,7 @@ class Engine:
     ("P2PHANDSHAKE"), transport ("auto" | "tcp" | "local"), connect_timeout (5),
     transfer_timeout (30), handshake_timeout (5), tcp_streams (2), io_threads
     (0), slice_size, max_frame_bytes, max_frame_entries, spin (50e-6),
+    wait_spin (200e-6),
     testing_wire_version_min/max. With ``environment=True`` (default) FERRY_*
     environment variables replace the defaults; keyword arguments win over both.
 

@@ -450,6 +450,12 @@ PYBIND11_MODULE(_ferry, m) {
                 s > 0 ? static_cast<int64_t>(std::llround(std::min(s, 1e6) * 1e6)) : 0);
           })
       .def_property(
+          "wait_spin", [](const ferry::EngineOptions& o) { return Seconds(o.wait_spin); },
+          [](ferry::EngineOptions& o, double s) {
+            o.wait_spin = std::chrono::microseconds(
+                s > 0 ? static_cast<int64_t>(std::llround(std::min(s, 1e6) * 1e6)) : 0);
+          })
+      .def_property(
           "testing_wire_version_min",
           [](const ferry::EngineOptions& o) { return o.testing.wire_version_min; },
           [](ferry::EngineOptions& o, uint16_t v) { o.testing.wire_version_min = v; })

@@ -36,6 +36,7 @@ Environment Parse() {
   if (auto x = ParseLong("FERRY_TCP_STREAMS", 1, 64)) env.tcp_streams = static_cast<int>(*x);
   if (auto x = ParseLong("FERRY_IO_THREADS", 0, 64)) env.io_threads = static_cast<int>(*x);
   if (auto x = ParseLong("FERRY_SPIN_US", 0, 1000000)) env.spin_us = *x;
+  if (auto x = ParseLong("FERRY_WAIT_SPIN_US", 0, 1000000)) env.wait_spin_us = *x;
   if (auto x = ParseLong("FERRY_TRANSFER_TIMEOUT_MS", 1, 86400000)) env.transfer_timeout_ms = *x;
   if (const char* v = std::getenv("FERRY_TRANSPORT"); v != nullptr && *v != '\0') {
     env.transport = v;
@@ -60,6 +61,7 @@ EngineOptions EngineOptions::WithEnvironment() const {
   if (env.tcp_streams) o.tcp_streams = *env.tcp_streams;
   if (env.io_threads) o.io_threads = *env.io_threads;
   if (env.spin_us) o.spin = std::chrono::microseconds(*env.spin_us);
+  if (env.wait_spin_us) o.wait_spin = std::chrono::microseconds(*env.wait_spin_us);
   if (env.transfer_timeout_ms) o.transfer_timeout = std::chrono::milliseconds(*env.transfer_timeout_ms);
   if (env.transport) o.transport = *env.transport;
   return o;

@@ -498,7 +498,7 @@ StatusOr<BatchStatus> Engine::GetBatchStatus(BatchId id) const {
 
 Status Engine::WaitBatch(BatchId id, std::chrono::milliseconds timeout) {
   FERRY_ASSIGN_OR_RETURN(auto batch, impl_->GetBatch(id));
-  if (!batch->WaitIdle(Clock::now() + timeout, impl_->options.spin)) {
+  if (!batch->WaitIdle(Clock::now() + timeout, impl_->options.wait_spin)) {
     return DeadlineExceededError("batch " + std::to_string(id.value) + " still has " +
                                  std::to_string(batch->pending()) + " requests pending after " +
                                  std::to_string(timeout.count()) + " ms");
@@ -530,7 +530,7 @@ Status Engine::TransferSync(std::span<const TransferRequest> requests) {
     // the transport's own deadline is what reports a timeout.
     if (batch.ok()) {
       (*batch)->WaitIdle(Clock::now() + impl_->options.transfer_timeout + std::chrono::seconds(5),
-                         impl_->options.spin);
+                         impl_->options.wait_spin);
     }
     s = WaitBatch(id, std::chrono::milliseconds(0));
   }

@@ -45,7 +45,8 @@ Engine:
   --streams N               TCP connections per peer (EngineOptions.tcp_streams)
   --io-threads N            TCP event-loop threads (0: one per stream)
   --slice-size SIZE         TCP slice size
-  --spin-us N               event-loop / waiter spin before blocking
+  --spin-us N               event-loop spin before blocking (EngineOptions.spin)
+  --wait-spin-us N          waiting caller's spin before blocking (wait_spin)
 
 Checks and output:
   --verify                  check every byte of every block against a pattern
@@ -144,6 +145,9 @@ std::optional<BenchOptions> ParseBenchOptions(const std::vector<std::string>& ar
   p.Value("--spin-us", [&](std::string_view v) {
     o.spin_us = static_cast<int64_t>(cli::ParseUint("--spin-us", v));
   });
+  p.Value("--wait-spin-us", [&](std::string_view v) {
+    o.wait_spin_us = static_cast<int64_t>(cli::ParseUint("--wait-spin-us", v));
+  });
   p.Value("--duration",
           [&](std::string_view v) { o.duration = cli::ParseSeconds("--duration", v); });
   p.Value("--total-bytes", [&](std::string_view v) {
@@ -231,7 +235,7 @@ std::optional<BenchOptions> ParseBenchOptions(const std::vector<std::string>& ar
         o.threads_set || o.duration > 0 || o.total_bytes > 0 || o.no_baseline) {
       throw cli::UsageError(
           "--role target takes only --listen, --buffer-size, --transport, "
-          "--streams, --io-threads, --slice-size and --spin-us; the initiator "
+          "--streams, --io-threads, --slice-size, --spin-us and --wait-spin-us; the initiator "
           "chooses the workload");
     }
   }
@@ -262,6 +266,7 @@ std::vector<std::string> BenchOptions::TargetArgs(uint64_t buffer_size) const {
   if (io_threads >= 0) a.insert(a.end(), {"--io-threads", std::to_string(io_threads)});
   if (slice_size > 0) a.insert(a.end(), {"--slice-size", std::to_string(slice_size)});
   if (spin_us >= 0) a.insert(a.end(), {"--spin-us", std::to_string(spin_us)});
+  if (wait_spin_us >= 0) a.insert(a.end(), {"--wait-spin-us", std::to_string(wait_spin_us)});
   return a;
 }
 
@@ -274,6 +279,7 @@ EngineOptions BenchOptions::MakeEngineOptions() const {
   if (io_threads >= 0) e.io_threads = io_threads;
   if (slice_size > 0) e.slice_size = static_cast<uint32_t>(slice_size);
   if (spin_us >= 0) e.spin = std::chrono::microseconds(spin_us);
+  if (wait_spin_us >= 0) e.wait_spin = std::chrono::microseconds(wait_spin_us);
   return e;
 }
 

@@ -34,6 +34,7 @@ struct BenchOptions {
   int io_threads = -1;  // -1: the engine's default
   uint64_t slice_size = 0;
   int64_t spin_us = -1;
+  int64_t wait_spin_us = -1;
 
   double duration = 0;  // seconds; 0: default
   uint64_t total_bytes = 0;

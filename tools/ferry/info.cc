@@ -90,6 +90,7 @@ int InfoMain(const std::vector<std::string>& args) {
     j.Field("max_frame_bytes", static_cast<uint64_t>(o.max_frame_bytes));
     j.Field("max_frame_entries", static_cast<uint64_t>(o.max_frame_entries));
     j.Field("spin_us", static_cast<uint64_t>(o.spin.count()));
+    j.Field("wait_spin_us", static_cast<uint64_t>(o.wait_spin.count()));
     j.EndObject();
     j.Key("limits").BeginObject();
     j.Field("max_batch_capacity", static_cast<uint64_t>(kMaxBatchCapacity));
@@ -126,6 +127,7 @@ int InfoMain(const std::vector<std::string>& args) {
             << "  max_frame_bytes     " << o.max_frame_bytes << " B\n"
             << "  max_frame_entries   " << o.max_frame_entries << "\n"
             << "  spin                " << o.spin.count() << " µs\n"
+            << "  wait_spin           " << o.wait_spin.count() << " µs\n"
             << "\nlimits:\n"
             << "  batch capacity      " << kMaxBatchCapacity << " requests\n"
             << "  notification        name " << kMaxNotificationName << " B, message "
