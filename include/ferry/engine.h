@@ -69,6 +69,10 @@ class Engine {
   StatusOr<BatchId> AllocateBatch(size_t capacity);
   // Submits requests; may be called several times per batch. Validates every
   // request first; if one is bad, none is submitted and the error names it.
+  // The requests of a batch run in no particular order and possibly in
+  // parallel (the engine groups them by peer, opcode and destination address):
+  // requests whose ranges overlap, or a read of what another request of the
+  // same batch writes, give undefined bytes. Order them across batches.
   // kResourceExhausted: more requests than the batch's remaining capacity.
   Status Submit(BatchId batch, std::span<const TransferRequest> requests);
   // State of the index-th request submitted to the batch.

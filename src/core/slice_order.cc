@@ -13,9 +13,10 @@ bool SendsBefore(const Slice& a, const Slice& b) {
   return DestinationAddress(a) < DestinationAddress(b);
 }
 
-// Sorts `group` (one opcode) by destination address: an LSD radix sort of
-// (address - lowest, position) pairs, 11 bits a pass, as many passes as the
-// span of the addresses needs, then one permutation of the slices.
+// Sorts `group` (one opcode) by destination address, stably (requests with
+// the same destination keep their order). Above 64 slices: an LSD radix sort
+// of (address - lowest, position) pairs, 11 bits a pass, as many passes as
+// the span of the addresses needs, then one permutation of the slices.
 void RadixByDestination(Slice* group, size_t n) {
   if (n < 2) return;
   uint64_t lo = UINT64_MAX, hi = 0;
@@ -25,7 +26,7 @@ void RadixByDestination(Slice* group, size_t n) {
     hi = std::max(hi, a);
   }
   if (n <= 64) {
-    std::sort(group, group + n, [](const Slice& a, const Slice& b) { return SendsBefore(a, b); });
+    std::stable_sort(group, group + n, SendsBefore);
     return;
   }
   using Key = std::pair<uint64_t, uint32_t>;

@@ -65,6 +65,12 @@ TEST(SliceOrderTest, RadixPathMatchesAComparisonSort) {
   EXPECT_EQ(Requests(v), Requests(want));
 }
 
+TEST(SliceOrderTest, SmallGroupsAreStableToo) {
+  std::vector<Slice> v = {W(0, 500, 0), W(0, 100, 1), W(0, 500, 2), W(0, 100, 3), W(0, 500, 4)};
+  OrderForSending(v);
+  EXPECT_EQ(Requests(v), (std::vector<uint32_t>{1, 3, 0, 2, 4}));
+}
+
 TEST(SliceOrderTest, EveryRequestKeepsItsSlices) {
   std::vector<Slice> v;
   for (uint32_t i = 0; i < 1000; ++i) v.push_back(W(i, (i * 7919u) % 1000 * 64, i));
