@@ -505,6 +505,38 @@ TEST_P(TransportConformanceTest, ReadOutsideRegionsFailsAndLeavesLocalUntouched)
   EXPECT_TRUE(CheckLayout(local, kRegion, {{5000, 3000, seed, 5000}}, local_bg));
 }
 
+// TCP reads frame headers, entry lists and payloads under 8 KiB through an
+// 8 KiB read-ahead buffer and longer payloads straight into place: frames
+// whose parts end just before, at and just after that size, and one whose
+// entry list alone (700 entries) is longer than it, in both directions.
+TEST_P(TransportConformanceTest, FramesAroundTheReadAheadSize) {
+  const uint64_t kSizes[] = {1,    8151,  8152,  8153,  8191, 8192,
+                             8193, 16383, 16384, 16385, 24000};
+  uint64_t total = 0;
+  for (uint64_t n : kSizes) total += n + 64;
+  unsigned char* local = Alloc(total + 8192, &initiator());
+  unsigned char* remote = Alloc(total + 8192, &target());
+  ASSERT_NE(local, nullptr);
+  ASSERT_NE(remote, nullptr);
+  std::vector<Piece> pieces;
+  uint64_t off = 0;
+  for (uint64_t n : kSizes) {
+    pieces.push_back({off + 3, off + 5, n});
+    off += n + 64;
+  }
+  for (Opcode op : {Opcode::kWrite, Opcode::kRead}) {
+    SCOPED_TRACE(op == Opcode::kWrite ? "write" : "read");
+    // One Submit per request: one frame each, back to back on the streams.
+    ASSERT_NO_FATAL_FAILURE(RunScatter(op, local, total + 8192, remote, total + 8192, pieces,
+                                       Mix64(300 + static_cast<int>(op)), /*submit_chunk=*/1));
+    // 700 one-byte entries in one frame: a 8,404-byte entry list.
+    std::vector<Piece> tiny;
+    for (uint64_t i = 0; i < 700; ++i) tiny.push_back({i * 3, i * 5 + 1, 1});
+    ASSERT_NO_FATAL_FAILURE(RunScatter(op, local, total + 8192, remote, total + 8192, tiny,
+                                       Mix64(310 + static_cast<int>(op)), /*submit_chunk=*/700));
+  }
+}
+
 // The engine may send a batch's requests in any order (it groups them by
 // opcode and source address); every request must still report its own
 // outcome and land its own bytes. Requests in shuffled order on both sides,
