@@ -22,6 +22,8 @@ constexpr size_t kReadBudget = 8u << 20;
 constexpr size_t kSeqOffset = 16;  // of the seq field in the frame header
 // Bytes read at once when not reading a long payload straight into place.
 constexpr size_t kReadAhead = 8u << 10;
+// Largest frame (header + entries + payload) a caller sends on its own thread.
+constexpr uint64_t kInlineSendMax = 64u << 10;
 }  // namespace
 
 // ---- WriteTracker / NotifyWaiter -------------------------------------------
@@ -101,6 +103,27 @@ void Connection::FailRequest(Request& r, const Status& why) {
 }
 
 void Connection::Send(Request r) {
+  // Inline: an idle stream sends a small frame at once from the caller's
+  // thread, saving the hand-off to the loop (and its wake-up if it sleeps).
+  if (r.bytes + r.head.size() <= kInlineSendMax && !loop_->InLoopThread()) {
+    std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
+    if (io.owns_lock() && role_ == Role::kInitiator && fd_.valid() && out_.empty()) {
+      bool idle = false;
+      {
+        std::lock_guard<std::mutex> lock(submit_mu_);
+        idle = !closed_ && submitted_.empty() && !drain_scheduled_;
+        if (idle) queued_bytes_.fetch_add(r.bytes, std::memory_order_relaxed);
+      }
+      if (idle) {
+        Enqueue(std::move(r));
+        Flush(/*from_caller=*/true);
+        io.unlock();
+        // A sleeping loop must run a round to see the new deadline.
+        loop_->WakeIfSleeping();
+        return;
+      }
+    }
+  }
   bool accepted = false, schedule = false;
   {
     std::lock_guard<std::mutex> lock(submit_mu_);
@@ -119,7 +142,10 @@ void Connection::Send(Request r) {
   if (schedule) {
     std::weak_ptr<Connection> weak = weak_from_this();
     loop_->RunInLoop([weak] {
-      if (auto self = weak.lock()) self->DrainSubmissions();
+      if (auto self = weak.lock()) {
+        std::lock_guard<std::mutex> io(self->io_mu_);
+        self->DrainSubmissions();
+      }
     });
   }
 }
@@ -131,32 +157,40 @@ void Connection::DrainSubmissions() {
     batch.swap(submitted_);
     drain_scheduled_ = false;
   }
-  for (Request& r : batch) {
-    uint64_t seq = next_seq_++;
-    std::memcpy(r.head.data() + kSeqOffset, &seq, sizeof(seq));
-    OutFrame f;
-    f.total = r.head.size();
-    for (const iovec& v : r.payload) f.total += v.iov_len;
-    f.head = std::move(r.head);
-    f.payload = std::move(r.payload);
-    out_.push_back(std::move(f));
-    inflight_.push_back(Inflight{seq, std::move(r)});
-  }
+  for (Request& r : batch) Enqueue(std::move(r));
   Flush();
+}
+
+void Connection::Enqueue(Request r) {
+  uint64_t seq = next_seq_++;
+  std::memcpy(r.head.data() + kSeqOffset, &seq, sizeof(seq));
+  OutFrame f;
+  f.total = r.head.size();
+  for (const iovec& v : r.payload) f.total += v.iov_len;
+  f.head = std::move(r.head);
+  f.payload = std::move(r.payload);
+  out_.push_back(std::move(f));
+  inflight_.push_back(Inflight{seq, std::move(r)});
 }
 
 void Connection::RetireWhenIdle() {
   retire_.store(true);
   std::weak_ptr<Connection> weak = weak_from_this();
   loop_->RunInLoop([weak] {
-    if (auto self = weak.lock()) self->CheckIdleRetire();
+    if (auto self = weak.lock()) {
+      std::lock_guard<std::mutex> io(self->io_mu_);
+      self->CheckIdleRetire();
+    }
   });
 }
 
 void Connection::CloseAsync(Status why) {
   std::weak_ptr<Connection> weak = weak_from_this();
   loop_->RunInLoop([weak, why] {
-    if (auto self = weak.lock()) self->Close(why);
+    if (auto self = weak.lock()) {
+      std::lock_guard<std::mutex> io(self->io_mu_);
+      self->Close(why);
+    }
   });
 }
 
@@ -196,10 +230,13 @@ void Connection::Close(const Status& why) {
 }
 
 bool Connection::WantsTick() const {
+  std::lock_guard<std::mutex> io(io_mu_);
   return role_ == Role::kAccepted || !inflight_.empty() || retire_.load(std::memory_order_relaxed);
 }
 
 void Connection::OnTick(Clock::time_point now) {
+  std::shared_ptr<Connection> keep = shared_from_this();  // Close drops the loop's reference
+  std::lock_guard<std::mutex> io(io_mu_);
   if (role_ == Role::kAccepted && now > hello_deadline_) {
     Close(DeadlineExceededError("peer " + peer_name_ + " sent no valid hello in time"));
     return;
@@ -221,6 +258,7 @@ void Connection::OnTick(Clock::time_point now) {
 
 void Connection::OnEvents(uint32_t events) {
   std::shared_ptr<Connection> keep = shared_from_this();
+  std::lock_guard<std::mutex> io(io_mu_);
   if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) ReadSome();
   if (!fd_.valid()) return;
   if (events & EPOLLOUT) Flush();
@@ -233,7 +271,7 @@ void Connection::UpdateInterest() {
   loop_->Modify(fd_.get(), EPOLLIN | EPOLLRDHUP | (want ? static_cast<uint32_t>(EPOLLOUT) : 0u));
 }
 
-void Connection::Flush() {
+void Connection::Flush(bool from_caller) {
   iovec iov[kMaxIov];
   while (!out_.empty() && fd_.valid()) {
     int n = 0;
@@ -260,7 +298,12 @@ void Connection::Flush() {
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) break;
-      Close(UnavailableError("sending to " + peer_name_ + " failed: " + ErrnoString(errno)));
+      Status failed = UnavailableError("sending to " + peer_name_ + " failed: " + ErrnoString(errno));
+      if (from_caller) {
+        CloseAsync(failed);  // closing unregisters from the loop: the loop does it
+      } else {
+        Close(failed);
+      }
       return;
     }
     size_t left = static_cast<size_t>(w);
@@ -277,7 +320,7 @@ void Connection::Flush() {
     }
   }
   UpdateInterest();
-  CheckIdleRetire();
+  if (!from_caller) CheckIdleRetire();  // a caller just added work: not idle
 }
 
 void Connection::QueueReply(wire::FrameType type, uint64_t seq, std::string body,

@@ -10,7 +10,10 @@
 //  - kTarget: serves a peer's requests against the engine's registered
 //    memory; every range is validated (and pinned) before bytes move.
 //
-// Payload bytes are sent with sendmsg straight from registered memory; long
+// A caller's request goes out on the caller's own thread when the stream is
+// idle (nothing queued, the loop not busy with it) and small; otherwise it is
+// queued for the loop. Payload bytes are sent with sendmsg straight from
+// registered memory; long
 // payloads are read with readv straight into it, while headers, bodies and
 // short payloads arrive through a small read-ahead buffer (one recv for a
 // whole small frame). Thread contract: Send, Broken, QueuedBytes and
@@ -136,9 +139,13 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   enum class Phase { kHeader, kBody, kPayload };
 
   void DrainSubmissions();
+  // Assigns the sequence number and queues the frame for sending.
+  void Enqueue(Request r);
   void Close(const Status& why);
   void FailRequest(Request& r, const Status& why);
-  void Flush();
+  // Sends what is queued. from_caller: on a caller's thread (inline send),
+  // which must not close the connection itself.
+  void Flush(bool from_caller = false);
   void UpdateInterest();
   void ReadSome();
   // Feeds bytes read ahead into the frame being received (header, body,
@@ -188,7 +195,10 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   bool drain_scheduled_ = false;    // guarded by submit_mu_
   bool closed_ = false;             // guarded by submit_mu_ (written on the loop thread)
 
-  // Loop thread only below.
+  // Below: the loop's state, guarded by io_mu_. The loop holds it while it
+  // handles this connection's events, ticks and tasks; a caller holds it
+  // (try_lock) to send inline.
+  mutable std::mutex io_mu_;
   uint64_t next_seq_ = 1;
   std::deque<OutFrame> out_;
   bool want_write_ = false;

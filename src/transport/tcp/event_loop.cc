@@ -34,6 +34,7 @@ Status EventLoop::Start() {
     return InternalError("epoll_ctl: " + ErrnoString(errno));
   }
   thread_ = std::thread([this] { Run(); });
+  thread_id_ = thread_.get_id();  // set here, before anyone else can see the loop
   return OkStatus();
 }
 
@@ -47,6 +48,10 @@ void EventLoop::Stop() {
 void EventLoop::Wake() {
   uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(wakefd_, &one, sizeof(one));
+}
+
+void EventLoop::WakeIfSleeping() {
+  if (sleeping_.load(std::memory_order_seq_cst)) Wake();
 }
 
 void EventLoop::RunInLoop(std::function<void()> fn) {
@@ -81,7 +86,6 @@ void EventLoop::Remove(int fd) {
 }
 
 void EventLoop::Run() {
-  thread_id_ = std::this_thread::get_id();
   constexpr int kMaxEvents = 64;
   constexpr auto kTick = std::chrono::milliseconds(50);
   epoll_event events[kMaxEvents];

@@ -46,6 +46,9 @@ class EventLoop {
   // Runs `fn` on the loop thread (FIFO order among tasks).
   void RunInLoop(std::function<void()> fn);
   bool InLoopThread() const { return std::this_thread::get_id() == thread_id_; }
+  // Makes a loop blocked in epoll_wait run one more round (so it re-reads
+  // its handlers' deadlines). Any thread.
+  void WakeIfSleeping();
 
   // Loop thread only. The loop keeps `handler` alive while registered.
   Status Add(int fd, uint32_t events, std::shared_ptr<Handler> handler);
