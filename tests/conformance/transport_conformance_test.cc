@@ -545,10 +545,11 @@ TEST_P(TransportConformanceTest, FramesAroundTheReadAheadSize) {
 // The engine may send a batch's requests in any order (it groups them by
 // opcode and source address); every request must still report its own
 // outcome and land its own bytes. Requests in shuffled order on both sides,
-// reads and writes alternating, two of them out of range.
+// reads and writes alternating, three of them out of range. 20,000 requests:
+// Submit slices and posts them in chunks of 8,192.
 TEST_P(TransportConformanceTest, ShuffledMixedBatchReportsEachRequestByIndex) {
-  constexpr size_t kCount = 600;
-  constexpr uint64_t kSlot = 2 * kKiB;
+  constexpr size_t kCount = 20000;
+  constexpr uint64_t kSlot = 256;
   unsigned char* local = Alloc(kCount * kSlot, &initiator());
   unsigned char* remote = Alloc(kCount * kSlot, &target());
   unsigned char* unregistered = Alloc(4 * kSlot, nullptr);  // target memory, not registered
@@ -561,11 +562,11 @@ TEST_P(TransportConformanceTest, ShuffledMixedBatchReportsEachRequestByIndex) {
   FillPattern(remote, kCount * kSlot, remote_bg);
 
   std::vector<size_t> local_slot(kCount), remote_slot(kCount);
-  for (size_t i = 0; i < kCount; ++i) {  // 389 and 577 are prime: both are permutations
+  for (size_t i = 0; i < kCount; ++i) {  // 389 and 577 are primes other than 2 and 5: permutations
     local_slot[i] = (i * 389) % kCount;
     remote_slot[i] = (i * 577) % kCount;
   }
-  const std::vector<size_t> bad = {137, 420};  // one write, one read
+  const std::vector<size_t> bad = {137, 420, 19999};  // a write, a read, a write in the last chunk
   std::vector<TransferRequest> reqs(kCount);
   std::vector<PatternRange> local_expect, remote_expect;
   for (size_t i = 0; i < kCount; ++i) {
