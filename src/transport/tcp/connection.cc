@@ -103,11 +103,14 @@ void Connection::FailRequest(Request& r, const Status& why) {
 }
 
 void Connection::Send(Request r) {
-  // Inline: an idle stream sends a small frame at once from the caller's
-  // thread, saving the hand-off to the loop (and its wake-up if it sleeps).
+  // Inline: an idle stream (nothing queued, nothing in flight) sends a small
+  // frame at once from the caller's thread, saving the hand-off to the loop
+  // (and its wake-up if it sleeps). Streams with work in flight leave sending
+  // to the loop, which batches frames into one sendmsg.
   if (r.bytes + r.head.size() <= kInlineSendMax && !loop_->InLoopThread()) {
     std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
-    if (io.owns_lock() && role_ == Role::kInitiator && fd_.valid() && out_.empty()) {
+    if (io.owns_lock() && role_ == Role::kInitiator && fd_.valid() && out_.empty() &&
+        inflight_.empty()) {
       bool idle = false;
       {
         std::lock_guard<std::mutex> lock(submit_mu_);
