@@ -18,16 +18,15 @@ bool SendsBefore(const Slice& a, const Slice& b) {
 // of (address - lowest, position) pairs, 11 bits a pass, as many passes as
 // the span of the addresses needs, then one permutation of the slices.
 void RadixByDestination(Slice* group, size_t n) {
-  if (n < 2) return;
+  if (n <= 64) {
+    std::stable_sort(group, group + n, SendsBefore);
+    return;
+  }
   uint64_t lo = UINT64_MAX, hi = 0;
   for (size_t i = 0; i < n; ++i) {
     uint64_t a = DestinationAddress(group[i]);
     lo = std::min(lo, a);
     hi = std::max(hi, a);
-  }
-  if (n <= 64) {
-    std::stable_sort(group, group + n, SendsBefore);
-    return;
   }
   using Key = std::pair<uint64_t, uint32_t>;
   std::vector<Key> keys(n), spare(n);

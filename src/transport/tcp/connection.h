@@ -11,14 +11,14 @@
 //    memory; every range is validated (and pinned) before bytes move.
 //
 // A caller's request goes out on the caller's own thread when the stream is
-// idle (nothing queued, the loop not busy with it) and small; otherwise it is
-// queued for the loop. Payload bytes are sent with sendmsg straight from
-// registered memory; long
-// payloads are read with readv straight into it, while headers, bodies and
-// short payloads arrive through a small read-ahead buffer (one recv for a
-// whole small frame). Thread contract: Send, Broken, QueuedBytes and
-// RetireWhenIdle may be called from any thread; everything else runs on the
-// loop thread.
+// idle (nothing queued or in flight, the loop not at it) and small; otherwise
+// it is queued for the loop. Payload bytes are sent with sendmsg straight from
+// registered memory; long payloads are read with readv straight into it,
+// while headers, bodies and short payloads arrive through a small read-ahead
+// buffer (one recv for a whole small frame).
+// Thread contract: Send, Broken, QueuedBytes, RetireWhenIdle and CloseAsync
+// may be called from any thread; everything else runs on the loop thread,
+// or on a caller's thread inside Send, always under io_mu_.
 #pragma once
 
 #include <sys/uio.h>
