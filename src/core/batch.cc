@@ -19,38 +19,52 @@ StatusOr<size_t> BatchState::Reserve(size_t n) {
   return cur;
 }
 
-void BatchState::Begin(size_t index, uint32_t slices) {
-  Request& r = requests_[index];
-  r.remaining.store(slices, std::memory_order_relaxed);
-  r.state.store(static_cast<uint8_t>(TransferState::kPending), std::memory_order_relaxed);
-  // Pairs with the acq_rel decrement in CompleteSlices.
-  pending_.fetch_add(1, std::memory_order_acq_rel);
-}
-
 void BatchState::CompleteSlice(size_t index, const Status& status) { CompleteSlices(index, 1, status); }
 
 void BatchState::CompleteSlices(size_t index, uint32_t slices, const Status& status) {
-  Request& r = requests_[index];
+  Completer c(*this);
+  c.Complete(index, slices, status);
+}
+
+void BatchState::Completer::Complete(size_t index, uint32_t slices, const Status& status) {
+  Request& r = batch_.requests_[index];
   if (!status.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(batch_.mu_);
     if (!r.failed.load(std::memory_order_relaxed)) {
-      errors_.emplace(index, status);
+      batch_.errors_.emplace(index, status);
       r.failed.store(true, std::memory_order_release);
-      if (first_error_.ok()) first_error_ = status.WithPrefix("request " + std::to_string(index));
+      if (batch_.first_error_.ok()) batch_.first_error_ = status.WithPrefix("request " + std::to_string(index));
     }
   }
-  if (r.remaining.fetch_sub(slices, std::memory_order_acq_rel) != slices) return;
-  bool failed = r.failed.load(std::memory_order_acquire);
+  // When every slice still outstanding is one of these, no other thread
+  // touches `remaining` any more: a load (acquire: pairs with the others'
+  // decrements, so their bytes and failures are seen) replaces the
+  // read-modify-write, which is the common case of one slice per request.
+  if (r.remaining.load(std::memory_order_acquire) == slices) {
+    r.remaining.store(0, std::memory_order_relaxed);
+  } else if (r.remaining.fetch_sub(slices, std::memory_order_acq_rel) != slices) {
+    return;
+  }
+  const bool failed = r.failed.load(std::memory_order_acquire);
   // Order matters to observers: the request's final state first (release: a
-  // reader that sees it also sees the bytes and the error), then the
-  // counters (a reader that counts every request done finds every state
-  // final), then pending_ (waiters and FreeBatch see everything above).
+  // reader that sees it also sees the bytes and the error), then, in
+  // Publish, the counters (a reader that counts every request done finds
+  // every state final), then pending_ (waiters and FreeBatch see everything
+  // above).
   r.state.store(static_cast<uint8_t>(failed ? TransferState::kFailed : TransferState::kCompleted),
                 std::memory_order_release);
-  (failed ? failed_ : completed_).fetch_add(1, std::memory_order_acq_rel);
-  if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    std::lock_guard<std::mutex> lock(mu_);  // no lost wake-up: waiters test under mu_
-    idle_cv_.notify_all();
+  ++(failed ? failed_ : completed_);
+}
+
+void BatchState::Completer::Publish() {
+  const size_t n = completed_ + failed_;
+  if (n == 0) return;
+  if (completed_ > 0) batch_.completed_.fetch_add(completed_, std::memory_order_acq_rel);
+  if (failed_ > 0) batch_.failed_.fetch_add(failed_, std::memory_order_acq_rel);
+  completed_ = failed_ = 0;
+  if (batch_.pending_.fetch_sub(n, std::memory_order_acq_rel) == n) {
+    std::lock_guard<std::mutex> lock(batch_.mu_);  // no lost wake-up: waiters test under mu_
+    batch_.idle_cv_.notify_all();
   }
 }
 
@@ -64,7 +78,8 @@ bool BatchState::SettleIfFinal() const {
     }
   }
   // Every request is final: the threads that completed the last ones are
-  // between their state store and the pending_ decrement. Nanoseconds.
+  // between their state store and the pending_ decrement (at most the rest
+  // of one frame, see Completer). Microseconds.
   while (pending() != 0) std::this_thread::yield();
   return true;
 }

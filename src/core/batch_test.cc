@@ -122,5 +122,71 @@ TEST(Batch, ConcurrentCompletionsCountExactly) {
   EXPECT_EQ(b.pending(), 0u);
 }
 
+TEST(Batch, CompleterPublishesCountersOnce) {
+  BatchState b(4);
+  ASSERT_TRUE(b.Reserve(4).ok());
+  b.Begin(0, 1);
+  b.Begin(1, 2);
+  b.Begin(2, 1);
+  b.Begin(3, 1);
+  {
+    BatchState::Completer done(b);
+    done.Complete(0, 1, OkStatus());
+    done.Complete(1, 1, OkStatus());  // one of two slices: stays pending
+    done.Complete(2, 1, UnavailableError("peer gone"));
+    // Each request's state is final at once; the counters wait for Publish.
+    EXPECT_EQ(b.Get(0).state, TransferState::kCompleted);
+    EXPECT_EQ(b.Get(1).state, TransferState::kPending);
+    EXPECT_EQ(b.Get(2).state, TransferState::kFailed);
+    EXPECT_EQ(b.Get(2).status.message(), "peer gone");
+    EXPECT_EQ(b.pending(), 4u);
+    EXPECT_EQ(b.Summary().completed, 0u);
+    done.Publish();
+    EXPECT_EQ(b.pending(), 2u);
+    auto s = b.Summary();
+    EXPECT_EQ(s.completed, 1u);
+    EXPECT_EQ(s.failed, 1u);
+    EXPECT_EQ(s.first_error.message(), "request 2: peer gone");
+    done.Complete(3, 1, OkStatus());
+    done.Complete(1, 1, OkStatus());  // the last slice, on the plain-store path
+  }  // publishes again on scope exit
+  auto s = b.Summary();
+  EXPECT_EQ(s.state, TransferState::kFailed);
+  EXPECT_EQ(s.completed, 3u);
+  EXPECT_EQ(s.failed, 1u);
+  EXPECT_EQ(b.Get(1).state, TransferState::kCompleted);
+  EXPECT_TRUE(b.WaitIdle(steady_clock::now(), {}));
+  EXPECT_TRUE(b.SettleIfFinal());
+}
+
+// Threads completing slices of the same requests through Completers (one per
+// "frame" of 50 slices) count every request exactly once and wake a waiter.
+TEST(Batch, ConcurrentCompletersCountExactly) {
+  constexpr int kRequests = 2000, kSlices = 3, kThreads = 3;
+  BatchState b(kRequests);
+  ASSERT_TRUE(b.Reserve(kRequests).ok());
+  for (int i = 0; i < kRequests; ++i) b.Begin(i, kSlices);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int first = 0; first < kRequests; first += 50) {
+        BatchState::Completer done(b);
+        for (int i = first; i < first + 50; ++i) {
+          done.Complete(i, 1, (i % 97 == 0 && t == 1) ? InternalError("bad") : OkStatus());
+        }
+      }
+    });
+  }
+  EXPECT_TRUE(b.WaitIdle(steady_clock::now() + std::chrono::seconds(60), {}));
+  for (auto& t : ts) t.join();
+  auto s = b.Summary();
+  const size_t bad = (kRequests + 96) / 97;
+  EXPECT_EQ(s.failed, bad);
+  EXPECT_EQ(s.completed, kRequests - bad);
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(b.Get(i).state, i % 97 == 0 ? TransferState::kFailed : TransferState::kCompleted) << i;
+  }
+}
+
 }  // namespace
 }  // namespace ferry::internal

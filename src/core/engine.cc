@@ -474,21 +474,28 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
     if (seg != cached) cached = seg, cached_max_slice = links[seg].second;
     return cached_max_slice;
   };
-  for (size_t i = 0; i < requests.size(); ++i) {
+  batch->BeginRange(base, requests.size(), [&](size_t index) {
+    const size_t i = index - base;
     const uint32_t max_slice = max_slice_of(segs[i]);
-    batch->Begin(base + i, static_cast<uint32_t>((requests[i].length + max_slice - 1) / max_slice));
-  }
+    return static_cast<uint32_t>((requests[i].length + max_slice - 1) / max_slice);
+  });
   const Clock::time_point deadline = Clock::now() + impl_->options.transfer_timeout;
   std::map<Segment*, std::vector<internal::Slice>> per_peer;
+  Segment* out_seg = nullptr;
+  std::vector<internal::Slice>* out = nullptr;  // per_peer[out_seg]
   for (size_t begin = 0; begin < requests.size(); begin += kPostChunk) {
     const size_t end = std::min(requests.size(), begin + kPostChunk);
     for (size_t i = begin; i < end; ++i) {
       const TransferRequest& r = requests[i];
       const uint32_t max_slice = max_slice_of(segs[i]);
-      auto& out = per_peer[segs[i]];
+      if (segs[i] != out_seg) {
+        out_seg = segs[i];
+        out = &per_peer[out_seg];
+        if (out->capacity() == 0) out->reserve(end - i);  // emptied by the last chunk's Post
+      }
       for (uint64_t off = 0; off < r.length; off += max_slice) {
         uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(max_slice, r.length - off));
-        out.push_back({r.opcode, static_cast<char*>(r.local) + off, r.remote_addr + off, len,
+        out->push_back({r.opcode, static_cast<char*>(r.local) + off, r.remote_addr + off, len,
                        static_cast<uint32_t>(base + i)});
       }
     }

@@ -30,13 +30,19 @@ void RadixByDestination(Slice* group, size_t n) {
   }
   using Key = std::pair<uint64_t, uint32_t>;
   std::vector<Key> keys(n), spare(n);
-  for (size_t i = 0; i < n; ++i) keys[i] = {DestinationAddress(group[i]) - lo, static_cast<uint32_t>(i)};
+  uint64_t any_bits = 0;  // low bits that every key has zero (aligned pages) need no pass
+  for (size_t i = 0; i < n; ++i) {
+    keys[i] = {DestinationAddress(group[i]) - lo, static_cast<uint32_t>(i)};
+    any_bits |= keys[i].first;
+  }
+  if (any_bits == 0) return;  // one destination for all: stable order is the order given
   constexpr int kBits = 11;
   constexpr size_t kBuckets = size_t{1} << kBits;
   const int span_bits = std::bit_width(hi - lo);
-  for (int shift = 0; shift < span_bits; shift += kBits) {
+  for (int shift = std::countr_zero(any_bits); shift < span_bits; shift += kBits) {
     std::array<uint32_t, kBuckets> count{};
     for (const Key& k : keys) ++count[(k.first >> shift) & (kBuckets - 1)];
+    if (count[(keys[0].first >> shift) & (kBuckets - 1)] == n) continue;  // one bucket: nothing moves
     uint32_t sum = 0;
     for (uint32_t& c : count) sum += std::exchange(c, sum);
     for (const Key& k : keys) spare[count[(k.first >> shift) & (kBuckets - 1)]++] = k;

@@ -84,5 +84,21 @@ TEST(SliceOrderTest, EveryRequestKeepsItsSlices) {
   EXPECT_EQ(std::count(seen.begin(), seen.end(), true), 1000);
 }
 
+// Radix passes start at the lowest bit that differs and skip passes where
+// every key falls in one bucket: addresses that differ only above bit 30, and
+// a run of one shared address, must still come out sorted and stable.
+TEST(SliceOrderTest, RadixSkipsBitsNoKeyUses) {
+  std::vector<Slice> v;
+  const uint64_t base = 0x7f0000000000ull;
+  for (uint32_t i = 0; i < 300; ++i) v.push_back(W(i, base + (uint64_t{(i * 37u) % 300} << 30), i));
+  OrderForSending(v);
+  for (size_t k = 0; k < v.size(); ++k) EXPECT_EQ(v[k].remote, base + (uint64_t{k} << 30)) << k;
+
+  std::vector<Slice> same;
+  for (uint32_t i = 0; i < 100; ++i) same.push_back(W(100 - i, base, i));
+  OrderForSending(same);
+  for (uint32_t k = 0; k < 100; ++k) EXPECT_EQ(same[k].request, k);
+}
+
 }  // namespace
 }  // namespace ferry::internal

@@ -3,9 +3,9 @@
 // The core validates requests, slices them (at most Transport::MaxSlice()
 // bytes per slice), counts completions and enforces nothing else; a
 // transport moves slices to one peer and completes each slice exactly once
-// through BatchState::CompleteSlice — success, or a Status that names the
-// reason — before the deadline it was given (or shortly after, with
-// kDeadlineExceeded).
+// through BatchState (CompleteSlice, or a Completer for a whole frame) —
+// success, or a Status that names the reason — before the deadline it was
+// given (or shortly after, with kDeadlineExceeded).
 #pragma once
 
 #include <chrono>
@@ -37,8 +37,9 @@ struct Slice {
 class PeerLink {
  public:
   virtual ~PeerLink() = default;
-  // Moves the slices; completes each through batch->CompleteSlice, possibly
-  // before returning. All slices go to the same peer.
+  // Moves the slices; completes each through the batch (CompleteSlice or a
+  // BatchState::Completer), possibly before returning. All slices go to the
+  // same peer.
   virtual void Post(const std::shared_ptr<BatchState>& batch, std::vector<Slice> slices,
                     Clock::time_point deadline) = 0;
   // Delivers a notification after every write posted to this link before it

@@ -44,14 +44,15 @@ class LocalLink : public PeerLink {
   void Post(const std::shared_ptr<BatchState>& batch, std::vector<Slice> slices,
             Clock::time_point /*deadline*/) override {
     std::shared_ptr<EngineTarget> target = target_.lock();
+    BatchState::Completer done(*batch);
     for (const Slice& s : slices) {
       if (!target) {
-        batch->CompleteSlice(s.request, UnavailableError("peer engine " + peer_id_ + " was shut down"));
+        done.Complete(s.request, 1, UnavailableError("peer engine " + peer_id_ + " was shut down"));
         continue;
       }
       auto pin = target->registry().Pin(s.remote, s.length, "remote range");
       if (!pin.ok()) {
-        batch->CompleteSlice(s.request, pin.status().WithPrefix("peer " + peer_id_ + " refused"));
+        done.Complete(s.request, 1, pin.status().WithPrefix("peer " + peer_id_ + " refused"));
         continue;
       }
       void* remote = reinterpret_cast<void*>(s.remote);
@@ -60,7 +61,7 @@ class LocalLink : public PeerLink {
       } else {
         std::memmove(s.local, remote, s.length);
       }
-      batch->CompleteSlice(s.request, OkStatus());
+      done.Complete(s.request, 1, OkStatus());
     }
   }
 

@@ -94,9 +94,10 @@ Status Connection::Attach() {
 
 void Connection::FailRequest(Request& r, const Status& why) {
   if (r.batch) {
-    for (const Slice& s : r.slices) r.batch->CompleteSlice(s.request, why);
-    r.batch.reset();
+    BatchState::Completer done(*r.batch);
+    for (const Slice& s : r.slices) done.Complete(s.request, 1, why);
   }
+  r.batch.reset();
   if (r.notify) r.notify->Set(why);
   if (r.tracker && r.ticket) r.tracker->Done(r.ticket);
   r.tracker.reset();
@@ -678,15 +679,20 @@ void Connection::CompleteFront(const std::vector<wire::EntryFailure>& failures, 
                          std::memory_order_relaxed);
   if (req.notify) req.notify->Set(frame_status);
   if (req.batch) {
+    BatchState::Completer done(*req.batch);
+    constexpr size_t kAhead = 16;
+    const size_t n = req.slices.size();
+    for (size_t i = 0; i < std::min(n, kAhead); ++i) done.Prefetch(req.slices[i].request);
     size_t fi = 0;
     // Failures arrive sorted by index (the target walks entries in order).
-    for (size_t i = 0; i < req.slices.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) done.Prefetch(req.slices[i + kAhead].request);
       Status s = frame_status;
       while (fi < failures.size() && failures[fi].index < i) ++fi;
       if (s.ok() && fi < failures.size() && failures[fi].index == i) {
         s = Status(failures[fi].code, failures[fi].message);
       }
-      req.batch->CompleteSlice(req.slices[i].request, s);
+      done.Complete(req.slices[i].request, 1, s);
     }
   }
   if (req.tracker && req.ticket) req.tracker->Done(req.ticket);
