@@ -60,6 +60,8 @@ class Engine {
   // message names both sides' versions); kUnavailable: peer unreachable.
   StatusOr<SegmentHandle> OpenSegment(std::string_view peer_id);
   // Forgets the segment; later use of the handle is kInvalidArgument.
+  // Transfers already submitted through it still complete (or fail) as
+  // usual; the connections close once they have.
   Status CloseSegment(SegmentHandle segment);
   // Re-handshakes with the peer and returns what it advertises now.
   StatusOr<SegmentInfo> QuerySegment(SegmentHandle segment);

@@ -290,6 +290,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   tcfg.slice_size = options.slice_size;
   tcfg.max_frame_bytes = options.max_frame_bytes;
   tcfg.max_frame_entries = options.max_frame_entries;
+  // Two frames per stream: measured best for 1 MiB frames (one frame: a
+  // little slower; four: as slow as no window at all).
+  tcfg.stream_window = 2 * uint64_t{options.max_frame_bytes};
   tcfg.spin = options.spin;
   tcfg.local_peer_id = impl->peer_id;
   tcfg.local_instance = impl->instance_id;

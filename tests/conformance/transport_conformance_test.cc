@@ -774,6 +774,41 @@ TEST_P(TransportConformanceTest, StaleAndForgedBatchIdsAreInvalidArgument) {
   EXPECT_THAT(initiator().FreeBatch(live), StatusIs(StatusCode::kInvalidArgument));
 }
 
+// Closing a segment does not drop what was already submitted through it:
+// a batch far larger than what a transport keeps in flight per stream
+// (48 MiB of writes, then 16 MiB of reads) completes byte for byte, and
+// only later use of the handle is refused.
+TEST_P(TransportConformanceTest, CloseSegmentLetsSubmittedTransfersFinish) {
+  constexpr size_t kWrites = 48, kReads = 16;
+  constexpr uint64_t kBlock = kMiB, kSize = (kWrites + kReads) * kBlock;
+  unsigned char* local = Alloc(kSize, &initiator());
+  unsigned char* remote = Alloc(kSize, &target());
+  ASSERT_NE(local, nullptr);
+  ASSERT_NE(remote, nullptr);
+  FillPattern(local, kWrites * kBlock, 95, 0);
+  FillPattern(remote, kSize, 96, 0);
+  const uint64_t remote_addr = reinterpret_cast<uintptr_t>(remote);
+  std::vector<TransferRequest> reqs;
+  for (size_t i = 0; i < kWrites + kReads; ++i) {
+    reqs.push_back({i < kWrites ? Opcode::kWrite : Opcode::kRead, local + i * kBlock, segment(),
+                    remote_addr + i * kBlock, kBlock});
+  }
+  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator().AllocateBatch(reqs.size()));
+  ASSERT_OK(initiator().Submit(batch, reqs));
+  const SegmentHandle closed = segment();
+  ASSERT_OK(initiator().CloseSegment(closed));
+  EXPECT_OK(initiator().WaitBatch(batch, kWaitTimeout));
+  ASSERT_OK_AND_ASSIGN(BatchStatus bs, initiator().GetBatchStatus(batch));
+  EXPECT_EQ(bs.completed, reqs.size());
+  EXPECT_OK(initiator().FreeBatch(batch));
+  EXPECT_EQ(DescribePatternMismatch(remote, kWrites * kBlock, 95, 0), "") << "writes landed";
+  EXPECT_EQ(DescribePatternMismatch(remote + kWrites * kBlock, kReads * kBlock, 96, kWrites * kBlock), "")
+      << "read ranges untouched on the target";
+  EXPECT_EQ(DescribePatternMismatch(local + kWrites * kBlock, kReads * kBlock, 96, kWrites * kBlock), "")
+      << "reads landed";
+  EXPECT_THAT(initiator().TransferSync(reqs[0]), StatusIs(StatusCode::kInvalidArgument));
+}
+
 TEST_P(TransportConformanceTest, StaleAndForgedSegmentHandlesAreInvalidArgument) {
   unsigned char* local = Alloc(4096, &initiator());
   unsigned char* remote = Alloc(4096, &target());

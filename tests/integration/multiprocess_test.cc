@@ -476,6 +476,49 @@ TEST_F(MultiProcessTest, HungPeerRequestsEndAtTheirDeadline) {
   EXPECT_EQ(hung->Call(Checked(525, 3 * kMiB, 4096)), "OK");
 }
 
+// A frozen peer and a batch much larger than what the link puts on its
+// streams at once: the frames still waiting to be sent end at the deadline
+// too (kDeadlineExceeded, naming the peer), as do those in flight, and the
+// batch never outlives its deadline by more than the wait margin.
+TEST_F(MultiProcessTest, HungPeerWithABacklogEndsAtTheDeadline) {
+  constexpr auto kTimeout = 2s;
+  ASSERT_NO_FATAL_FAILURE(CreateEngine(Options(kTimeout)));
+  constexpr uint64_t kSize = 24 * kMiB;
+  PeerProcess* hung = SpawnPeer(kSize, 531);
+  ASSERT_NE(hung, nullptr);
+  unsigned char* local = Alloc(kSize);
+  ASSERT_NE(local, nullptr);
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(hung->peer_id()));
+  ASSERT_OK(engine().TransferSync(TransferRequest{Opcode::kRead, local, seg, hung->buffer_addr(), 4096}));
+
+  const std::vector<TransferRequest> reqs = MiBWrites(local, seg, *hung, 24, 533);
+  ASSERT_TRUE(hung->Freeze());
+  ASSERT_OK_AND_ASSIGN(BatchId batch, engine().AllocateBatch(reqs.size()));
+  ASSERT_OK(engine().Submit(batch, reqs));
+  EXPECT_THAT(engine().WaitBatch(batch, kTimeout + kWait), IsError());
+  ASSERT_OK_AND_ASSIGN(BatchStatus bs, engine().GetBatchStatus(batch));
+  EXPECT_EQ(bs.failed, reqs.size()) << "requests to a frozen peer cannot complete";
+  size_t never_sent = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_OK_AND_ASSIGN(TransferStatus ts, engine().GetTransferStatus(batch, i));
+    EXPECT_THAT(ts.status, PeerGoneError()) << "request " << i;
+    if (ts.status.message().find("had room") != std::string::npos) {
+      ++never_sent;
+      EXPECT_NE(ts.status.message().find(hung->peer_id()), std::string::npos) << ts.status;
+    }
+  }
+  // 24 MiB cannot all be on the wire to a frozen peer: some waited in the link.
+  EXPECT_GT(never_sent, 0u);
+  RecordProperty("requests_never_sent", static_cast<int>(never_sent));
+  EXPECT_OK(engine().FreeBatch(batch));
+
+  hung->Signal(SIGCONT);
+  EXPECT_EQ(hung->Call("PING"), "PONG");
+  FillPattern(local, 4096, 535, 0);
+  EXPECT_OK(engine().TransferSync(TransferRequest{Opcode::kWrite, local, seg, hung->buffer_addr(), 4096}));
+  EXPECT_EQ(hung->Call(Checked(535, 0, 4096)), "OK");
+}
+
 // A peer restarted on the same host:port: the next transfer through the same
 // segment handle reaches the new instance and succeeds.
 TEST_F(MultiProcessTest, PeerRestartedOnSamePortIsReachedByTheNextTransfer) {

@@ -92,7 +92,7 @@ Status Connection::Attach() {
   return loop_->Add(fd_.get(), EPOLLIN | EPOLLRDHUP, shared_from_this());
 }
 
-void Connection::FailRequest(Request& r, const Status& why) {
+void FailRequest(Request& r, const Status& why) {
   if (r.batch) {
     BatchState::Completer done(*r.batch);
     for (const Slice& s : r.slices) done.Complete(s.request, 1, why);
@@ -231,6 +231,7 @@ void Connection::Close(const Status& why) {
   inflight_.clear();
   for (auto& r : pending) FailRequest(r, why);
   queued_bytes_.store(0);
+  if (on_progress_) on_progress_();  // the link moves waiting frames to other streams
 }
 
 bool Connection::WantsTick() const {
@@ -696,6 +697,17 @@ void Connection::CompleteFront(const std::vector<wire::EntryFailure>& failures, 
     }
   }
   if (req.tracker && req.ticket) req.tracker->Done(req.ticket);
+  if (on_progress_) {
+    on_progress_();  // room for the link's next frame (before an idle retire)
+    // A frame the link just gave this stream goes out now, not after the
+    // rest of this read loop (8 MiB): a peer serving reads would idle.
+    bool given;
+    {
+      std::lock_guard<std::mutex> lock(submit_mu_);
+      given = !submitted_.empty();
+    }
+    if (given) DrainSubmissions();
+  }
   CheckIdleRetire();
 }
 

@@ -98,6 +98,10 @@ struct Request {
   Clock::time_point deadline;
 };
 
+// Completes every slice of `r` (and its notification or write ticket) with
+// `why`.
+void FailRequest(Request& r, const Status& why);
+
 class Connection : public EventLoop::Handler, public std::enable_shared_from_this<Connection> {
  public:
   enum class Role { kInitiator, kAccepted, kTarget };
@@ -108,11 +112,16 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
 
   // Registers with the loop. Loop thread only.
   Status Attach();
+  // Called on the loop thread, under the connection's lock, whenever this
+  // stream has answered or failed requests (room for more, or closed). Set
+  // before Attach.
+  void SetOnProgress(std::function<void()> f) { on_progress_ = std::move(f); }
 
   // Queues a request (any thread). If the connection is closed, the request
   // fails at once with kUnavailable.
   void Send(Request r);
   bool Broken() const { return broken_.load(std::memory_order_acquire); }
+  EventLoop* loop() const { return loop_; }
   // Bytes of requests sent or queued on this stream and not yet answered.
   uint64_t QueuedBytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
   // Closes once nothing is in flight (any thread).
@@ -142,7 +151,6 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   // Assigns the sequence number and queues the frame for sending.
   void Enqueue(Request r);
   void Close(const Status& why);
-  void FailRequest(Request& r, const Status& why);
   // Sends what is queued. from_caller: on a caller's thread (inline send),
   // which must not close the connection itself.
   void Flush(bool from_caller = false);
@@ -188,6 +196,7 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   std::atomic<bool> broken_{false};
   std::atomic<uint64_t> queued_bytes_{0};
   std::atomic<bool> retire_{false};
+  std::function<void()> on_progress_;  // set before Attach, then read-only
 
   // Submissions from other threads.
   std::mutex submit_mu_;

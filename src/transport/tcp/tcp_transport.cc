@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <mutex>
 
 #include "common/log.h"
 #include "common/net.h"
@@ -55,19 +57,40 @@ class Listener : public EventLoop::Handler {
   size_t next_ = 0;
 };
 
-class TcpLink : public PeerLink {
+// The route to one peer: its streams, and the frames not yet handed to one.
+// A write frame goes to a stream only while that stream has fewer than
+// `stream_window` bytes unanswered; each answer (or a closed stream) feeds
+// the next frames. So a faster stream takes more of a batch, the streams
+// finish it together, and the socket buffers stay shallow (the receiver
+// copies bytes still in cache). Assigning every frame at Post time left one
+// stream idle at the end of each batch: 1 MiB x 32 writes 3.3 -> 4.1 GB/s.
+// Read frames are not held back: the peer needs its queue of requests to
+// keep sending (a window made 1 MiB reads ~10% slower).
+class TcpLink : public PeerLink, public std::enable_shared_from_this<TcpLink> {
  public:
   TcpLink(const TcpTransportConfig& cfg, std::string peer_id, uint16_t version,
           std::vector<std::shared_ptr<Connection>> streams)
       : max_frame_bytes_(cfg.max_frame_bytes),
         max_frame_entries_(cfg.max_frame_entries),
+        stream_window_(cfg.stream_window),
         peer_id_(std::move(peer_id)), version_(version), streams_(std::move(streams)),
         tracker_(std::make_shared<tcp::WriteTracker>()) {}
 
   ~TcpLink() override { Retire(); }
 
+  // Lets the streams feed the link when they have room. Before they attach.
+  void WireStreams() {
+    std::weak_ptr<TcpLink> weak = weak_from_this();
+    for (const auto& s : streams_) {
+      s->SetOnProgress([weak] {
+        if (auto link = weak.lock()) link->Feed();
+      });
+    }
+  }
+
   void Post(const std::shared_ptr<BatchState>& batch, std::vector<Slice> slices,
             Clock::time_point deadline) override {
+    std::vector<tcp::Request> frames;
     size_t i = 0;
     while (i < slices.size()) {
       // Coalesce consecutive slices of one opcode into a frame.
@@ -103,9 +126,14 @@ class TcpLink : public PeerLink {
         r.ticket = tracker_->Issue();
       }
       r.head = wire::BuildFrame(h, body);
-      PickStream()->Send(std::move(r));
+      frames.push_back(std::move(r));
       i = j;
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (tcp::Request& r : frames) backlog_.push_back(std::move(r));
+    }
+    Feed();
   }
 
   Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) override {
@@ -137,10 +165,48 @@ class TcpLink : public PeerLink {
   }
 
   void Retire() override {
+    // Nothing waits here once the link is retired: hand every frame over
+    // (the streams close when they have answered all of them).
+    Feed(/*ignore_window=*/true);
     for (const auto& s : streams_) s->RetireWhenIdle();
   }
 
  private:
+  // Hands waiting frames to streams with room, in order; a frame whose
+  // deadline passed while it waited fails with kDeadlineExceeded. Any
+  // thread; frames are sent outside the lock.
+  void Feed(bool ignore_window = false) {
+    while (true) {
+      tcp::Request r;
+      Connection* to = nullptr;
+      bool late = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (backlog_.empty()) return;
+        late = backlog_.front().deadline < Clock::now();
+        if (!late) {
+          to = PickStream();
+          const uint64_t q = to->QueuedBytes();
+          // Every stream is full: the next answer feeds again. A broken
+          // stream (all are) takes the frame and fails it at once.
+          const tcp::Request& next = backlog_.front();
+          if (!ignore_window && next.type == wire::FrameType::kWrite && !to->Broken() && q != 0 &&
+              q + next.bytes > stream_window_) {
+            return;
+          }
+        }
+        r = std::move(backlog_.front());
+        backlog_.pop_front();
+      }
+      if (late) {
+        tcp::FailRequest(r, DeadlineExceededError("no stream to peer " + peer_id_ +
+                                                  " had room for the request before the transfer deadline"));
+      } else {
+        to->Send(std::move(r));
+      }
+    }
+  }
+
   // The stream with the fewest bytes queued; ties go to the lowest index, so
   // light traffic stays on one stream (one loop awake on each side) and heavy
   // traffic spreads over all of them. A broken stream only if all are.
@@ -160,10 +226,13 @@ class TcpLink : public PeerLink {
 
   const uint32_t max_frame_bytes_;
   const uint32_t max_frame_entries_;
+  const uint64_t stream_window_;
   const std::string peer_id_;
   const uint16_t version_;
   std::vector<std::shared_ptr<Connection>> streams_;
   std::shared_ptr<tcp::WriteTracker> tracker_;
+  std::mutex mu_;
+  std::deque<tcp::Request> backlog_;  // guarded by mu_
 };
 
 class TcpTransportImpl : public Transport {
@@ -223,15 +292,18 @@ class TcpTransportImpl : public Transport {
       if (!remote.ok()) return ctx(remote);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd.get(), true));
       EventLoop* loop = loops_[static_cast<size_t>(i) % loops_.size()].get();
-      auto conn = std::make_shared<Connection>(loop, std::move(fd), Connection::Role::kInitiator,
-                                               peer.peer_id, nullptr, version);
-      loop->RunInLoop([conn] {
+      streams.push_back(std::make_shared<Connection>(loop, std::move(fd), Connection::Role::kInitiator,
+                                                     peer.peer_id, nullptr, version));
+    }
+    auto link = std::make_shared<TcpLink>(cfg_, peer.peer_id, version, streams);
+    link->WireStreams();
+    for (const auto& conn : streams) {
+      conn->loop()->RunInLoop([conn] {
         Status a = conn->Attach();
         if (!a.ok()) conn->CloseAsync(a);
       });
-      streams.push_back(std::move(conn));
     }
-    return std::shared_ptr<PeerLink>(std::make_shared<TcpLink>(cfg_, peer.peer_id, version, std::move(streams)));
+    return std::shared_ptr<PeerLink>(std::move(link));
   }
 
   void Shutdown() override {

@@ -18,6 +18,9 @@ struct TcpTransportConfig {
   uint32_t slice_size = 1u << 20;
   uint32_t max_frame_bytes = 1u << 20;
   uint32_t max_frame_entries = 512;
+  // Bytes a stream may have unanswered before the link holds further write
+  // frames back for whichever stream has room first (see TcpLink).
+  uint64_t stream_window = 2u << 20;
   std::chrono::microseconds spin{50};
   std::string local_peer_id;  // "host:port" of this engine, sent in stream hellos
   uint64_t local_instance = 0;
