@@ -36,10 +36,10 @@ case "$CASE" in
     check_json "d['version'] != '' and 'tcp' in d['transports']" "$FERRY" info --json ;;
   info_environment)
     # The one environment reader: FERRY_* variables reach the effective settings.
-    check_json "d['options']['spin_us'] == 77 and d['options']['wait_spin_us'] == 123 and d['options']['tcp_streams'] == 3 and d['options']['io_threads'] == 1" \
-      env FERRY_SPIN_US=77 FERRY_WAIT_SPIN_US=123 FERRY_TCP_STREAMS=3 FERRY_IO_THREADS=1 "$FERRY" info --json
-    check_json "d['options']['wait_spin_us'] == 200 and d['options']['spin_us'] == 50" \
-      env -u FERRY_SPIN_US -u FERRY_WAIT_SPIN_US "$FERRY" info --json ;;
+    check_json "d['options']['spin_us'] == 77 and d['options']['wait_spin_us'] == 123 and d['options']['tcp_streams'] == 3 and d['options']['io_threads'] == 1 and d['options']['tcp_send_buffer'] == 0" \
+      env FERRY_SPIN_US=77 FERRY_WAIT_SPIN_US=123 FERRY_TCP_STREAMS=3 FERRY_IO_THREADS=1 FERRY_TCP_SEND_BUFFER=0 "$FERRY" info --json
+    check_json "d['options']['wait_spin_us'] == 200 and d['options']['spin_us'] == 50 and d['options']['tcp_send_buffer'] == 524288" \
+      env -u FERRY_SPIN_US -u FERRY_WAIT_SPIN_US -u FERRY_TCP_SEND_BUFFER "$FERRY" info --json ;;
   help)
     expect_status 0 "$FERRY" --help
     expect_status 0 "$FERRY" bench --help

@@ -443,6 +443,7 @@ PYBIND11_MODULE(_ferry, m) {
       .def_readwrite("slice_size", &ferry::EngineOptions::slice_size)
       .def_readwrite("max_frame_bytes", &ferry::EngineOptions::max_frame_bytes)
       .def_readwrite("max_frame_entries", &ferry::EngineOptions::max_frame_entries)
+      .def_readwrite("tcp_send_buffer", &ferry::EngineOptions::tcp_send_buffer)
       .def_property(
           "spin", [](const ferry::EngineOptions& o) { return Seconds(o.spin); },
           [](ferry::EngineOptions& o, double s) {

@@ -48,10 +48,12 @@ def test_version_capabilities_and_identity(engine):
 
 
 def test_options_are_passed_and_unknown_ones_rejected():
-    with ferry.Engine(transfer_timeout=7.5, tcp_streams=3, local_name="me", wait_spin=0.0005) as e:
+    with ferry.Engine(transfer_timeout=7.5, tcp_streams=3, local_name="me", wait_spin=0.0005,
+                      tcp_send_buffer=1 << 20) as e:
         assert e.options["transfer_timeout"] == 7.5
         assert e.options["tcp_streams"] == 3
         assert e.options["wait_spin"] == pytest.approx(0.0005)
+        assert e.options["tcp_send_buffer"] == 1 << 20
         assert e.local_name == "me"
     with pytest.raises(TypeError, match="unknown option"):
         ferry.Engine(no_such_option=1)

@@ -37,6 +37,7 @@ Environment Parse() {
   if (auto x = ParseLong("FERRY_IO_THREADS", 0, 64)) env.io_threads = static_cast<int>(*x);
   if (auto x = ParseLong("FERRY_SPIN_US", 0, 1000000)) env.spin_us = *x;
   if (auto x = ParseLong("FERRY_WAIT_SPIN_US", 0, 1000000)) env.wait_spin_us = *x;
+  if (auto x = ParseLong("FERRY_TCP_SEND_BUFFER", 0, 256l << 20)) env.tcp_send_buffer = *x;
   if (auto x = ParseLong("FERRY_TRANSFER_TIMEOUT_MS", 1, 86400000)) env.transfer_timeout_ms = *x;
   if (const char* v = std::getenv("FERRY_TRANSPORT"); v != nullptr && *v != '\0') {
     env.transport = v;
@@ -62,6 +63,7 @@ EngineOptions EngineOptions::WithEnvironment() const {
   if (env.io_threads) o.io_threads = *env.io_threads;
   if (env.spin_us) o.spin = std::chrono::microseconds(*env.spin_us);
   if (env.wait_spin_us) o.wait_spin = std::chrono::microseconds(*env.wait_spin_us);
+  if (env.tcp_send_buffer) o.tcp_send_buffer = static_cast<uint32_t>(*env.tcp_send_buffer);
   if (env.transfer_timeout_ms) o.transfer_timeout = std::chrono::milliseconds(*env.transfer_timeout_ms);
   if (env.transport) o.transport = *env.transport;
   return o;

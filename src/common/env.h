@@ -15,6 +15,7 @@ struct Environment {
   std::optional<int> io_threads;            // FERRY_IO_THREADS
   std::optional<long> spin_us;              // FERRY_SPIN_US
   std::optional<long> wait_spin_us;         // FERRY_WAIT_SPIN_US
+  std::optional<long> tcp_send_buffer;      // FERRY_TCP_SEND_BUFFER
   std::optional<long> transfer_timeout_ms;  // FERRY_TRANSFER_TIMEOUT_MS
   std::optional<std::string> transport;     // FERRY_TRANSPORT=auto|tcp|local
 };

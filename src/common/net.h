@@ -62,7 +62,7 @@ Status RecvAll(int fd, void* data, size_t len, Clock::time_point deadline);
 
 Status SetNonBlocking(int fd, bool on);
 void SetNoDelay(int fd);
-void SetSocketBuffers(int fd, int bytes);
+void SetSendBuffer(int fd, int bytes);
 
 // strerror for errno values, thread-safe.
 std::string ErrnoString(int err);

@@ -32,12 +32,13 @@ struct TcpTuning {
   uint32_t max_frame_bytes;
   uint32_t max_frame_entries;
   std::chrono::microseconds spin;
+  uint32_t send_buffer = 512u << 10;  // tcp_send_buffer
 };
 
 const TcpTuning kTunings[] = {
-    {"one_stream_tiny_frames", 1, 1, 4096, 4096, 1, 0us},
+    {"one_stream_tiny_frames", 1, 1, 4096, 4096, 1, 0us, 64u << 10},
     {"four_streams_one_loop", 4, 1, 65536, 1u << 20, 512, 50us},
-    {"three_streams_odd_sizes", 3, 0, 8191, 10007, 7, 0us},
+    {"three_streams_odd_sizes", 3, 0, 8191, 10007, 7, 0us, 0},
     {"eight_streams_big_slices", 8, 4, 4u << 20, 4u << 20, 1024, 200us},
 };
 
@@ -54,6 +55,7 @@ class TcpTuningTest : public ::testing::TestWithParam<TcpTuning>, public EngineP
     o.max_frame_bytes = t.max_frame_bytes;
     o.max_frame_entries = t.max_frame_entries;
     o.spin = t.spin;
+    o.tcp_send_buffer = t.send_buffer;
     // Both sides tuned the same; the target's settings matter for its replies.
     ASSERT_NO_FATAL_FAILURE(Start(o, o));
   }
@@ -152,6 +154,23 @@ TEST(TcpIpv6Test, WriteAndReadOverLoopbackV6) {
   EXPECT_EQ(DescribePatternMismatch(remote, kSize, 61, 0), "");
   ASSERT_OK(pair.initiator().TransferSync({Opcode::kRead, back, pair.segment(), raddr, kSize}));
   EXPECT_EQ(DescribePatternMismatch(back, kSize, 61, 0), "");
+}
+
+TEST(EngineCreateTest, OutOfRangeTcpSendBufferIsInvalidArgument) {
+  for (uint32_t bad : {1u, (64u << 10) - 1, (256u << 20) + 1}) {
+    EngineOptions o = ConformanceOptions("tcp");
+    o.tcp_send_buffer = bad;
+    auto e = Engine::Create(o);
+    EXPECT_THAT(GetStatus(e), StatusIs(StatusCode::kInvalidArgument)) << bad;
+    if (!e.ok()) {
+      EXPECT_NE(e.status().message().find("tcp_send_buffer"), std::string::npos) << e.status();
+    }
+  }
+  for (uint32_t good : {0u, 64u << 10, 256u << 20}) {
+    EngineOptions o = ConformanceOptions("tcp");
+    o.tcp_send_buffer = good;
+    EXPECT_THAT(GetStatus(Engine::Create(o)), IsOk()) << good;
+  }
 }
 
 TEST(EngineCreateTest, PortInUseFails) {

@@ -89,6 +89,7 @@ int InfoMain(const std::vector<std::string>& args) {
     j.Field("slice_size", static_cast<uint64_t>(o.slice_size));
     j.Field("max_frame_bytes", static_cast<uint64_t>(o.max_frame_bytes));
     j.Field("max_frame_entries", static_cast<uint64_t>(o.max_frame_entries));
+    j.Field("tcp_send_buffer", static_cast<uint64_t>(o.tcp_send_buffer));
     j.Field("spin_us", static_cast<uint64_t>(o.spin.count()));
     j.Field("wait_spin_us", static_cast<uint64_t>(o.wait_spin.count()));
     j.EndObject();
@@ -126,6 +127,8 @@ int InfoMain(const std::vector<std::string>& args) {
             << "  slice_size          " << o.slice_size << " B\n"
             << "  max_frame_bytes     " << o.max_frame_bytes << " B\n"
             << "  max_frame_entries   " << o.max_frame_entries << "\n"
+            << "  tcp_send_buffer     " << o.tcp_send_buffer << " B"
+            << (o.tcp_send_buffer == 0 ? " (kernel autotuning)" : "") << "\n"
             << "  spin                " << o.spin.count() << " µs\n"
             << "  wait_spin           " << o.wait_spin.count() << " µs\n"
             << "\nlimits:\n"

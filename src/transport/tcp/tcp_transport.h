@@ -21,6 +21,9 @@ struct TcpTransportConfig {
   // Bytes a stream may have unanswered before the link holds further write
   // frames back for whichever stream has room first (see TcpLink).
   uint64_t stream_window = 2u << 20;
+  // SO_SNDBUF of accepted connections (they carry read replies); 0: the
+  // kernel's autotuning. See EngineOptions::tcp_send_buffer.
+  uint32_t served_send_buffer = 0;
   std::chrono::microseconds spin{50};
   std::string local_peer_id;  // "host:port" of this engine, sent in stream hellos
   uint64_t local_instance = 0;
