@@ -33,7 +33,8 @@ void BatchState::Completer::Complete(size_t index, uint32_t slices, const Status
     if (!r.failed.load(std::memory_order_relaxed)) {
       batch_.errors_.emplace(index, status);
       r.failed.store(true, std::memory_order_release);
-      if (batch_.first_error_.ok()) batch_.first_error_ = status.WithPrefix("request " + std::to_string(index));
+      if (batch_.first_error_.ok())
+        batch_.first_error_ = status.WithPrefix("request " + std::to_string(index));
     }
   }
   // When every slice still outstanding is one of these, no other thread

@@ -149,7 +149,8 @@ TEST(Batch, CompleterPublishesCountersOnce) {
     EXPECT_EQ(s.first_error.message(), "request 2: peer gone");
     done.Complete(3, 1, OkStatus());
     done.Complete(1, 1, OkStatus());  // the last slice, on the plain-store path
-  }  // publishes again on scope exit
+    // Leaving the scope publishes again.
+  }
   auto s = b.Summary();
   EXPECT_EQ(s.state, TransferState::kFailed);
   EXPECT_EQ(s.completed, 3u);
@@ -184,7 +185,8 @@ TEST(Batch, ConcurrentCompletersCountExactly) {
   EXPECT_EQ(s.failed, bad);
   EXPECT_EQ(s.completed, kRequests - bad);
   for (int i = 0; i < kRequests; ++i) {
-    EXPECT_EQ(b.Get(i).state, i % 97 == 0 ? TransferState::kFailed : TransferState::kCompleted) << i;
+    EXPECT_EQ(b.Get(i).state, i % 97 == 0 ? TransferState::kFailed : TransferState::kCompleted)
+        << i;
   }
 }
 

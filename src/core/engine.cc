@@ -251,8 +251,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   }
   if (options.tcp_send_buffer != 0 &&
       (options.tcp_send_buffer < (64u << 10) || options.tcp_send_buffer > (256u << 20))) {
-    return InvalidArgumentError("tcp_send_buffer must be 0 (kernel autotuning) or in [64 KiB, 256 MiB], got " +
-                                std::to_string(options.tcp_send_buffer));
+    return InvalidArgumentError(
+        "tcp_send_buffer must be 0 (kernel autotuning) or in [64 KiB, 256 MiB], got " +
+        std::to_string(options.tcp_send_buffer));
   }
   if (options.max_frame_entries < 1 || options.max_frame_entries > 1024) {
     return InvalidArgumentError("max_frame_entries must be in [1, 1024], got " +
@@ -505,7 +506,7 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
       for (uint64_t off = 0; off < r.length; off += max_slice) {
         uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(max_slice, r.length - off));
         out->push_back({r.opcode, static_cast<char*>(r.local) + off, r.remote_addr + off, len,
-                       static_cast<uint32_t>(base + i)});
+                        static_cast<uint32_t>(base + i)});
       }
     }
     for (auto& [seg, slices] : per_peer) {

@@ -42,7 +42,8 @@ void RadixByDestination(Slice* group, size_t n) {
   for (int shift = std::countr_zero(any_bits); shift < span_bits; shift += kBits) {
     std::array<uint32_t, kBuckets> count{};
     for (const Key& k : keys) ++count[(k.first >> shift) & (kBuckets - 1)];
-    if (count[(keys[0].first >> shift) & (kBuckets - 1)] == n) continue;  // one bucket: nothing moves
+    if (count[(keys[0].first >> shift) & (kBuckets - 1)] == n)
+      continue;  // one bucket: nothing moves
     uint32_t sum = 0;
     for (uint32_t& c : count) sum += std::exchange(c, sum);
     for (const Key& k : keys) spare[count[(k.first >> shift) & (kBuckets - 1)]++] = k;

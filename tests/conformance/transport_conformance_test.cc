@@ -802,9 +802,11 @@ TEST_P(TransportConformanceTest, CloseSegmentLetsSubmittedTransfersFinish) {
   EXPECT_EQ(bs.completed, reqs.size());
   EXPECT_OK(initiator().FreeBatch(batch));
   EXPECT_EQ(DescribePatternMismatch(remote, kWrites * kBlock, 95, 0), "") << "writes landed";
-  EXPECT_EQ(DescribePatternMismatch(remote + kWrites * kBlock, kReads * kBlock, 96, kWrites * kBlock), "")
+  EXPECT_EQ(
+      DescribePatternMismatch(remote + kWrites * kBlock, kReads * kBlock, 96, kWrites * kBlock), "")
       << "read ranges untouched on the target";
-  EXPECT_EQ(DescribePatternMismatch(local + kWrites * kBlock, kReads * kBlock, 96, kWrites * kBlock), "")
+  EXPECT_EQ(
+      DescribePatternMismatch(local + kWrites * kBlock, kReads * kBlock, 96, kWrites * kBlock), "")
       << "reads landed";
   EXPECT_THAT(initiator().TransferSync(reqs[0]), StatusIs(StatusCode::kInvalidArgument));
 }

@@ -489,7 +489,8 @@ TEST_F(MultiProcessTest, HungPeerWithABacklogEndsAtTheDeadline) {
   unsigned char* local = Alloc(kSize);
   ASSERT_NE(local, nullptr);
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(hung->peer_id()));
-  ASSERT_OK(engine().TransferSync(TransferRequest{Opcode::kRead, local, seg, hung->buffer_addr(), 4096}));
+  ASSERT_OK(
+      engine().TransferSync(TransferRequest{Opcode::kRead, local, seg, hung->buffer_addr(), 4096}));
 
   const std::vector<TransferRequest> reqs = MiBWrites(local, seg, *hung, 24, 533);
   ASSERT_TRUE(hung->Freeze());
@@ -515,7 +516,8 @@ TEST_F(MultiProcessTest, HungPeerWithABacklogEndsAtTheDeadline) {
   hung->Signal(SIGCONT);
   EXPECT_EQ(hung->Call("PING"), "PONG");
   FillPattern(local, 4096, 535, 0);
-  EXPECT_OK(engine().TransferSync(TransferRequest{Opcode::kWrite, local, seg, hung->buffer_addr(), 4096}));
+  EXPECT_OK(engine().TransferSync(
+      TransferRequest{Opcode::kWrite, local, seg, hung->buffer_addr(), 4096}));
   EXPECT_EQ(hung->Call(Checked(535, 0, 4096)), "OK");
 }
 

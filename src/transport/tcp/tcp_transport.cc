@@ -22,9 +22,12 @@ using tcp::Connection;
 // Accepts connections on the rpc port and hands each to a loop.
 class Listener : public EventLoop::Handler {
  public:
-  Listener(UniqueFd fd, std::vector<EventLoop*> loops, std::shared_ptr<const tcp::ServerContext> server,
-           uint32_t send_buffer)
-      : fd_(std::move(fd)), loops_(std::move(loops)), server_(std::move(server)), send_buffer_(send_buffer) {}
+  Listener(UniqueFd fd, std::vector<EventLoop*> loops,
+           std::shared_ptr<const tcp::ServerContext> server, uint32_t send_buffer)
+      : fd_(std::move(fd)),
+        loops_(std::move(loops)),
+        server_(std::move(server)),
+        send_buffer_(send_buffer) {}
 
   int fd() const { return fd_.get(); }
 
@@ -78,7 +81,9 @@ class TcpLink : public PeerLink, public std::enable_shared_from_this<TcpLink> {
       : max_frame_bytes_(cfg.max_frame_bytes),
         max_frame_entries_(cfg.max_frame_entries),
         stream_window_(cfg.stream_window),
-        peer_id_(std::move(peer_id)), version_(version), streams_(std::move(streams)),
+        peer_id_(std::move(peer_id)),
+        version_(version),
+        streams_(std::move(streams)),
         tracker_(std::make_shared<tcp::WriteTracker>()) {}
 
   ~TcpLink() override { Retire(); }
@@ -195,7 +200,8 @@ class TcpLink : public PeerLink, public std::enable_shared_from_this<TcpLink> {
           // Every stream is full: the next answer feeds again. A broken
           // stream (all are) takes the frame and fails it at once.
           const tcp::Request& next = backlog_.front();
-          if (!ignore_window && Windowed(next) && !to->Broken() && q != 0 && q + next.bytes > stream_window_) {
+          if (!ignore_window && Windowed(next) && !to->Broken() && q != 0 &&
+              q + next.bytes > stream_window_) {
             return;
           }
         }
@@ -203,8 +209,9 @@ class TcpLink : public PeerLink, public std::enable_shared_from_this<TcpLink> {
         backlog_.pop_front();
       }
       if (late) {
-        tcp::FailRequest(r, DeadlineExceededError("no stream to peer " + peer_id_ +
-                                                  " had room for the request before the transfer deadline"));
+        tcp::FailRequest(
+            r, DeadlineExceededError("no stream to peer " + peer_id_ +
+                                     " had room for the request before the transfer deadline"));
       } else {
         to->Send(std::move(r));
       }
@@ -262,7 +269,8 @@ class TcpTransportImpl : public Transport {
       FERRY_RETURN_IF_ERROR(loops_.back()->Start());
       raw.push_back(loops_.back().get());
     }
-    auto listener = std::make_shared<Listener>(std::move(cfg_.listener), raw, server_, cfg_.served_send_buffer);
+    auto listener =
+        std::make_shared<Listener>(std::move(cfg_.listener), raw, server_, cfg_.served_send_buffer);
     EventLoop* l0 = loops_[0].get();
     l0->RunInLoop([l0, listener] {
       Status s = l0->Add(listener->fd(), EPOLLIN, listener);
@@ -304,8 +312,8 @@ class TcpTransportImpl : public Transport {
       if (!remote.ok()) return ctx(remote);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd.get(), true));
       EventLoop* loop = loops_[static_cast<size_t>(i) % loops_.size()].get();
-      streams.push_back(std::make_shared<Connection>(loop, std::move(fd), Connection::Role::kInitiator,
-                                                     peer.peer_id, nullptr, version));
+      streams.push_back(std::make_shared<Connection>(
+          loop, std::move(fd), Connection::Role::kInitiator, peer.peer_id, nullptr, version));
     }
     auto link = std::make_shared<TcpLink>(cfg_, peer.peer_id, version, streams);
     link->WireStreams();
