@@ -487,7 +487,8 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   batch->BeginRange(base, requests.size(), [&](size_t index) {
     const size_t i = index - base;
     const uint32_t max_slice = max_slice_of(segs[i]);
-    return static_cast<uint32_t>((requests[i].length + max_slice - 1) / max_slice);
+    const uint64_t length = requests[i].length;
+    return length <= max_slice ? 1u : static_cast<uint32_t>((length + max_slice - 1) / max_slice);
   });
   const Clock::time_point deadline = Clock::now() + impl_->options.transfer_timeout;
   std::map<Segment*, std::vector<internal::Slice>> per_peer;
