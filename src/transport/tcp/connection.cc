@@ -92,6 +92,17 @@ Status Connection::Attach() {
   return loop_->Add(fd_.get(), EPOLLIN | EPOLLRDHUP, shared_from_this());
 }
 
+void AppendRange(std::vector<iovec>* iov, void* addr, size_t length) {
+  if (!iov->empty()) {
+    iovec& last = iov->back();
+    if (static_cast<char*>(last.iov_base) + last.iov_len == addr) {
+      last.iov_len += length;
+      return;
+    }
+  }
+  iov->push_back({addr, length});
+}
+
 void FailRequest(Request& r, const Status& why) {
   if (r.batch) {
     BatchState::Completer done(*r.batch);
@@ -547,6 +558,15 @@ Status Connection::ServeHello() {
   return OkStatus();
 }
 
+void Connection::AddDestination(char* addr, size_t length) {
+  // Never extends a discard range (scratch_ is reused by each of them).
+  if (!recv_iov_.empty() && recv_iov_.back().iov_base == scratch_.get()) {
+    recv_iov_.push_back({addr, length});
+  } else {
+    AppendRange(&recv_iov_, addr, length);
+  }
+}
+
 void Connection::AddDiscard(size_t length) {
   if (!scratch_) scratch_ = std::make_unique<char[]>(kScratchSize);
   while (length > 0) {
@@ -599,7 +619,7 @@ Status Connection::ServeWrite() {
       AddDiscard(e.length);  // drain the bytes; nothing is written
       continue;
     }
-    recv_iov_.push_back({reinterpret_cast<void*>(e.addr), e.length});
+    AddDestination(reinterpret_cast<char*>(e.addr), e.length);
   }
   return EnterPayload();
 }
@@ -613,7 +633,7 @@ Status Connection::ServeRead() {
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
     if (!PinEntry(e, i, &last, &pins, &rep.failures).ok()) continue;
-    payload.push_back({reinterpret_cast<void*>(e.addr), e.length});
+    AppendRange(&payload, reinterpret_cast<void*>(e.addr), e.length);
   }
   std::string body;
   wire::EncodeReply(rep, &body);
@@ -662,7 +682,7 @@ Status Connection::OnReply() {
   uint64_t expect = 0;
   for (size_t i = 0; i < req.slices.size(); ++i) {
     if (failed[i]) continue;
-    recv_iov_.push_back({req.slices[i].local, req.slices[i].length});
+    AddDestination(req.slices[i].local, req.slices[i].length);
     expect += req.slices[i].length;
   }
   if (expect != header_.payload_len) {

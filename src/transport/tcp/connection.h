@@ -102,6 +102,11 @@ struct Request {
 // `why`.
 void FailRequest(Request& r, const Status& why);
 
+// Appends [addr, addr + length) to `iov`, extending the last iovec when the
+// range continues it: entries in address order are often adjacent (whole
+// pages of a buffer), and fewer iovecs are less for the kernel to walk.
+void AppendRange(std::vector<iovec>* iov, void* addr, size_t length);
+
 class Connection : public EventLoop::Handler, public std::enable_shared_from_this<Connection> {
  public:
   enum class Role { kInitiator, kAccepted, kTarget };
@@ -179,6 +184,8 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   void QueueReply(wire::FrameType type, uint64_t seq, std::string body,
                   std::vector<iovec> payload = {}, std::vector<RegionPin> pins = {});
   void AddDiscard(size_t length);
+  // Appends a payload destination to recv_iov_ (AppendRange).
+  void AddDestination(char* addr, size_t length);
   // Pins the region holding entry `e` unless *last already covers it; on
   // failure records it in `failures` (naming the range) and returns it.
   Status PinEntry(const wire::Entry& e, uint32_t index, const Region** last,

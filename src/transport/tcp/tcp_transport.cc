@@ -131,7 +131,7 @@ class TcpLink : public PeerLink, public std::enable_shared_from_this<TcpLink> {
       if (op == Opcode::kWrite) {
         h.payload_len = static_cast<uint32_t>(bytes);
         r.payload.reserve(j - i);
-        for (size_t k = i; k < j; ++k) r.payload.push_back({slices[k].local, slices[k].length});
+        for (size_t k = i; k < j; ++k) tcp::AppendRange(&r.payload, slices[k].local, slices[k].length);
         r.tracker = tracker_;
         r.ticket = tracker_->Issue();
       }
