@@ -460,17 +460,27 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
     segs[i] = seg->second.get();
   }
   // 2. Make sure every peer is reachable (connects lazily).
-  std::map<Segment*, std::pair<std::shared_ptr<internal::PeerLink>, uint32_t>> links;
+  struct PeerPost {
+    std::shared_ptr<internal::PeerLink> link;
+    uint32_t max_slice = 0;
+    std::vector<internal::Slice> slices;  // of the chunk being prepared
+  };
+  std::map<Segment*, PeerPost> peers;
   for (auto& [h, seg] : distinct) {
     auto link = impl_->EnsureLink(*seg);
     if (!link.ok()) return link.status().WithPrefix("peer " + seg->name);
-    uint32_t max_slice;
-    {
-      std::lock_guard<std::mutex> lock(seg->mu);
-      max_slice = seg->transport->MaxSlice();
-    }
-    links[seg.get()] = {*link, max_slice};
+    PeerPost& p = peers[seg.get()];
+    p.link = *link;
+    std::lock_guard<std::mutex> lock(seg->mu);
+    p.max_slice = seg->transport->MaxSlice();
   }
+  // Requests mostly share one peer: one map lookup per run of them.
+  Segment* cached_seg = nullptr;
+  PeerPost* cached = nullptr;
+  auto peer_of = [&](Segment* seg) -> PeerPost& {
+    if (seg != cached_seg) cached_seg = seg, cached = &peers[seg];
+    return *cached;
+  };
   // 3. Reserve, then slice, order and post chunk by chunk: the transport
   // starts sending the first chunk while the next ones are prepared (for
   // 262,144 requests, preparing them all first left the streams idle for
@@ -478,43 +488,30 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   FERRY_ASSIGN_OR_RETURN(size_t base, batch->Reserve(requests.size()));
   // Every request is pending before the first slice moves, so no observer
   // sees the batch idle between chunks.
-  Segment* cached = nullptr;  // requests mostly share one peer: one map lookup per run of them
-  uint32_t cached_max_slice = 0;
-  auto max_slice_of = [&](Segment* seg) {
-    if (seg != cached) cached = seg, cached_max_slice = links[seg].second;
-    return cached_max_slice;
-  };
   batch->BeginRange(base, requests.size(), [&](size_t index) {
     const size_t i = index - base;
-    const uint32_t max_slice = max_slice_of(segs[i]);
+    const uint32_t max_slice = peer_of(segs[i]).max_slice;
     const uint64_t length = requests[i].length;
     return length <= max_slice ? 1u : static_cast<uint32_t>((length + max_slice - 1) / max_slice);
   });
   const Clock::time_point deadline = Clock::now() + impl_->options.transfer_timeout;
-  std::map<Segment*, std::vector<internal::Slice>> per_peer;
-  Segment* out_seg = nullptr;
-  std::vector<internal::Slice>* out = nullptr;  // per_peer[out_seg]
   for (size_t begin = 0; begin < requests.size(); begin += kPostChunk) {
     const size_t end = std::min(requests.size(), begin + kPostChunk);
     for (size_t i = begin; i < end; ++i) {
       const TransferRequest& r = requests[i];
-      const uint32_t max_slice = max_slice_of(segs[i]);
-      if (segs[i] != out_seg) {
-        out_seg = segs[i];
-        out = &per_peer[out_seg];
-        if (out->capacity() == 0) out->reserve(end - i);  // emptied by the last chunk's Post
-      }
-      for (uint64_t off = 0; off < r.length; off += max_slice) {
-        uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(max_slice, r.length - off));
-        out->push_back({r.opcode, static_cast<char*>(r.local) + off, r.remote_addr + off, len,
-                        static_cast<uint32_t>(base + i)});
+      PeerPost& p = peer_of(segs[i]);
+      if (p.slices.capacity() == 0) p.slices.reserve(end - i);  // emptied by the last chunk's Post
+      for (uint64_t off = 0; off < r.length; off += p.max_slice) {
+        uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(p.max_slice, r.length - off));
+        p.slices.push_back({r.opcode, static_cast<char*>(r.local) + off, r.remote_addr + off, len,
+                            static_cast<uint32_t>(base + i)});
       }
     }
-    for (auto& [seg, slices] : per_peer) {
-      if (slices.empty()) continue;
-      internal::OrderForSending(slices);
-      links[seg].first->Post(batch, std::move(slices), deadline);
-      slices.clear();  // moved-from: empty and ready for the next chunk
+    for (auto& [seg, p] : peers) {
+      if (p.slices.empty()) continue;
+      internal::OrderForSending(p.slices);
+      p.link->Post(batch, std::move(p.slices), deadline);
+      p.slices.clear();  // moved-from: empty and ready for the next chunk
     }
   }
   return OkStatus();
