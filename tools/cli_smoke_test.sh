@@ -54,12 +54,18 @@ case "$CASE" in
     expect_status 2 "$FERRY" bench --workload kv:gpt-9
     expect_status 2 "$FERRY" bench --threads 0 ;;
   shm)
-    expect_status 2 "$FERRY" bench --transport shm ;;
+    # Forced shm, reads and writes in one batch, every byte checked.
+    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['transport'] == 'shm'" \
+      "$FERRY" bench --transport shm --operation mixed --block-size 64K --batch-size 16 --duration 0.5 --json --verify --no-baseline ;;
   metadata_server)
     expect_status 1 "$FERRY" metadata-server ;;
   bench_write_verify)
-    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['bytes'] > 0 and d['transport'] == 'tcp'" \
+    # The default run: auto picks shm for the target process it starts.
+    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['bytes'] > 0 and d['transport'] == 'shm'" \
       "$FERRY" bench --duration 0.5 --json --verify --no-baseline ;;
+  bench_tcp_verify)
+    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['transport'] == 'tcp'" \
+      "$FERRY" bench --transport tcp --operation mixed --workload kv:llama3-8b:tokens=256:page=1 --duration 0.5 --json --verify --no-baseline ;;
   bench_read_verify)
     check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0" \
       "$FERRY" bench --operation read --block-size 64K --batch-size 16 --threads 2 --duration 0.5 --json --verify --no-baseline ;;

@@ -22,9 +22,11 @@ struct EngineOptions {
   // on the rpc port. Other services come later.
   std::string metadata = "P2PHANDSHAKE";
 
-  // "auto" picks by locality and capability (local within a process, else
-  // tcp); "tcp" or "local" forces one (opening a segment fails if the forced
-  // transport cannot reach the peer).
+  // "auto" picks by locality and capability: local within a process, shm
+  // for another process on this host (falling back to tcp if it cannot
+  // connect, e.g. without ptrace access to the peer), else tcp. "local",
+  // "shm" or "tcp" forces one (opening a segment fails, with the reason, if
+  // the forced transport cannot reach the peer).
   std::string transport = "auto";
 
   // Connect + handshake with a peer.
@@ -34,7 +36,7 @@ struct EngineOptions {
   // How long an accepted connection may take to say hello.
   std::chrono::milliseconds handshake_timeout{5000};
 
-  // TCP: parallel connections (streams) per peer, 1..64.
+  // TCP and shm: parallel connections (streams) per peer, 1..64.
   int tcp_streams = 2;
   // TCP: event-loop threads, 0..64 (0 = one per stream, at most 4).
   int io_threads = 0;
@@ -65,6 +67,9 @@ struct EngineOptions {
   struct Testing {
     uint16_t wire_version_min = 0;
     uint16_t wire_version_max = 0;
+    // Refuse peers' same-host (shm) streams as if their memory could not be
+    // reached, so they fall back to tcp.
+    bool refuse_same_host_copy = false;
   } testing;
 
   // Overlays FERRY_* environment variables (see docs/architecture.md) onto

@@ -7,9 +7,13 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
+#include <cstdio>
 #include <charconv>
 #include <cstring>
 
@@ -223,6 +227,65 @@ Status RecvAll(int fd, void* data, size_t len, Clock::time_point deadline) {
     len -= static_cast<size_t>(r);
   }
   return OkStatus();
+}
+
+namespace {
+socklen_t AbstractAddress(const std::string& name, sockaddr_un* addr) {
+  *addr = sockaddr_un{};
+  addr->sun_family = AF_UNIX;
+  const size_t n = std::min(name.size(), sizeof(addr->sun_path) - 1);
+  std::memcpy(addr->sun_path + 1, name.data(), n);  // sun_path[0] = 0: abstract
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
+}  // namespace
+
+StatusOr<UniqueFd> ListenUnix(const std::string& name) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return UnavailableError("cannot create a unix socket: " + ErrnoString(errno));
+  sockaddr_un addr;
+  socklen_t len = AbstractAddress(name, &addr);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd.get(), 1024) != 0) {
+    return UnavailableError("cannot listen on unix socket @" + name + ": " + ErrnoString(errno));
+  }
+  return fd;
+}
+
+StatusOr<UniqueFd> ConnectUnix(const std::string& name, Clock::time_point deadline) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return UnavailableError("cannot create a unix socket: " + ErrnoString(errno));
+  sockaddr_un addr;
+  socklen_t len = AbstractAddress(name, &addr);
+  while (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN) {  // EAGAIN: the listener's backlog is full; wait for room
+      return UnavailableError("cannot connect to unix socket @" + name + ": " + ErrnoString(errno));
+    }
+    if (Clock::now() >= deadline) return DeadlineExceededError("connecting to unix socket @" + name + " timed out");
+    ::usleep(1000);
+  }
+  FERRY_RETURN_IF_ERROR(SetNonBlocking(fd.get(), false));
+  return fd;
+}
+
+int PeerPid(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return 0;
+  return cred.pid;
+}
+
+const std::string& BootId() {
+  static const std::string id = [] {
+    std::string s;
+    if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "re")) {
+      char buf[64] = {0};
+      if (std::fgets(buf, sizeof(buf), f) != nullptr) s = buf;
+      std::fclose(f);
+    }
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+  }();
+  return id;
 }
 
 }  // namespace ferry::internal

@@ -64,6 +64,20 @@ Status SetNonBlocking(int fd, bool on);
 void SetNoDelay(int fd);
 void SetSendBuffer(int fd, int bytes);
 
+// Unix-domain stream sockets in the abstract namespace (`name` without the
+// leading NUL): visible to every process of this network namespace, gone
+// with the socket. ListenUnix: non-blocking, like Listen.
+StatusOr<UniqueFd> ListenUnix(const std::string& name);
+// Connects with a deadline; the returned socket is blocking. kUnavailable
+// when nothing listens under `name` here (another host or network namespace).
+StatusOr<UniqueFd> ConnectUnix(const std::string& name, Clock::time_point deadline);
+// The process at the other end of a connected Unix socket (SO_PEERCRED), as
+// seen from this process's pid namespace; 0 if it is not visible here.
+int PeerPid(int fd);
+// This kernel's boot id (/proc/sys/kernel/random/boot_id): equal for all
+// processes of one host (and boot), different on any other. Empty if unknown.
+const std::string& BootId();
+
 // strerror for errno values, thread-safe.
 std::string ErrnoString(int err);
 

@@ -23,6 +23,7 @@
 #include "ferry/version.h"
 #include "metadata/metadata.h"
 #include "transport/local/local_transport.h"
+#include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace ferry {
@@ -69,6 +70,9 @@ struct Segment {
   uint16_t wire_version = 0;    // guarded by mu
   Transport* transport = nullptr;  // guarded by mu
   std::shared_ptr<PeerLink> link;  // guarded by mu
+  // Transports `auto` found unable to connect to this peer while another one
+  // could (e.g. shm without ptrace access); skipped from then on. Guarded by mu.
+  std::vector<Transport*> unusable;
 };
 
 }  // namespace
@@ -148,6 +152,24 @@ class Engine::Impl {
 
   Clock::time_point ConnectDeadline() const { return Clock::now() + options.connect_timeout; }
 
+  // The first transport (by preference) that `options.transport` allows, that
+  // can reach `desc`, that is not unusable for this segment and comes after
+  // `after` (nullptr: from the start). REQUIRES: seg.mu held.
+  internal::Transport* PickTransport(const Segment& seg, const wire::PeerDescriptor& desc,
+                                     internal::Transport* after) const {
+    bool past = after == nullptr;
+    for (const auto& t : transports) {
+      if (!past) {
+        past = t.get() == after;
+        continue;
+      }
+      if (options.transport != "auto" && t->Name() != options.transport) continue;
+      if (std::find(seg.unusable.begin(), seg.unusable.end(), t.get()) != seg.unusable.end()) continue;
+      if (t->CanReach(desc)) return t.get();
+    }
+    return nullptr;
+  }
+
   // Handshakes with the segment's peer and picks the transport.
   // REQUIRES: seg.mu held.
   Status Handshake(Segment& seg) {
@@ -160,14 +182,7 @@ class Engine::Impl {
                                        ") lacks the capability '" + f + "' this engine needs");
       }
     }
-    internal::Transport* chosen = nullptr;
-    for (const auto& t : transports) {
-      if (options.transport != "auto" && t->Name() != options.transport) continue;
-      if (t->CanReach(desc)) {
-        chosen = t.get();
-        break;
-      }
-    }
+    internal::Transport* chosen = PickTransport(seg, desc, nullptr);
     if (chosen == nullptr) {
       std::string offered;
       for (const auto& e : desc.transports) offered += (offered.empty() ? "" : ", ") + e.name;
@@ -205,6 +220,21 @@ class Engine::Impl {
       FERRY_RETURN_IF_ERROR(Handshake(seg));
       link = seg.transport->Connect(seg.desc, seg.wire_version, ConnectDeadline());
     }
+    // auto: a transport that says it can reach the peer may still fail to
+    // connect (shm: another network namespace, no ptrace access). Try the
+    // next one; if that works, skip the first for this segment from now on.
+    for (internal::Transport* next = PickTransport(seg, seg.desc, seg.transport);
+         !link.ok() && options.transport == "auto" && next != nullptr;
+         next = PickTransport(seg, seg.desc, next)) {
+      auto other = next->Connect(seg.desc, seg.wire_version, ConnectDeadline());
+      if (!other.ok()) continue;
+      FERRY_LOG(kWarning, "peer " << seg.name << ": transport " << seg.transport->Name()
+                                  << " cannot be used (" << link.status().message() << "); using "
+                                  << next->Name());
+      seg.unusable.push_back(seg.transport);
+      seg.transport = next;
+      link = std::move(other);
+    }
     if (!link.ok()) return link.status();
     seg.link = *link;
     return seg.link;
@@ -239,8 +269,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   if (options.io_threads < 0 || options.io_threads > 64) {
     return InvalidArgumentError("io_threads must be in [0, 64], got " + std::to_string(options.io_threads));
   }
-  if (options.transport != "auto" && options.transport != "tcp" && options.transport != "local") {
-    return InvalidArgumentError("transport must be auto, tcp or local, got '" + options.transport + "'");
+  if (options.transport != "auto" && options.transport != "tcp" && options.transport != "shm" &&
+      options.transport != "local") {
+    return InvalidArgumentError("transport must be auto, local, shm or tcp, got '" + options.transport + "'");
   }
   if (options.slice_size < 4096 || options.slice_size > wire::kMaxPayload) {
     return InvalidArgumentError("slice_size must be in [4096, 64 MiB], got " + std::to_string(options.slice_size));
@@ -288,11 +319,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   server->hello_timeout = options.handshake_timeout;
   server->wire_min = impl->wire_min;
   server->wire_max = impl->wire_max;
+  server->refuse_copy = options.testing.refuse_same_host_copy;
 
+  FERRY_ASSIGN_OR_RETURN(auto loops, internal::tcp::LoopPool::Start(options.io_threads, options.spin));
   internal::TcpTransportConfig tcfg;
   tcfg.listener = std::move(listener.first);
   tcfg.streams = options.tcp_streams;
-  tcfg.io_threads = options.io_threads;
   tcfg.slice_size = options.slice_size;
   tcfg.max_frame_bytes = options.max_frame_bytes;
   tcfg.max_frame_entries = options.max_frame_entries;
@@ -300,12 +332,28 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   // little slower; four: as slow as no window at all).
   tcfg.stream_window = 2 * uint64_t{options.max_frame_bytes};
   tcfg.served_send_buffer = options.tcp_send_buffer;
-  tcfg.spin = options.spin;
   tcfg.local_peer_id = impl->peer_id;
   tcfg.local_instance = impl->instance_id;
 
+  internal::ShmTransportConfig scfg;
+  scfg.streams = options.tcp_streams;
+  scfg.slice_size = options.slice_size;
+  scfg.max_frame_bytes = options.max_frame_bytes;
+  scfg.max_frame_entries = options.max_frame_entries;
+  scfg.local_peer_id = impl->peer_id;
+  scfg.local_instance = impl->instance_id;
+
+  // By preference: the cheapest that reaches the peer.
   impl->transports.push_back(internal::MakeLocalTransport());
-  FERRY_ASSIGN_OR_RETURN(auto tcp, internal::MakeTcpTransport(std::move(tcfg), server));
+  auto shm = internal::MakeShmTransport(std::move(scfg), server, loops);
+  if (shm.ok()) {
+    impl->transports.push_back(std::move(*shm));
+  } else if (options.transport == "shm") {
+    return shm.status();
+  } else {
+    FERRY_LOG(kWarning, "same-host transport unavailable, peers on this host use tcp: " << shm.status());
+  }
+  FERRY_ASSIGN_OR_RETURN(auto tcp, internal::MakeTcpTransport(std::move(tcfg), server, loops));
   impl->transports.push_back(std::move(tcp));
   internal::LocalDirectory::Get().Add(impl->target);
   FERRY_LOG(kInfo, "engine " << impl->options.local_name << " listening on " << impl->peer_id);
@@ -463,6 +511,7 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   struct PeerPost {
     std::shared_ptr<internal::PeerLink> link;
     uint32_t max_slice = 0;
+    internal::SliceOrder order = internal::SliceOrder::kByDestination;
     std::vector<internal::Slice> slices;  // of the chunk being prepared
   };
   std::map<Segment*, PeerPost> peers;
@@ -473,6 +522,7 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
     p.link = *link;
     std::lock_guard<std::mutex> lock(seg->mu);
     p.max_slice = seg->transport->MaxSlice();
+    p.order = seg->transport->PreferredOrder();
   }
   // Requests mostly share one peer: one map lookup per run of them.
   Segment* cached_seg = nullptr;
@@ -509,7 +559,7 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
     }
     for (auto& [seg, p] : peers) {
       if (p.slices.empty()) continue;
-      internal::OrderForSending(p.slices);
+      internal::OrderForSending(p.slices, p.order);
       p.link->Post(batch, std::move(p.slices), deadline);
       p.slices.clear();  // moved-from: empty and ready for the next chunk
     }

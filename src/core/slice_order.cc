@@ -8,23 +8,24 @@
 namespace ferry::internal {
 namespace {
 
-bool SendsBefore(const Slice& a, const Slice& b) {
+bool SendsBefore(const Slice& a, const Slice& b, SliceOrder order) {
   if (a.opcode != b.opcode) return a.opcode == Opcode::kWrite;  // writes first
-  return DestinationAddress(a) < DestinationAddress(b);
+  return OrderAddress(a, order) < OrderAddress(b, order);
 }
 
-// Sorts `group` (one opcode) by destination address, stably (requests with
+// Sorts `group` (one opcode) by its OrderAddress, stably (requests with
 // the same destination keep their order). Above 64 slices: an LSD radix sort
 // of (address - lowest, position) pairs, 11 bits a pass, as many passes as
 // the span of the addresses needs, then one permutation of the slices.
-void RadixByDestination(Slice* group, size_t n) {
+void RadixSort(Slice* group, size_t n, SliceOrder order) {
   if (n <= 64) {
-    std::stable_sort(group, group + n, SendsBefore);
+    std::stable_sort(group, group + n,
+                     [order](const Slice& a, const Slice& b) { return SendsBefore(a, b, order); });
     return;
   }
   uint64_t lo = UINT64_MAX, hi = 0;
   for (size_t i = 0; i < n; ++i) {
-    uint64_t a = DestinationAddress(group[i]);
+    uint64_t a = OrderAddress(group[i], order);
     lo = std::min(lo, a);
     hi = std::max(hi, a);
   }
@@ -32,7 +33,7 @@ void RadixByDestination(Slice* group, size_t n) {
   std::vector<Key> keys(n), spare(n);
   uint64_t any_bits = 0;  // low bits that every key has zero (aligned pages) need no pass
   for (size_t i = 0; i < n; ++i) {
-    keys[i] = {DestinationAddress(group[i]) - lo, static_cast<uint32_t>(i)};
+    keys[i] = {OrderAddress(group[i], order) - lo, static_cast<uint32_t>(i)};
     any_bits |= keys[i].first;
   }
   if (any_bits == 0) return;  // one destination for all: stable order is the order given
@@ -56,13 +57,14 @@ void RadixByDestination(Slice* group, size_t n) {
 
 }  // namespace
 
-void OrderForSending(std::vector<Slice>& slices) {
-  if (std::is_sorted(slices.begin(), slices.end(), SendsBefore)) return;
+void OrderForSending(std::vector<Slice>& slices, SliceOrder order) {
+  auto before = [order](const Slice& a, const Slice& b) { return SendsBefore(a, b, order); };
+  if (std::is_sorted(slices.begin(), slices.end(), before)) return;
   auto reads = std::stable_partition(slices.begin(), slices.end(),
                                      [](const Slice& s) { return s.opcode == Opcode::kWrite; });
   const size_t writes = static_cast<size_t>(reads - slices.begin());
-  RadixByDestination(slices.data(), writes);
-  RadixByDestination(slices.data() + writes, slices.size() - writes);
+  RadixSort(slices.data(), writes, order);
+  RadixSort(slices.data() + writes, slices.size() - writes, order);
 }
 
 }  // namespace ferry::internal

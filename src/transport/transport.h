@@ -51,12 +51,20 @@ class PeerLink {
   virtual void Retire() = 0;
 };
 
+// The order the core sorts a peer's slices in before posting them (writes
+// always before reads). kByDestination: the address the bytes land at, so
+// the receiver's stores run forward (tcp, local). kByLocal: this engine's
+// own addresses (shm: the kernel pins the initiator's pages per range, so
+// adjacent initiator ranges are what it needs; the target's side may scatter).
+enum class SliceOrder { kByDestination, kByLocal };
+
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual std::string_view Name() const = 0;
   // Largest slice this transport accepts.
   virtual uint32_t MaxSlice() const = 0;
+  virtual SliceOrder PreferredOrder() const { return SliceOrder::kByDestination; }
   // Adds this transport's endpoint to the engine's own descriptor.
   virtual void Describe(wire::PeerDescriptor* self) const = 0;
   // Whether this transport can reach the peer (locality, endpoints).

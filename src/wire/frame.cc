@@ -13,9 +13,12 @@ bool KnownType(uint8_t t) {
     case FrameType::kHandshakeResponse:
     case FrameType::kStreamHello:
     case FrameType::kStreamHelloAck:
+    case FrameType::kCopyHello:
     case FrameType::kWrite:
     case FrameType::kRead:
     case FrameType::kNotify:
+    case FrameType::kCopyWrite:
+    case FrameType::kCopyRead:
     case FrameType::kAck:
     case FrameType::kReadData:
       return true;
@@ -134,6 +137,33 @@ StatusOr<std::vector<Entry>> DecodeEntries(std::string_view body) {
   return out;
 }
 
+void EncodeCopyEntries(const CopyEntry* entries, size_t count, std::string* out) {
+  out->reserve(out->size() + CopyEntriesSize(count));
+  ByteWriter w(out);
+  w.U32(static_cast<uint32_t>(count));
+  for (size_t i = 0; i < count; ++i) {
+    w.U64(entries[i].addr);
+    w.U32(entries[i].length);
+    w.U64(entries[i].peer_addr);
+  }
+}
+
+StatusOr<std::vector<CopyEntry>> DecodeCopyEntries(std::string_view body) {
+  ByteReader r(body);
+  uint32_t n;
+  if (!r.U32(&n)) return Corrupt("copy entry list");
+  if (n == 0 || n > kMaxEntriesPerFrame || r.remaining() != static_cast<size_t>(n) * 20) {
+    return Corrupt("copy entry list (count " + std::to_string(n) + ")");
+  }
+  std::vector<CopyEntry> out(n);
+  for (auto& e : out) {
+    r.U64(&e.addr);
+    r.U32(&e.length);
+    r.U64(&e.peer_addr);
+  }
+  return out;
+}
+
 void EncodeReply(const Reply& rep, std::string* out) {
   ByteWriter w(out);
   WriteStatus(w, rep.status);
@@ -192,6 +222,25 @@ StatusOr<StreamHello> DecodeStreamHello(std::string_view body) {
   if (!r.U64(&h.initiator_instance) || !r.U64(&h.target_instance) || !r.U16(&h.wire_version) ||
       !r.U16(&h.stream_index) || !r.Str(&h.initiator_peer_id) || r.remaining() != 0) {
     return Corrupt("stream hello");
+  }
+  return h;
+}
+
+void EncodeCopyHello(const CopyHello& h, std::string* out) {
+  EncodeStreamHello(h.hello, out);
+  ByteWriter w(out);
+  w.U64(h.probe_addr);
+  w.Str(h.probe.substr(0, kMaxProbe));
+}
+
+StatusOr<CopyHello> DecodeCopyHello(std::string_view body) {
+  ByteReader r(body);
+  CopyHello h;
+  if (!r.U64(&h.hello.initiator_instance) || !r.U64(&h.hello.target_instance) ||
+      !r.U16(&h.hello.wire_version) || !r.U16(&h.hello.stream_index) ||
+      !r.Str(&h.hello.initiator_peer_id) || !r.U64(&h.probe_addr) || !r.Str(&h.probe) ||
+      r.remaining() != 0 || h.probe.size() > kMaxProbe) {
+    return Corrupt("same-host stream hello");
   }
   return h;
 }

@@ -25,9 +25,12 @@ enum class FrameType : uint8_t {
   kHandshakeResponse = 2,
   kStreamHello = 3,
   kStreamHelloAck = 4,
+  kCopyHello = 5,  // same-host stream hello (unix socket), answered by kStreamHelloAck
   kWrite = 10,
   kRead = 11,
   kNotify = 12,
+  kCopyWrite = 13,  // same-host: the target copies from the initiator's memory; kAck
+  kCopyRead = 14,   // same-host: the target copies into the initiator's memory; kAck
   kAck = 20,       // reply to kWrite and kNotify
   kReadData = 21,  // reply to kRead
 };
@@ -56,6 +59,20 @@ void EncodeEntries(const Entry* entries, size_t count, std::string* out);
 StatusOr<std::vector<Entry>> DecodeEntries(std::string_view body);
 // Size of an encoded entry list.
 inline size_t EntriesSize(size_t count) { return 4 + count * 12; }
+
+// One range of a kCopyWrite / kCopyRead body: the target's range and where
+// the bytes are (write) or go (read) in the initiator's address space.
+struct CopyEntry {
+  uint64_t addr = 0;
+  uint32_t length = 0;
+  uint64_t peer_addr = 0;
+};
+
+// kCopyWrite / kCopyRead body: u32 count, then count × {u64 addr, u32
+// length, u64 peer_addr}.
+void EncodeCopyEntries(const CopyEntry* entries, size_t count, std::string* out);
+StatusOr<std::vector<CopyEntry>> DecodeCopyEntries(std::string_view body);
+inline size_t CopyEntriesSize(size_t count) { return 4 + count * 20; }
 
 // A per-entry failure reported by the target.
 struct EntryFailure {
@@ -92,6 +109,18 @@ struct StreamHello {
 };
 void EncodeStreamHello(const StreamHello& h, std::string* out);
 StatusOr<StreamHello> DecodeStreamHello(std::string_view body);
+
+// kCopyHello body: a kStreamHello body, then u64 probe_addr and str probe:
+// bytes the target must find at probe_addr in the initiator's memory,
+// proving it can reach that process before any transfer relies on it.
+struct CopyHello {
+  StreamHello hello;
+  uint64_t probe_addr = 0;
+  std::string probe;  // at most kMaxProbe bytes
+};
+inline constexpr size_t kMaxProbe = 64;
+void EncodeCopyHello(const CopyHello& h, std::string* out);
+StatusOr<CopyHello> DecodeCopyHello(std::string_view body);
 
 // kStreamHelloAck / status-only bodies: u8 code, str message.
 void EncodeStatus(const Status& s, std::string* out);

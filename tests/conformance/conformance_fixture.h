@@ -20,7 +20,7 @@ namespace ferry::test {
 
 // The transports the conformance suite runs against. Adding a transport to
 // the suite is adding its name here.
-inline const std::vector<std::string> kTransports = {"local", "tcp"};
+inline const std::vector<std::string> kTransports = {"local", "shm", "tcp"};
 
 // Generous bounds; no test asserts how fast anything is.
 inline constexpr std::chrono::milliseconds kTransferTimeout{60000};

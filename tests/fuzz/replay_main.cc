@@ -54,6 +54,13 @@ std::vector<std::string> Seeds() {
   s.clear();
   EncodeHandshakeResponse(ferry::OkStatus(), d, &s);
   add(6, s);
+  s.clear();
+  CopyEntry ce[2] = {{0x1000, 10, 0x7000}, {0x2000, 4096, 0x9000}};
+  EncodeCopyEntries(ce, 2, &s);
+  add(7, s);
+  s.clear();
+  EncodeCopyHello({{1, 2, 1, 0, "127.0.0.1:5"}, 0x7fff0000, "0123456789abcdef"}, &s);
+  add(8, s);
   return seeds;
 }
 

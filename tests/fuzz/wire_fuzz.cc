@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ferry::wire;
   if (size == 0) return 0;
   // The first byte picks the decoder, the rest is its input.
-  const uint8_t which = data[0] % 7;
+  const uint8_t which = data[0] % 9;
   std::string_view in(reinterpret_cast<const char*>(data + 1), size - 1);
   switch (which) {
     case 0: {
@@ -86,6 +86,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 6: {
       auto r = DecodeHandshakeResponse(in);
       (void)r;
+      break;
+    }
+    case 7: {
+      auto e = DecodeCopyEntries(in);
+      if (e.ok()) {
+        std::string out;
+        EncodeCopyEntries(e->data(), e->size(), &out);
+        Check(out == in);
+      }
+      break;
+    }
+    case 8: {
+      auto h = DecodeCopyHello(in);
+      if (h.ok()) {
+        std::string out;
+        EncodeCopyHello(*h, &out);
+        Check(out == in);
+      }
       break;
     }
   }

@@ -12,6 +12,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -44,16 +46,20 @@ std::string Checked(uint64_t seed, uint64_t off, uint64_t len) {
   return "CHECK " + std::to_string(seed) + " " + std::to_string(off) + " " + std::to_string(len);
 }
 
-class MultiProcessTest : public ::testing::Test {
+class MultiProcessBase : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { signal(SIGPIPE, SIG_IGN); }
+
+  // EngineOptions.transport of this process's engine.
+  virtual std::string Transport() const { return "auto"; }
 
   void TearDown() override {
     for (auto& p : peers_) p->Kill();
   }
 
-  static EngineOptions Options(std::chrono::milliseconds transfer_timeout = 30s) {
+  EngineOptions Options(std::chrono::milliseconds transfer_timeout = 30s) const {
     EngineOptions o;
+    o.transport = Transport();
     o.listen_host = "127.0.0.1";
     o.listen_port = 0;
     o.transfer_timeout = transfer_timeout;
@@ -62,7 +68,8 @@ class MultiProcessTest : public ::testing::Test {
   }
 
   // Creates this process's engine.
-  void CreateEngine(EngineOptions o = Options()) {
+  void CreateEngine() { CreateEngine(Options()); }
+  void CreateEngine(EngineOptions o) {
     auto e = Engine::Create(std::move(o));
     ASSERT_THAT(GetStatus(e), IsOk());
     engine_ = std::move(e).value();
@@ -97,6 +104,26 @@ class MultiProcessTest : public ::testing::Test {
   std::vector<std::unique_ptr<PeerProcess>> peers_;
 };
 
+// Every test of this fixture runs once per transport that reaches a peer
+// process on this host.
+class MultiProcessTest : public MultiProcessBase, public ::testing::WithParamInterface<std::string> {
+ protected:
+  std::string Transport() const override { return GetParam(); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, MultiProcessTest, ::testing::Values("shm", "tcp"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// Tests of tcp itself (the rpc port, the stream window) and of what happens
+// before any transport is chosen.
+class TcpMultiProcessTest : public MultiProcessBase {
+ protected:
+  std::string Transport() const override { return "tcp"; }
+};
+
+// Tests of how `auto` chooses.
+class AutoMultiProcessTest : public MultiProcessBase {};
+
 // Code of a request that failed because its peer went away.
 ::testing::Matcher<const Status&> PeerGoneError() {
   return AnyOf(StatusIs(StatusCode::kUnavailable), StatusIs(StatusCode::kDeadlineExceeded));
@@ -104,7 +131,7 @@ class MultiProcessTest : public ::testing::Test {
 
 // ---------------------------------------------------------------------------
 
-TEST_F(MultiProcessTest, WrittenDataIsVerifiedInPeerAndReadsBackIntact) {
+TEST_P(MultiProcessTest, WrittenDataIsVerifiedInPeerAndReadsBackIntact) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   constexpr uint64_t kSize = 8 * kMiB;
   constexpr uint64_t kPeerSeed = 101, kData = 202;
@@ -118,7 +145,7 @@ TEST_F(MultiProcessTest, WrittenDataIsVerifiedInPeerAndReadsBackIntact) {
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(peer->peer_id()));
   ASSERT_OK_AND_ASSIGN(SegmentInfo info, engine().QuerySegment(seg));
   EXPECT_EQ(info.peer_id, peer->peer_id());
-  EXPECT_EQ(info.transport, "tcp");
+  EXPECT_EQ(info.transport, GetParam());
   bool found = false;
   for (const RemoteRegion& r : info.regions) {
     found = found || (r.addr == peer->buffer_addr() && r.length == kSize);
@@ -160,7 +187,7 @@ TEST_F(MultiProcessTest, WrittenDataIsVerifiedInPeerAndReadsBackIntact) {
   EXPECT_EQ(peer->Stop(), 0);
 }
 
-TEST_F(MultiProcessTest, PeerExitsCleanlyOnSigterm) {
+TEST_P(MultiProcessTest, PeerExitsCleanlyOnSigterm) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   PeerProcess* peer = SpawnPeer(64 * kKiB, 121);
   ASSERT_NE(peer, nullptr);
@@ -177,7 +204,7 @@ TEST_F(MultiProcessTest, PeerExitsCleanlyOnSigterm) {
       AnyOf(StatusIs(StatusCode::kUnavailable), StatusIs(StatusCode::kDeadlineExceeded)));
 }
 
-TEST_F(MultiProcessTest, ReadsOfManySizesMatchPeerPattern) {
+TEST_P(MultiProcessTest, ReadsOfManySizesMatchPeerPattern) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   constexpr uint64_t kSize = 16 * kMiB;
   constexpr uint64_t kPeerSeed = 111;
@@ -202,7 +229,7 @@ TEST_F(MultiProcessTest, ReadsOfManySizesMatchPeerPattern) {
   EXPECT_TRUE(CheckLayout(local, kSize, expect, bg));
 }
 
-TEST_F(MultiProcessTest, OutOfRangeRemoteFailsOnlyThatRequestAndWritesNothing) {
+TEST_P(MultiProcessTest, OutOfRangeRemoteFailsOnlyThatRequestAndWritesNothing) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   constexpr uint64_t kSize = 1 * kMiB;
   constexpr uint64_t kPeerSeed = 301, kData = 302;
@@ -256,7 +283,7 @@ TEST_F(MultiProcessTest, OutOfRangeRemoteFailsOnlyThatRequestAndWritesNothing) {
   EXPECT_OK(engine().TransferSync(TransferRequest{Opcode::kWrite, local, seg, base, 4096}));
 }
 
-TEST_F(MultiProcessTest, NotificationArrivesAfterTheWritesBeforeIt) {
+TEST_P(MultiProcessTest, NotificationArrivesAfterTheWritesBeforeIt) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   constexpr uint64_t kSize = 16 * kMiB;
   constexpr uint64_t kArea = 4 * kMiB;
@@ -309,7 +336,7 @@ std::vector<TransferRequest> MiBWrites(unsigned char* local, SegmentHandle seg,
 // The peer is frozen (SIGSTOP) so its requests are surely in flight, then
 // killed: they fail with kUnavailable or kDeadlineExceeded by their deadline,
 // while the requests to a live peer in the same batch complete.
-TEST_F(MultiProcessTest, PeerKilledMidBatchFailsOnlyItsRequests) {
+TEST_P(MultiProcessTest, PeerKilledMidBatchFailsOnlyItsRequests) {
   constexpr auto kTimeout = 3s;
   ASSERT_NO_FATAL_FAILURE(CreateEngine(Options(kTimeout)));
   constexpr uint64_t kSize = 16 * kMiB;
@@ -368,7 +395,7 @@ TEST_F(MultiProcessTest, PeerKilledMidBatchFailsOnlyItsRequests) {
 
 // Killed right after Submit, without freezing first: each of its requests
 // either completed or failed with kUnavailable/kDeadlineExceeded.
-TEST_F(MultiProcessTest, PeerKilledRightAfterSubmit) {
+TEST_P(MultiProcessTest, PeerKilledRightAfterSubmit) {
   constexpr auto kTimeout = 3s;
   ASSERT_NO_FATAL_FAILURE(CreateEngine(Options(kTimeout)));
   constexpr uint64_t kSize = 32 * kMiB;
@@ -415,7 +442,7 @@ TEST_F(MultiProcessTest, PeerKilledRightAfterSubmit) {
 
 // A frozen (not dead) peer: its requests end at their deadline; once it
 // resumes, it can be used again.
-TEST_F(MultiProcessTest, HungPeerRequestsEndAtTheirDeadline) {
+TEST_P(MultiProcessTest, HungPeerRequestsEndAtTheirDeadline) {
   constexpr auto kTimeout = 5s;  // ample time for the in-flight checks below
   ASSERT_NO_FATAL_FAILURE(CreateEngine(Options(kTimeout)));
   constexpr uint64_t kSize = 4 * kMiB;
@@ -480,7 +507,7 @@ TEST_F(MultiProcessTest, HungPeerRequestsEndAtTheirDeadline) {
 // streams at once: the frames still waiting to be sent end at the deadline
 // too (kDeadlineExceeded, naming the peer), as do those in flight, and the
 // batch never outlives its deadline by more than the wait margin.
-TEST_F(MultiProcessTest, HungPeerWithABacklogEndsAtTheDeadline) {
+TEST_F(TcpMultiProcessTest, HungPeerWithABacklogEndsAtTheDeadline) {
   constexpr auto kTimeout = 2s;
   ASSERT_NO_FATAL_FAILURE(CreateEngine(Options(kTimeout)));
   constexpr uint64_t kSize = 24 * kMiB;
@@ -521,9 +548,69 @@ TEST_F(MultiProcessTest, HungPeerWithABacklogEndsAtTheDeadline) {
   EXPECT_EQ(hung->Call(Checked(535, 0, 4096)), "OK");
 }
 
+// ---------------------------------------------------------------------------
+// How `auto` chooses for a peer process on this host.
+
+// Writes `len` bytes of pattern `seed` to the peer's buffer and checks them
+// there, then reads them back.
+void WriteCheckReadBack(Engine& e, SegmentHandle seg, PeerProcess& peer, unsigned char* local,
+                        uint64_t len, uint64_t seed) {
+  FillPattern(local, len, seed, 0);
+  ASSERT_OK(e.TransferSync(TransferRequest{Opcode::kWrite, local, seg, peer.buffer_addr(), len}));
+  EXPECT_EQ(peer.Call(Checked(seed, 0, len)), "OK");
+  std::memset(local, 0, len);
+  ASSERT_OK(e.TransferSync(TransferRequest{Opcode::kRead, local, seg, peer.buffer_addr(), len}));
+  EXPECT_EQ(CheckPattern(local, len, seed, 0), std::nullopt) << "read-back differs";
+}
+
+TEST_F(AutoMultiProcessTest, PeerProcessOnThisHostIsReachedThroughShm) {
+  ASSERT_NO_FATAL_FAILURE(CreateEngine());
+  PeerProcess* peer = SpawnPeer(4 * kMiB, 901);
+  ASSERT_NE(peer, nullptr);
+  unsigned char* local = Alloc(4 * kMiB);
+  ASSERT_NE(local, nullptr);
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(peer->peer_id()));
+  ASSERT_NO_FATAL_FAILURE(WriteCheckReadBack(engine(), seg, *peer, local, 3 * kMiB + 5, 903));
+  ASSERT_OK_AND_ASSIGN(SegmentInfo info, engine().QuerySegment(seg));
+  EXPECT_EQ(info.transport, "shm");
+}
+
+TEST_F(AutoMultiProcessTest, PeerRefusingShmIsReachedThroughTcp) {
+  ASSERT_NO_FATAL_FAILURE(CreateEngine());
+  PeerProcess* peer = SpawnPeer(4 * kMiB, 911, {"--refuse-same-host-copy", "1"});
+  ASSERT_NE(peer, nullptr);
+  unsigned char* local = Alloc(4 * kMiB);
+  ASSERT_NE(local, nullptr);
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(peer->peer_id()));
+  ASSERT_NO_FATAL_FAILURE(WriteCheckReadBack(engine(), seg, *peer, local, 3 * kMiB + 5, 913));
+  ASSERT_OK_AND_ASSIGN(SegmentInfo info, engine().QuerySegment(seg));
+  EXPECT_EQ(info.transport, "tcp") << "shm was refused: auto must have fallen back";
+  // Later transfers stay on tcp (no new attempt per transfer).
+  ASSERT_NO_FATAL_FAILURE(WriteCheckReadBack(engine(), seg, *peer, local, 4096, 915));
+  ASSERT_OK_AND_ASSIGN(info, engine().QuerySegment(seg));
+  EXPECT_EQ(info.transport, "tcp");
+}
+
+TEST_F(AutoMultiProcessTest, ForcedShmToAPeerRefusingItFailsWithTheReason) {
+  EngineOptions o = Options();
+  o.transport = "shm";
+  ASSERT_NO_FATAL_FAILURE(CreateEngine(o));
+  PeerProcess* peer = SpawnPeer(1 * kMiB, 921, {"--refuse-same-host-copy", "1"});
+  ASSERT_NE(peer, nullptr);
+  unsigned char* local = Alloc(1 * kMiB);
+  ASSERT_NE(local, nullptr);
+  auto seg = engine().OpenSegment(peer->peer_id());
+  Status s = seg.ok() ? engine().TransferSync(
+                            TransferRequest{Opcode::kWrite, local, *seg, peer->buffer_addr(), 4096})
+                      : seg.status();
+  EXPECT_THAT(s, StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("same-host"), HasSubstr("refuses")));
+  EXPECT_EQ(peer->Call(Checked(921, 0, 1 * kMiB)), "OK") << "nothing may have been written";
+}
+
 // A peer restarted on the same host:port: the next transfer through the same
 // segment handle reaches the new instance and succeeds.
-TEST_F(MultiProcessTest, PeerRestartedOnSamePortIsReachedByTheNextTransfer) {
+TEST_P(MultiProcessTest, PeerRestartedOnSamePortIsReachedByTheNextTransfer) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   constexpr uint64_t kSize = 4 * kMiB;
   PeerProcess* first = SpawnPeer(kSize, 601);
@@ -571,7 +658,7 @@ TEST_F(MultiProcessTest, PeerRestartedOnSamePortIsReachedByTheNextTransfer) {
   return ::testing::AllOfArray(all);
 }
 
-TEST_F(MultiProcessTest, PeerSpeakingOnlyANewerWireVersionIsRefused) {
+TEST_P(MultiProcessTest, PeerSpeakingOnlyANewerWireVersionIsRefused) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   static_assert(kWireVersionMax < 2, "update the version-skew tests");
   PeerProcess* newer = SpawnPeer(64 * kKiB, 701, {"--wire-min", "2", "--wire-max", "2"});
@@ -589,7 +676,7 @@ TEST_F(MultiProcessTest, PeerSpeakingOnlyANewerWireVersionIsRefused) {
   EXPECT_EQ(range->Call("PING"), "PONG");
 }
 
-TEST_F(MultiProcessTest, LocalEngineSpeakingOnlyANewerWireVersionIsRefused) {
+TEST_P(MultiProcessTest, LocalEngineSpeakingOnlyANewerWireVersionIsRefused) {
   EngineOptions o = Options();
   o.testing.wire_version_min = 2;
   o.testing.wire_version_max = 2;
@@ -607,7 +694,7 @@ TEST_F(MultiProcessTest, LocalEngineSpeakingOnlyANewerWireVersionIsRefused) {
 }
 
 // Overlapping ranges agree on the common version; 0..0 means the real range.
-TEST_F(MultiProcessTest, OverlappingWireVersionRangesAgree) {
+TEST_P(MultiProcessTest, OverlappingWireVersionRangesAgree) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   unsigned char* local = Alloc(4096);
   ASSERT_NE(local, nullptr);
@@ -629,7 +716,7 @@ TEST_F(MultiProcessTest, OverlappingWireVersionRangesAgree) {
   }
 }
 
-TEST_F(MultiProcessTest, UnknownPeerIsUnavailable) {
+TEST_F(TcpMultiProcessTest, UnknownPeerIsUnavailable) {
   EngineOptions o = Options();
   o.connect_timeout = 3s;
   ASSERT_NO_FATAL_FAILURE(CreateEngine(o));
@@ -653,7 +740,7 @@ TEST_F(MultiProcessTest, UnknownPeerIsUnavailable) {
 
 // 50 connections that never say anything and one that sends garbage do not
 // keep a real engine from opening the peer and moving data.
-TEST_F(MultiProcessTest, IdleAndGarbageClientsDoNotBlockThePeer) {
+TEST_F(TcpMultiProcessTest, IdleAndGarbageClientsDoNotBlockThePeer) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   constexpr uint64_t kSize = 2 * kMiB;
   // A long handshake timeout keeps the idle connections open throughout.
@@ -698,7 +785,7 @@ TEST_F(MultiProcessTest, IdleAndGarbageClientsDoNotBlockThePeer) {
 }
 
 // Connections that do not say hello within handshake_timeout are closed.
-TEST_F(MultiProcessTest, IdleClientsAreDisconnectedAfterTheHandshakeTimeout) {
+TEST_F(TcpMultiProcessTest, IdleClientsAreDisconnectedAfterTheHandshakeTimeout) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   PeerProcess* peer = SpawnPeer(64 * kKiB, 811, {"--handshake-timeout-ms", "2000"});
   ASSERT_NE(peer, nullptr);
@@ -718,7 +805,7 @@ TEST_F(MultiProcessTest, IdleClientsAreDisconnectedAfterTheHandshakeTimeout) {
 
 // After a failed attempt while the peer is down, a restarted peer on the same
 // port is reached again.
-TEST_F(MultiProcessTest, PeerRestartedAfterAFailedAttemptIsReachedAgain) {
+TEST_P(MultiProcessTest, PeerRestartedAfterAFailedAttemptIsReachedAgain) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine(Options(5s)));
   constexpr uint64_t kSize = 1 * kMiB;
   PeerProcess* first = SpawnPeer(kSize, 611);
@@ -747,7 +834,7 @@ TEST_F(MultiProcessTest, PeerRestartedAfterAFailedAttemptIsReachedAgain) {
 }
 
 // One batch spread over eight peer processes.
-TEST_F(MultiProcessTest, OneBatchAcrossEightPeers) {
+TEST_P(MultiProcessTest, OneBatchAcrossEightPeers) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   constexpr int kPeers = 8;
   constexpr uint64_t kSize = 2 * kMiB;
@@ -785,7 +872,7 @@ TEST_F(MultiProcessTest, OneBatchAcrossEightPeers) {
 
 // The initiating engine is destroyed while its requests to a frozen peer are
 // in flight: it shuts down, and the peer is unharmed and serves others.
-TEST_F(MultiProcessTest, EngineDestroyedWithRequestsInFlight) {
+TEST_P(MultiProcessTest, EngineDestroyedWithRequestsInFlight) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine(Options(10s)));
   constexpr uint64_t kSize = 8 * kMiB;
   PeerProcess* peer = SpawnPeer(kSize, 1001);
@@ -843,7 +930,7 @@ bool SendAll(int fd, const std::string& bytes) {
 
 // A Write frame on a connection that never said StreamHello is refused: the
 // connection is closed and nothing is written.
-TEST_F(MultiProcessTest, WriteFrameWithoutStreamHelloIsRefused) {
+TEST_F(TcpMultiProcessTest, WriteFrameWithoutStreamHelloIsRefused) {
   constexpr uint64_t kSize = 64 * kKiB;
   PeerProcess* peer = SpawnPeer(kSize, 1101, {"--handshake-timeout-ms", "120000"});
   ASSERT_NE(peer, nullptr);
@@ -868,7 +955,7 @@ TEST_F(MultiProcessTest, WriteFrameWithoutStreamHelloIsRefused) {
 
 // Frame headers with oversized lengths are refused before any allocation: the
 // connection is closed and the peer carries on.
-TEST_F(MultiProcessTest, OversizedFrameHeadersAreRefused) {
+TEST_F(TcpMultiProcessTest, OversizedFrameHeadersAreRefused) {
   constexpr uint64_t kSize = 64 * kKiB;
   PeerProcess* peer = SpawnPeer(kSize, 1201, {"--handshake-timeout-ms", "120000"});
   ASSERT_NE(peer, nullptr);

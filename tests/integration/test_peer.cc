@@ -3,7 +3,7 @@
 //
 //   ferry_test_peer [--host H] [--port N] [--size BYTES] [--seed S]
 //                   [--wire-min V] [--wire-max V] [--handshake-timeout-ms MS]
-//                   [--transfer-timeout-ms MS]
+//                   [--transfer-timeout-ms MS] [--refuse-same-host-copy 1]
 //
 // Registers one buffer of --size bytes (default 16 MiB) filled with the
 // pattern stream --seed at position = offset in the buffer, then prints
@@ -83,6 +83,7 @@ struct Options {
   uint16_t wire_max = 0;
   int64_t handshake_timeout_ms = -1;
   int64_t transfer_timeout_ms = -1;
+  bool refuse_same_host_copy = false;
 };
 
 Options ParseArgs(int argc, char** argv) {
@@ -107,6 +108,8 @@ Options ParseArgs(int argc, char** argv) {
       o.handshake_timeout_ms = static_cast<int64_t>(ParseNumber(argv[i - 1], value));
     } else if (flag == "--transfer-timeout-ms") {
       o.transfer_timeout_ms = static_cast<int64_t>(ParseNumber(argv[i - 1], value));
+    } else if (flag == "--refuse-same-host-copy") {
+      o.refuse_same_host_copy = ParseNumber(argv[i - 1], value) != 0;
     } else {
       Fail("unknown flag " + flag);
     }
@@ -252,6 +255,7 @@ int main(int argc, char** argv) {
   eo.listen_port = opt.port;
   eo.testing.wire_version_min = opt.wire_min;
   eo.testing.wire_version_max = opt.wire_max;
+  eo.testing.refuse_same_host_copy = opt.refuse_same_host_copy;
   if (opt.handshake_timeout_ms >= 0) {
     eo.handshake_timeout = std::chrono::milliseconds(opt.handshake_timeout_ms);
   }

@@ -40,9 +40,10 @@ Workload:
                             pages (madvise); default: ordinary 4 KiB pages
 
 Engine:
-  --transport auto|tcp|local|shm   (local: both engines in this process;
-                            shm: not available yet)
-  --streams N               TCP connections per peer (EngineOptions.tcp_streams)
+  --transport auto|tcp|local|shm   (auto: shm for the target this bench starts,
+                            tcp for another host; local: both engines in this
+                            process; shm: another process on this host)
+  --streams N               connections per peer (EngineOptions.tcp_streams)
   --io-threads N            TCP event-loop threads (0: one per stream)
   --slice-size SIZE         TCP slice size
   --spin-us N               event-loop spin before blocking (EngineOptions.spin)
@@ -187,11 +188,6 @@ std::optional<BenchOptions> ParseBenchOptions(const std::vector<std::string>& ar
   }
 
   // Combinations.
-  if (o.transport == "shm") {
-    throw cli::UsageError(
-        "--transport shm: the shared-memory transport is not available yet "
-        "(use auto, tcp or local)");
-  }
   if (o.role == Role::kInitiator && o.target.empty()) {
     throw cli::UsageError("--role initiator needs --target HOST:PORT (the target's peer id)");
   }

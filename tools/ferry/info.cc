@@ -108,7 +108,7 @@ int InfoMain(const std::vector<std::string>& args) {
   std::cout << "ferry " << Version() << "\n"
             << "wire versions      " << caps.wire_version_min << ".." << caps.wire_version_max
             << " (this build: " << kWireVersionMin << ".." << kWireVersionMax << ")\n"
-            << "transports         " << Join(caps.transports) << "   (shm: not available yet)\n"
+            << "transports         " << Join(caps.transports) << "   (preferred first)\n"
             << "features           " << Join(caps.features) << "\n"
             << "metadata           " << o.metadata << " (metadata server: not available yet)\n"
             << "\neffective options (defaults overlaid with FERRY_* from the environment):\n"

@@ -2,6 +2,7 @@
 
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -465,10 +466,13 @@ Status Connection::OnHeader() {
   bool allowed = false;
   switch (role_) {
     case Role::kAccepted:
-      allowed = t == FrameType::kHandshakeRequest || t == FrameType::kStreamHello;
+      allowed = t == FrameType::kHandshakeRequest || t == FrameType::kStreamHello ||
+                (t == FrameType::kCopyHello && peer_pid_ != 0);
       break;
     case Role::kTarget:
-      allowed = t == FrameType::kWrite || t == FrameType::kRead || t == FrameType::kNotify;
+      allowed = t == FrameType::kNotify ||
+                (copy_ ? t == FrameType::kCopyWrite || t == FrameType::kCopyRead
+                       : t == FrameType::kWrite || t == FrameType::kRead);
       break;
     case Role::kInitiator:
       allowed = t == FrameType::kAck || t == FrameType::kReadData;
@@ -496,8 +500,11 @@ Status Connection::OnBody() {
   switch (header_.type) {
     case wire::FrameType::kHandshakeRequest: return ServeHandshake();
     case wire::FrameType::kStreamHello: return ServeHello();
+    case wire::FrameType::kCopyHello: return ServeCopyHello();
     case wire::FrameType::kWrite: return ServeWrite();
     case wire::FrameType::kRead: return ServeRead();
+    case wire::FrameType::kCopyWrite: return ServeCopy(/*write=*/true);
+    case wire::FrameType::kCopyRead: return ServeCopy(/*write=*/false);
     case wire::FrameType::kNotify: return ServeNotify();
     case wire::FrameType::kAck:
     case wire::FrameType::kReadData: return OnReply();
@@ -533,20 +540,25 @@ Status Connection::ServeHandshake() {
   return OkStatus();
 }
 
+Status Connection::CheckHello(const wire::StreamHello& hello) const {
+  if (hello.target_instance != server_->target->instance_id()) {
+    return FailedPreconditionError("engine " + server_->target->peer_id() + " is instance " +
+                                   std::to_string(server_->target->instance_id()) + ", not " +
+                                   std::to_string(hello.target_instance) +
+                                   " (it restarted): handshake again");
+  }
+  if (hello.wire_version < server_->wire_min || hello.wire_version > server_->wire_max) {
+    return FailedPreconditionError("wire version " + std::to_string(hello.wire_version) +
+                                   " is not spoken by " + server_->target->peer_id() + " (speaks " +
+                                   std::to_string(server_->wire_min) + ".." +
+                                   std::to_string(server_->wire_max) + ")");
+  }
+  return OkStatus();
+}
+
 Status Connection::ServeHello() {
   FERRY_ASSIGN_OR_RETURN(wire::StreamHello hello, wire::DecodeStreamHello(body_));
-  Status result;
-  if (hello.target_instance != server_->target->instance_id()) {
-    result = FailedPreconditionError("engine " + server_->target->peer_id() + " is instance " +
-                                     std::to_string(server_->target->instance_id()) + ", not " +
-                                     std::to_string(hello.target_instance) +
-                                     " (it restarted): handshake again");
-  } else if (hello.wire_version < server_->wire_min || hello.wire_version > server_->wire_max) {
-    result = FailedPreconditionError("wire version " + std::to_string(hello.wire_version) +
-                                     " is not spoken by " + server_->target->peer_id() + " (speaks " +
-                                     std::to_string(server_->wire_min) + ".." +
-                                     std::to_string(server_->wire_max) + ")");
-  }
+  Status result = CheckHello(hello);
   std::string body;
   wire::EncodeStatus(result, &body);
   QueueReply(wire::FrameType::kStreamHelloAck, header_.seq, std::move(body));
@@ -554,6 +566,48 @@ Status Connection::ServeHello() {
     role_ = Role::kTarget;
     wire_version_ = hello.wire_version;
     peer_name_ = hello.initiator_peer_id + " (stream " + std::to_string(hello.stream_index) + ")";
+  }
+  return OkStatus();
+}
+
+Status Connection::ProbePeer(const wire::CopyHello& hello) const {
+  const std::string who = "process " + std::to_string(peer_pid_) + " (" + hello.hello.initiator_peer_id + ")";
+  if (server_->refuse_copy) {
+    return FailedPreconditionError("same-host transport: engine " + server_->target->peer_id() +
+                                   " refuses to copy to or from " + who + " (testing option)");
+  }
+  std::string seen(hello.probe.size(), '\0');
+  iovec local{seen.data(), seen.size()};
+  iovec remote{reinterpret_cast<void*>(hello.probe_addr), hello.probe.size()};
+  ssize_t n = ::process_vm_readv(peer_pid_, &local, 1, &remote, 1, 0);
+  if (n < 0) {
+    return FailedPreconditionError(
+        "same-host transport: engine " + server_->target->peer_id() + " cannot reach the memory of " + who +
+        " (process_vm_readv: " + ErrnoString(errno) +
+        "); it needs ptrace access to that process: the same user with Yama ptrace_scope 0, or "
+        "CAP_SYS_PTRACE");
+  }
+  if (static_cast<size_t>(n) != seen.size() || seen != hello.probe) {
+    return FailedPreconditionError("same-host transport: the memory of " + who +
+                                   " does not hold the probe it announced (another process, or "
+                                   "another pid namespace?)");
+  }
+  return OkStatus();
+}
+
+Status Connection::ServeCopyHello() {
+  FERRY_ASSIGN_OR_RETURN(wire::CopyHello hello, wire::DecodeCopyHello(body_));
+  Status result = CheckHello(hello.hello);
+  if (result.ok()) result = ProbePeer(hello);
+  std::string body;
+  wire::EncodeStatus(result, &body);
+  QueueReply(wire::FrameType::kStreamHelloAck, header_.seq, std::move(body));
+  if (result.ok()) {
+    role_ = Role::kTarget;
+    copy_ = true;
+    wire_version_ = hello.hello.wire_version;
+    peer_name_ = hello.hello.initiator_peer_id + " (same-host stream " +
+                 std::to_string(hello.hello.stream_index) + ", pid " + std::to_string(peer_pid_) + ")";
   }
   return OkStatus();
 }
@@ -638,6 +692,94 @@ Status Connection::ServeRead() {
   std::string body;
   wire::EncodeReply(rep, &body);
   QueueReply(wire::FrameType::kReadData, header_.seq, std::move(body), std::move(payload), std::move(pins));
+  return OkStatus();
+}
+
+namespace {
+
+// Moves the bytes of `run` (entries that passed validation, in order) between
+// this process and `pid` with process_vm_readv (write: the bytes come from
+// the initiator) or process_vm_writev (read). Both sides' iovecs describe the
+// same bytes in the same order, so each merges its adjacent ranges on its
+// own. A short count stops at the first range the kernel could not reach:
+// that entry fails, the copy resumes after it.
+void CopyRun(int pid, bool write, const std::vector<wire::CopyEntry>& entries,
+             const std::vector<uint32_t>& run, const std::string& peer,
+             std::vector<wire::EntryFailure>* failures) {
+  std::vector<iovec> mine, theirs;
+  size_t first = 0;
+  while (first < run.size()) {
+    mine.clear();
+    theirs.clear();
+    uint64_t total = 0;
+    for (size_t k = first; k < run.size(); ++k) {
+      const wire::CopyEntry& e = entries[run[k]];
+      AppendRange(&mine, reinterpret_cast<void*>(e.addr), e.length);
+      AppendRange(&theirs, reinterpret_cast<void*>(e.peer_addr), e.length);
+      total += e.length;
+    }
+    ssize_t n;
+    do {
+      n = write ? ::process_vm_readv(pid, mine.data(), mine.size(), theirs.data(), theirs.size(), 0)
+                : ::process_vm_writev(pid, mine.data(), mine.size(), theirs.data(), theirs.size(), 0);
+    } while (n < 0 && errno == EINTR);
+    if (n >= 0 && static_cast<uint64_t>(n) == total) return;
+    const int err = n < 0 ? errno : EFAULT;
+    if (n < 0 && err != EFAULT) {
+      // The process is gone (ESRCH) or no longer ours to reach (EPERM): every
+      // entry left fails the same way.
+      for (size_t k = first; k < run.size(); ++k) {
+        failures->push_back({run[k], StatusCode::kUnavailable,
+                             std::string(write ? "copying from " : "copying to ") + peer +
+                                 " failed: " + ErrnoString(err)});
+      }
+      return;
+    }
+    // The entry holding byte `done` failed; the ones before it are complete.
+    uint64_t done = n < 0 ? 0 : static_cast<uint64_t>(n);
+    size_t k = first;
+    while (done >= entries[run[k]].length) done -= entries[run[k]].length, ++k;
+    const wire::CopyEntry& bad = entries[run[k]];
+    char where[32];
+    std::snprintf(where, sizeof(where), "0x%llx", static_cast<unsigned long long>(bad.peer_addr));
+    failures->push_back({run[k], StatusCode::kInvalidArgument,
+                         std::string(write ? "source" : "destination") + " range at " + where + " (" +
+                             std::to_string(bad.length) + " bytes) of " + peer +
+                             " could not be copied: " + ErrnoString(EFAULT)});
+    first = k + 1;
+  }
+}
+
+}  // namespace
+
+Status Connection::ServeCopy(bool write) {
+  FERRY_ASSIGN_OR_RETURN(std::vector<wire::CopyEntry> entries, wire::DecodeCopyEntries(body_));
+  wire::Reply rep;
+  std::vector<RegionPin> pins;
+  std::vector<uint32_t> run;
+  run.reserve(entries.size());
+  const Region* last = nullptr;
+  size_t mine = 0, theirs = 0;  // iovecs the run needs on each side (upper bounds)
+  for (uint32_t i = 0; i < entries.size(); ++i) {
+    const wire::CopyEntry& e = entries[i];
+    if (!PinEntry({e.addr, e.length}, i, &last, &pins, &rep.failures).ok()) continue;
+    if (mine == kMaxIov || theirs == kMaxIov) {
+      CopyRun(peer_pid_, write, entries, run, peer_name_, &rep.failures);
+      run.clear();
+      mine = theirs = 0;
+    }
+    run.push_back(i);
+    ++mine, ++theirs;
+  }
+  CopyRun(peer_pid_, write, entries, run, peer_name_, &rep.failures);
+  pins.clear();  // the bytes have moved: release the regions
+  // Validation and copy failures were collected separately: the initiator
+  // expects them in entry order.
+  std::sort(rep.failures.begin(), rep.failures.end(),
+            [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
+  std::string body;
+  wire::EncodeReply(rep, &body);
+  QueueReply(wire::FrameType::kAck, header_.seq, std::move(body));
   return OkStatus();
 }
 

@@ -82,6 +82,9 @@ struct ServerContext {
   std::chrono::milliseconds hello_timeout{5000};
   uint16_t wire_min = 1;
   uint16_t wire_max = 1;
+  // Test-only: answer same-host stream hellos as if the initiator's memory
+  // could not be reached (exercises the fallback to tcp).
+  bool refuse_copy = false;
 };
 
 // A request frame from the initiator side.
@@ -117,6 +120,10 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
 
   // Registers with the loop. Loop thread only.
   Status Attach();
+  // Marks an accepted unix-socket connection as coming from process `pid`
+  // (SO_PEERCRED): it may then say a same-host hello (kCopyHello) and have
+  // its transfers copied straight between the two processes. Before Attach.
+  void SetPeerProcess(int pid) { peer_pid_ = pid; }
   // Called on the loop thread, under the connection's lock, whenever this
   // stream has answered or failed requests (room for more, or closed). Set
   // before Attach.
@@ -175,7 +182,15 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   // Target side handlers.
   Status ServeHandshake();
   Status ServeHello();
+  Status ServeCopyHello();
+  // Whether `hello` may open a stream to this engine (instance, version).
+  Status CheckHello(const wire::StreamHello& hello) const;
+  // Reads the initiator's probe bytes out of its memory.
+  Status ProbePeer(const wire::CopyHello& hello) const;
   Status ServeWrite();
+  // kCopyWrite / kCopyRead: validates the entries, then moves the bytes with
+  // process_vm_readv / process_vm_writev.
+  Status ServeCopy(bool write);
   Status ServeRead();
   Status ServeNotify();
   // Initiator side.
@@ -199,6 +214,9 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   const std::shared_ptr<const ServerContext> server_;
   uint16_t wire_version_;
   Clock::time_point hello_deadline_;
+
+  int peer_pid_ = 0;     // accepted unix connections: the peer process
+  bool copy_ = false;   // a same-host stream: kCopyWrite/kCopyRead, no payloads
 
   std::atomic<bool> broken_{false};
   std::atomic<uint64_t> queued_bytes_{0};

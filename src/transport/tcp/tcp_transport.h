@@ -7,6 +7,7 @@
 
 #include "ferry/options.h"
 #include "transport/tcp/connection.h"
+#include "transport/tcp/stream_link.h"
 #include "transport/transport.h"
 
 namespace ferry::internal {
@@ -14,23 +15,22 @@ namespace ferry::internal {
 struct TcpTransportConfig {
   UniqueFd listener;  // bound and listening (the rpc port)
   int streams = 2;
-  int io_threads = 2;
   uint32_t slice_size = 1u << 20;
   uint32_t max_frame_bytes = 1u << 20;
   uint32_t max_frame_entries = 512;
   // Bytes a stream may have unanswered before the link holds further write
-  // frames back for whichever stream has room first (see TcpLink).
+  // frames back for whichever stream has room first (see tcp::StreamLink).
   uint64_t stream_window = 2u << 20;
   // SO_SNDBUF of accepted connections (they carry read replies); 0: the
   // kernel's autotuning. See EngineOptions::tcp_send_buffer.
   uint32_t served_send_buffer = 0;
-  std::chrono::microseconds spin{50};
   std::string local_peer_id;  // "host:port" of this engine, sent in stream hellos
   uint64_t local_instance = 0;
 };
 
-// Starts the loops and serves the rpc port (handshakes and data streams).
+// Serves the rpc port (handshakes and data streams) from the loops.
 StatusOr<std::unique_ptr<Transport>> MakeTcpTransport(TcpTransportConfig config,
-                                                      std::shared_ptr<const tcp::ServerContext> server);
+                                                      std::shared_ptr<const tcp::ServerContext> server,
+                                                      std::shared_ptr<tcp::LoopPool> loops);
 
 }  // namespace ferry::internal

@@ -1,0 +1,39 @@
+// The same-host transport ("shm"): for a peer engine in another process of
+// this host. Requests travel as frames over unix-domain streams, as on tcp,
+// but carry the initiator's addresses instead of the bytes: the target
+// validates (and pins) its ranges, then moves the bytes straight between the
+// two processes' memory with process_vm_readv / process_vm_writev (cross
+// memory attach). One copy in all, done by the kernel, instead of tcp's two
+// copies and its protocol stack; no socket buffers, no page cache.
+//
+// Reaching another process's memory takes ptrace access to it (the same user
+// with Yama ptrace_scope 0, or CAP_SYS_PTRACE). Each stream proves it at
+// connect time: the target reads a probe out of the initiator's memory, and
+// a stream that cannot do so is refused with the reason, so `auto` falls back
+// to tcp (see Engine) and a forced "shm" fails with that reason.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "transport/tcp/stream_link.h"
+#include "transport/transport.h"
+
+namespace ferry::internal {
+
+struct ShmTransportConfig {
+  int streams = 2;
+  uint32_t slice_size = 1u << 20;
+  uint32_t max_frame_bytes = 1u << 20;
+  uint32_t max_frame_entries = 512;
+  std::string local_peer_id;  // "host:port" of this engine, sent in stream hellos
+  uint64_t local_instance = 0;
+};
+
+// Listens on an abstract unix socket named after the engine's instance and
+// serves it from the loops.
+StatusOr<std::unique_ptr<Transport>> MakeShmTransport(ShmTransportConfig config,
+                                                      std::shared_ptr<const tcp::ServerContext> server,
+                                                      std::shared_ptr<tcp::LoopPool> loops);
+
+}  // namespace ferry::internal
