@@ -31,6 +31,14 @@ def engine():
         yield e
 
 
+@pytest.fixture(params=["auto", "tcp"])
+def remote_engine(request):
+    """An engine with the transport under test, and the transport a peer
+    process on this host gets with it (auto: shm)."""
+    with ferry.Engine(transport=request.param) as e:
+        yield e, {"auto": "shm", "tcp": "tcp"}[request.param]
+
+
 @pytest.fixture
 def target(spawn):
     return spawn("native", str(SIZE))
@@ -170,12 +178,13 @@ def test_register_errors(engine):
 
 
 # ---- Transfers to another process -------------------------------------------------------
-def test_sync_write_and_read_every_byte(engine, target):
+def test_sync_write_and_read_every_byte(remote_engine, target):
+    engine, transport = remote_engine
     local = np.zeros(SIZE, np.uint8)
     engine.register(local)
     seg = engine.open_segment(target.hello["peer_id"])
     assert engine.open_segment(target.hello["peer_id"]) is seg  # cached
-    assert seg.info().transport == "tcp"
+    assert seg.info().transport == transport
     remote = target.hello["addr"]
 
     local[:] = pattern(1, SIZE)
