@@ -1,6 +1,8 @@
 #include "transport/tcp/connection.h"
 
+#include <poll.h>
 #include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -598,6 +600,17 @@ Status Connection::ProbePeer(const wire::CopyHello& hello) const {
 Status Connection::ServeCopyHello() {
   FERRY_ASSIGN_OR_RETURN(wire::CopyHello hello, wire::DecodeCopyHello(body_));
   Status result = CheckHello(hello.hello);
+  if (result.ok()) {
+    // Taken before the probe, so the probe checks the very process the
+    // pidfd follows (the pid cannot be recycled while the pidfd is open and
+    // the process alive).
+    // (syscall: Debian 12's <sys/pidfd.h> lacks C linkage for C++.)
+    peer_pidfd_ = UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, peer_pid_, 0)));
+    if (!peer_pidfd_.valid()) {
+      result = FailedPreconditionError("same-host transport: cannot follow process " +
+                                       std::to_string(peer_pid_) + " (pidfd_open: " + ErrnoString(errno) + ")");
+    }
+  }
   if (result.ok()) result = ProbePeer(hello);
   std::string body;
   wire::EncodeStatus(result, &body);
@@ -754,6 +767,13 @@ void CopyRun(int pid, bool write, const std::vector<wire::CopyEntry>& entries,
 
 Status Connection::ServeCopy(bool write) {
   FERRY_ASSIGN_OR_RETURN(std::vector<wire::CopyEntry> entries, wire::DecodeCopyEntries(body_));
+  // The process that said hello must still be the one behind the pid: once
+  // it has exited (its socket may live on in a child), nothing is copied.
+  pollfd exited{peer_pidfd_.get(), POLLIN, 0};
+  if (::poll(&exited, 1, 0) != 0) {
+    return UnavailableError("process " + std::to_string(peer_pid_) + " of " + peer_name_ +
+                            " has exited; closing its same-host stream");
+  }
   wire::Reply rep;
   std::vector<RegionPin> pins;
   std::vector<uint32_t> run;

@@ -216,6 +216,9 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   Clock::time_point hello_deadline_;
 
   int peer_pid_ = 0;     // accepted unix connections: the peer process
+  // A same-host stream: the peer process (pidfd_open), readable once it has
+  // exited, so a recycled pid is never copied to or from.
+  UniqueFd peer_pidfd_;
   bool copy_ = false;   // a same-host stream: kCopyWrite/kCopyRead, no payloads
 
   std::atomic<bool> broken_{false};
