@@ -8,9 +8,14 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <fstream>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -951,6 +956,138 @@ TEST_F(TcpMultiProcessTest, WriteFrameWithoutStreamHelloIsRefused) {
   EXPECT_EQ(peer->Call(Checked(1101, 0, kSize)), "OK") << "an unauthenticated frame wrote data";
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   EXPECT_OK(engine().OpenSegment(peer->peer_id()));
+}
+
+// ---------------------------------------------------------------------------
+// Same-host streams, raw: the peer's abstract unix socket, found in
+// /proc/net/unix ("@ferry-shm-<pid>-<instance id, hex>").
+
+// The name of the peer's shm socket (without the leading NUL), or "".
+std::string ShmSocketOf(pid_t pid) {
+  std::ifstream in("/proc/net/unix");
+  const std::string prefix = "@ferry-shm-" + std::to_string(pid) + "-";
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t at = line.find(prefix);
+    if (at != std::string::npos) return line.substr(at + 1);
+  }
+  return "";
+}
+
+int SocketUnix() { return socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0); }
+
+bool ConnectUnixRaw(int fd, const std::string& name) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  return connect(fd, reinterpret_cast<sockaddr*>(&addr),
+                 static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())) == 0;
+}
+
+// Reads exactly n bytes (blocking); false on EOF or error.
+bool RecvExact(int fd, std::string* out, size_t n) {
+  out->assign(n, '\0');
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got = recv(fd, out->data() + done, n - done, 0);
+    if (got <= 0) return false;
+    done += static_cast<size_t>(got);
+  }
+  return true;
+}
+
+void PutLE(std::string* s, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+// A CopyHello frame for the peer instance `instance`, with `probe` (16 bytes
+// at `probe_addr` in the sender's memory).
+std::string CopyHelloFrame(uint64_t instance, uint64_t probe_addr, const std::string& probe) {
+  std::string body;
+  PutLE(&body, 77, 8);        // initiator instance
+  PutLE(&body, instance, 8);  // target instance
+  PutLE(&body, kWireVersionMax, 2);
+  PutLE(&body, 0, 2);  // stream index
+  const std::string id = "raw-test";
+  PutLE(&body, id.size(), 2);
+  body += id;
+  PutLE(&body, probe_addr, 8);
+  PutLE(&body, probe.size(), 2);
+  body += probe;
+  return FrameHeaderBytes(0, 5, static_cast<uint32_t>(body.size()), 0, 1) + body;
+}
+
+// A CopyRead frame: `length` bytes at `remote` in the peer go to `local` in
+// the sender's memory.
+std::string CopyReadFrame(uint64_t remote, uint32_t length, uint64_t local) {
+  std::string body;
+  PutLE(&body, 1, 4);
+  PutLE(&body, remote, 8);
+  PutLE(&body, length, 4);
+  PutLE(&body, local, 8);
+  return FrameHeaderBytes(kWireVersionMax, 14, static_cast<uint32_t>(body.size()), 0, 1) + body;
+}
+
+// A same-host stream outlives the process that opened it (its socket passed
+// on, here kept by the parent of a child that said the hello and exited):
+// the peer must not copy to or from whatever process now has that pid; it
+// closes the stream. The same frames from a live process are served
+// (control, so the frames themselves are right).
+TEST_F(AutoMultiProcessTest, SameHostStreamOfAnExitedProcessIsClosed) {
+  constexpr uint64_t kSize = 64 * kKiB;
+  PeerProcess* peer = SpawnPeer(kSize, 1301);
+  ASSERT_NE(peer, nullptr);
+  const std::string name = ShmSocketOf(peer->pid());
+  ASSERT_FALSE(name.empty()) << "no ferry-shm socket of pid " << peer->pid() << " in /proc/net/unix";
+  const uint64_t instance = std::stoull(name.substr(name.rfind('-') + 1), nullptr, 16);
+  alignas(16) static char probe[16] = "ferry-raw-probe";
+  const std::string hello =
+      CopyHelloFrame(instance, reinterpret_cast<uint64_t>(probe), std::string(probe, sizeof(probe)));
+  std::vector<unsigned char> local(4096, 0);
+  const std::string read_frame =
+      CopyReadFrame(peer->buffer_addr(), 4096, reinterpret_cast<uint64_t>(local.data()));
+
+  // Control: this (live) process says the hello and reads 4 KiB.
+  {
+    const int fd = SocketUnix();
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(ConnectUnixRaw(fd, name)) << strerror(errno);
+    ASSERT_TRUE(SendAll(fd, hello));
+    std::string head, body;
+    ASSERT_TRUE(RecvExact(fd, &head, 24));
+    EXPECT_EQ(head[5], 4) << "StreamHelloAck expected";
+    ASSERT_TRUE(RecvExact(fd, &body, static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8)));
+    ASSERT_EQ(body[0], 0) << "hello refused: " << body.substr(3);
+    ASSERT_TRUE(SendAll(fd, read_frame));
+    ASSERT_TRUE(RecvExact(fd, &head, 24));
+    EXPECT_EQ(head[5], 20) << "Ack expected";
+    ASSERT_TRUE(RecvExact(fd, &body, static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8)));
+    EXPECT_EQ(CheckPattern(local.data(), 4096, 1301, 0), std::nullopt) << "the control read did not land";
+    close(fd);
+  }
+
+  // The child connects and says the hello on a socket this process shares.
+  std::fill(local.begin(), local.end(), 0);
+  const int fd = SocketUnix();
+  ASSERT_GE(fd, 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    bool ok = ConnectUnixRaw(fd, name) && SendAll(fd, hello);
+    char ack[64];
+    ok = ok && recv(fd, ack, sizeof(ack), 0) >= 26 && ack[5] == 4 && ack[24] == 0;
+    _exit(ok ? 0 : 1);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "the child's hello failed";
+  // The child is gone; its stream is not.
+  ASSERT_TRUE(SendAll(fd, read_frame));
+  std::string head;
+  EXPECT_FALSE(RecvExact(fd, &head, 24)) << "the peer answered a frame of an exited process";
+  close(fd);
+  EXPECT_EQ(std::count(local.begin(), local.end(), 0), 4096) << "bytes reached this process";
+  EXPECT_EQ(peer->Call("PING"), "PONG");
 }
 
 // Frame headers with oversized lengths are refused before any allocation: the
