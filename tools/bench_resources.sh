@@ -5,9 +5,11 @@
 #  2. sockets over 100,000 synchronous 4 KiB transfers in a row: open file
 #     descriptors of the initiator and TIME_WAIT sockets on the machine,
 #     before and after.
-# Usage: tools/bench_resources.sh [path/to/ferry]
+# Usage: tools/bench_resources.sh [path/to/ferry] [transport]   (transport:
+# auto (default: shm, the target is on this host), tcp, shm)
 set -euo pipefail
 FERRY=${1:-build/tools/ferry}
+TRANSPORT=${2:-auto}
 TICKS=$(getconf CLK_TCK)
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -26,7 +28,7 @@ echo "idle target, nothing connected: $(( (t1 - t0) * 1000 / TICKS )) ms CPU in 
 
 # 2. 100,000 transfers in a row against it (block 4K, sync), counting sockets.
 tw0=$(time_wait)
-"$FERRY" bench --role initiator --target "$peer" --sync --block-size 4K \
+"$FERRY" bench --role initiator --target "$peer" --transport "$TRANSPORT" --sync --block-size 4K \
   --total-bytes $((100000 * 4096)) --no-baseline --json > /tmp/ferry-100k.json &
 ipid=$!
 sleep 1
@@ -34,7 +36,7 @@ fds_early=$(ls /proc/$ipid/fd 2>/dev/null | wc -l || echo 0)
 wait $ipid
 tw1=$(time_wait)
 echo "100,000 sync 4 KiB writes: initiator fds after 1 s: ${fds_early}; TIME_WAIT before ${tw0}, after ${tw1}"
-/usr/bin/python3 -c 'import json,sys; d=json.load(open("/tmp/ferry-100k.json")); print("  bytes", d["bytes"], "p50 us", d["latency_us"]["p50"])'
+/usr/bin/python3 -c 'import json,sys; d=json.load(open("/tmp/ferry-100k.json")); print("  transport", d["transport"], "bytes", d["bytes"], "p50 us", d["latency_us"]["p50"])'
 
 # 3. The target idle again, its peer gone, after serving.
 sleep 1
