@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -594,6 +595,69 @@ TEST_F(AutoMultiProcessTest, PeerRefusingShmIsReachedThroughTcp) {
   ASSERT_NO_FATAL_FAILURE(WriteCheckReadBack(engine(), seg, *peer, local, 4096, 915));
   ASSERT_OK_AND_ASSIGN(info, engine().QuerySegment(seg));
   EXPECT_EQ(info.transport, "tcp");
+}
+
+// shm: an entry whose bytes in the initiator the kernel cannot reach (a page
+// the initiator registered, then made unreadable or read-only) fails alone;
+// the entries around it in the same frame (and the same merged range) move.
+TEST_F(AutoMultiProcessTest, ShmEntryTheKernelCannotReachFailsAloneInItsFrame) {
+  EngineOptions o = Options();
+  o.transport = "shm";
+  ASSERT_NO_FATAL_FAILURE(CreateEngine(o));
+  constexpr uint64_t kPage = 4096;
+  PeerProcess* peer = SpawnPeer(8 * kPage, 931);
+  ASSERT_NE(peer, nullptr);
+  void* m = mmap(nullptr, 3 * kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* local = static_cast<unsigned char*>(m);
+  ASSERT_OK(engine().RegisterMemory(local, 3 * kPage));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(peer->peer_id()));
+  auto run = [&](Opcode op, uint64_t remote_first_page) -> std::vector<Status> {
+    std::vector<TransferRequest> reqs;
+    for (uint64_t i = 0; i < 3; ++i) {
+      reqs.push_back({op, local + i * kPage, seg, peer->buffer_addr() + (remote_first_page + i) * kPage, kPage});
+    }
+    std::vector<Status> out;
+    auto batch = engine().AllocateBatch(reqs.size());
+    if (!batch.ok()) return {batch.status()};
+    Status s = engine().Submit(*batch, reqs);
+    if (s.ok()) (void)engine().WaitBatch(*batch, kWait);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      auto ts = engine().GetTransferStatus(*batch, i);
+      out.push_back(ts.ok() ? ts->status : ts.status());
+    }
+    EXPECT_OK(engine().FreeBatch(*batch));
+    return out;
+  };
+
+  // Writes: the middle source page is unreadable.
+  FillPattern(local, 3 * kPage, 933, 0);
+  ASSERT_EQ(mprotect(local + kPage, kPage, PROT_NONE), 0);
+  std::vector<Status> w = run(Opcode::kWrite, 0);
+  ASSERT_EQ(w.size(), 3u);
+  EXPECT_OK(w[0]);
+  EXPECT_THAT(w[1], StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(w[1].message(), HasSubstr("could not be copied"));
+  EXPECT_OK(w[2]);
+  EXPECT_EQ(peer->Call(Checked(933, 0, kPage)), "OK");
+  EXPECT_EQ(peer->Call("CHECK 931 " + std::to_string(kPage) + " " + std::to_string(kPage)), "OK")
+      << "the failed entry's destination was written";
+  EXPECT_EQ(peer->Call(Checked(933, 2 * kPage, kPage)), "OK");
+
+  // Reads: the middle destination page is read-only.
+  ASSERT_EQ(mprotect(local + kPage, kPage, PROT_READ), 0);
+  std::memset(local, 0, kPage);
+  std::memset(local + 2 * kPage, 0, kPage);
+  std::vector<Status> r = run(Opcode::kRead, 4);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_OK(r[0]);
+  EXPECT_THAT(r[1], StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_OK(r[2]);
+  EXPECT_EQ(CheckPattern(local, kPage, 931, 4 * kPage), std::nullopt);
+  EXPECT_EQ(CheckPattern(local + 2 * kPage, kPage, 931, 6 * kPage), std::nullopt);
+  EXPECT_EQ(CheckPattern(local + kPage, kPage, 933, kPage), std::nullopt) << "the read-only page changed";
+  ASSERT_OK(engine().UnregisterMemory(local));
+  munmap(m, 3 * kPage);
 }
 
 TEST_F(AutoMultiProcessTest, ForcedShmToAPeerRefusingItFailsWithTheReason) {

@@ -9,7 +9,6 @@
 
 #include "common/log.h"
 #include "common/net.h"
-#include "wire/exchange.h"
 #include "wire/frame.h"
 
 namespace ferry::internal {
@@ -95,13 +94,8 @@ class ShmTransportImpl : public Transport {
       hello.probe.assign(probe_.data(), probe_.size());
       std::string body;
       wire::EncodeCopyHello(hello, &body);
-      auto ack = wire::Exchange(fd->get(), wire::FrameType::kCopyHello, body,
-                                wire::FrameType::kStreamHelloAck, deadline);
-      if (!ack.ok()) return ctx(ack.status());
-      Status remote;
-      Status s = wire::DecodeStatus(*ack, &remote);
-      if (!s.ok()) return ctx(s);
-      if (!remote.ok()) return ctx(remote);
+      Status hi = tcp::SayHello(fd->get(), wire::FrameType::kCopyHello, body, deadline);
+      if (!hi.ok()) return ctx(hi);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd->get(), true));
       streams.push_back(std::make_shared<Connection>(pool_->loop(static_cast<size_t>(i)), std::move(*fd),
                                                      Connection::Role::kInitiator, peer.peer_id, nullptr,
@@ -111,15 +105,7 @@ class ShmTransportImpl : public Transport {
     lc.max_frame_bytes = cfg_.max_frame_bytes;
     lc.max_frame_entries = cfg_.max_frame_entries;
     lc.copy = true;
-    auto link = std::make_shared<tcp::StreamLink>(lc, peer.peer_id, version, streams);
-    link->WireStreams();
-    for (const auto& conn : streams) {
-      conn->loop()->RunInLoop([conn] {
-        Status a = conn->Attach();
-        if (!a.ok()) conn->CloseAsync(a);
-      });
-    }
-    return std::shared_ptr<PeerLink>(std::move(link));
+    return tcp::StreamLink::Open(lc, peer.peer_id, version, std::move(streams));
   }
 
   void Shutdown() override { pool_->Stop(); }

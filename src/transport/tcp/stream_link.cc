@@ -8,8 +8,17 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "wire/exchange.h"
 
 namespace ferry::internal::tcp {
+
+Status SayHello(int fd, wire::FrameType type, const std::string& body, Clock::time_point deadline) {
+  FERRY_ASSIGN_OR_RETURN(std::string ack,
+                         wire::Exchange(fd, type, body, wire::FrameType::kStreamHelloAck, deadline));
+  Status remote;
+  FERRY_RETURN_IF_ERROR(wire::DecodeStatus(ack, &remote));
+  return remote;
+}
 
 StatusOr<std::shared_ptr<LoopPool>> LoopPool::Start(int threads, std::chrono::microseconds spin) {
   auto pool = std::make_shared<LoopPool>();

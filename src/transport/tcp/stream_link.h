@@ -56,6 +56,11 @@ class Listener : public EventLoop::Handler {
   size_t next_ = 0;
 };
 
+// Sends a stream's first frame (kStreamHello or kCopyHello) on a blocking
+// socket and returns the peer's answer: OK, the refusal it sent, or why no
+// answer came.
+Status SayHello(int fd, wire::FrameType type, const std::string& body, Clock::time_point deadline);
+
 struct StreamLinkConfig {
   uint32_t max_frame_bytes = 1u << 20;
   uint32_t max_frame_entries = 512;
@@ -92,6 +97,21 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
         tracker_(std::make_shared<WriteTracker>()) {}
 
   ~StreamLink() override { Retire(); }
+
+  // A link over `streams` (connected, hello answered, not attached yet):
+  // wires them to it and attaches each to its loop.
+  static std::shared_ptr<PeerLink> Open(const StreamLinkConfig& cfg, std::string peer_id, uint16_t version,
+                                        std::vector<std::shared_ptr<Connection>> streams) {
+    auto link = std::make_shared<StreamLink>(cfg, std::move(peer_id), version, streams);
+    link->WireStreams();
+    for (const auto& conn : streams) {
+      conn->loop()->RunInLoop([conn] {
+        Status a = conn->Attach();
+        if (!a.ok()) conn->CloseAsync(a);
+      });
+    }
+    return link;
+  }
 
   // Lets the streams feed the link when they have room. Before they attach.
   void WireStreams() {

@@ -4,7 +4,6 @@
 
 #include "common/log.h"
 #include "common/net.h"
-#include "wire/exchange.h"
 #include "wire/frame.h"
 
 namespace ferry::internal {
@@ -47,16 +46,8 @@ class TcpTransportImpl : public Transport {
                               cfg_.local_peer_id};
       std::string body;
       wire::EncodeStreamHello(hello, &body);
-      auto ctx = [&](const Status& s) {
-        return s.WithPrefix("opening stream " + std::to_string(i) + " to " + peer.peer_id);
-      };
-      auto ack = wire::Exchange(fd.get(), wire::FrameType::kStreamHello, body,
-                                wire::FrameType::kStreamHelloAck, deadline);
-      if (!ack.ok()) return ctx(ack.status());
-      Status remote;
-      Status s = wire::DecodeStatus(*ack, &remote);
-      if (!s.ok()) return ctx(s);
-      if (!remote.ok()) return ctx(remote);
+      Status hi = tcp::SayHello(fd.get(), wire::FrameType::kStreamHello, body, deadline);
+      if (!hi.ok()) return hi.WithPrefix("opening stream " + std::to_string(i) + " to " + peer.peer_id);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd.get(), true));
       EventLoop* loop = pool_->loop(static_cast<size_t>(i));
       streams.push_back(std::make_shared<Connection>(
@@ -66,15 +57,7 @@ class TcpTransportImpl : public Transport {
     lc.max_frame_bytes = cfg_.max_frame_bytes;
     lc.max_frame_entries = cfg_.max_frame_entries;
     lc.stream_window = cfg_.stream_window;
-    auto link = std::make_shared<tcp::StreamLink>(lc, peer.peer_id, version, streams);
-    link->WireStreams();
-    for (const auto& conn : streams) {
-      conn->loop()->RunInLoop([conn] {
-        Status a = conn->Attach();
-        if (!a.ok()) conn->CloseAsync(a);
-      });
-    }
-    return std::shared_ptr<PeerLink>(std::move(link));
+    return tcp::StreamLink::Open(lc, peer.peer_id, version, std::move(streams));
   }
 
   void Shutdown() override { pool_->Stop(); }
