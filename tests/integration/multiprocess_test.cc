@@ -1154,6 +1154,35 @@ TEST_F(AutoMultiProcessTest, SameHostStreamOfAnExitedProcessIsClosed) {
   EXPECT_EQ(peer->Call("PING"), "PONG");
 }
 
+// A same-host hello on the tcp port (no peer process known) is refused with a
+// reason, and the connection is not served.
+TEST_F(TcpMultiProcessTest, SameHostHelloOverTcpIsRefusedWithTheReason) {
+  constexpr uint64_t kSize = 64 * kKiB;
+  PeerProcess* peer = SpawnPeer(kSize, 1401);
+  ASSERT_NE(peer, nullptr);
+  const std::string name = ShmSocketOf(peer->pid());
+  ASSERT_FALSE(name.empty());
+  const uint64_t instance = std::stoull(name.substr(name.rfind('-') + 1), nullptr, 16);
+  alignas(16) static char probe[16] = "ferry-tcp-probe";
+  const int fd = ConnectRaw(peer->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, CopyHelloFrame(instance, reinterpret_cast<uint64_t>(probe),
+                                         std::string(probe, sizeof(probe)))));
+  std::string head, body;
+  ASSERT_TRUE(RecvExact(fd, &head, 24));
+  EXPECT_EQ(head[5], 4) << "StreamHelloAck expected";
+  ASSERT_TRUE(RecvExact(fd, &body, static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8)));
+  EXPECT_EQ(body[0], 9) << "FAILED_PRECONDITION expected";
+  EXPECT_THAT(body, HasSubstr("cannot tell which process"));
+  // Not a stream now: a copy frame on it closes the connection.
+  std::vector<unsigned char> local(4096, 0);
+  (void)SendAll(fd, CopyReadFrame(peer->buffer_addr(), 4096, reinterpret_cast<uint64_t>(local.data())));
+  EXPECT_TRUE(WaitForClose(fd, std::chrono::steady_clock::now() + 60s));
+  close(fd);
+  EXPECT_EQ(std::count(local.begin(), local.end(), 0), 4096);
+  EXPECT_EQ(peer->Call("PING"), "PONG");
+}
+
 // Frame headers with oversized lengths are refused before any allocation: the
 // connection is closed and the peer carries on.
 TEST_F(TcpMultiProcessTest, OversizedFrameHeadersAreRefused) {

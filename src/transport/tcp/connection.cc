@@ -468,8 +468,10 @@ Status Connection::OnHeader() {
   bool allowed = false;
   switch (role_) {
     case Role::kAccepted:
+      // kCopyHello on a tcp connection, or from a process this one cannot
+      // see, is answered with a refusal that says so (ServeCopyHello).
       allowed = t == FrameType::kHandshakeRequest || t == FrameType::kStreamHello ||
-                (t == FrameType::kCopyHello && peer_pid_ != 0);
+                t == FrameType::kCopyHello;
       break;
     case Role::kTarget:
       allowed = t == FrameType::kNotify ||
@@ -600,6 +602,12 @@ Status Connection::ProbePeer(const wire::CopyHello& hello) const {
 Status Connection::ServeCopyHello() {
   FERRY_ASSIGN_OR_RETURN(wire::CopyHello hello, wire::DecodeCopyHello(body_));
   Status result = CheckHello(hello.hello);
+  if (result.ok() && peer_pid_ == 0) {
+    result = FailedPreconditionError(
+        "same-host transport: engine " + server_->target->peer_id() +
+        " cannot tell which process this stream comes from (not a unix socket, or a process of "
+        "another pid namespace)");
+  }
   if (result.ok()) {
     // Taken before the probe, so the probe checks the very process the
     // pidfd follows (the pid cannot be recycled while the pidfd is open and

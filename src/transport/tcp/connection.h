@@ -121,8 +121,9 @@ class Connection : public EventLoop::Handler, public std::enable_shared_from_thi
   // Registers with the loop. Loop thread only.
   Status Attach();
   // Marks an accepted unix-socket connection as coming from process `pid`
-  // (SO_PEERCRED): it may then say a same-host hello (kCopyHello) and have
-  // its transfers copied straight between the two processes. Before Attach.
+  // (SO_PEERCRED): a same-host hello (kCopyHello) on it may then succeed and
+  // have its transfers copied straight between the two processes; without
+  // it the hello is refused. Before Attach.
   void SetPeerProcess(int pid) { peer_pid_ = pid; }
   // Called on the loop thread, under the connection's lock, whenever this
   // stream has answered or failed requests (room for more, or closed). Set
