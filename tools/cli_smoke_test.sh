@@ -89,6 +89,19 @@ case "$CASE" in
   bench_baseline_json)
     check_json "d['throughput_gbps'] > 0 and d['baseline']['socket_gbps'] > 0 and d['baseline']['socket_rtt_us'] > 0 and d['baseline']['memcpy_gbps'] > 0 and d['baseline']['scatter_gbps'] > 0 and d['latency_us']['p50'] > 0" \
       "$FERRY" bench --block-size 64K --batch-size 64 --duration 0.5 --json ;;
+  sweep)
+    # Two points, no baselines: the CSV names the transport; the chart is drawn
+    # when matplotlib is there (Debian's python3-matplotlib, installed by
+    # scripts/install-deps.sh).
+    dir=$(mktemp -d)
+    expect_status 0 "$FERRY" bench --sweep --sweep-blocks 4K,64K --sweep-threads 1 --duration 0.2 --no-baseline --output "$dir/s"
+    [ "$(wc -l < "$dir/s.csv")" -eq 3 ] || fail "expected a header and 2 rows in s.csv"
+    head -1 "$dir/s.csv" | grep -q ',transport$' || fail "no transport column"
+    tail -1 "$dir/s.csv" | grep -q ',shm$' || fail "the sweep did not run on shm: $(tail -1 "$dir/s.csv")"
+    if $PY -c 'import matplotlib' 2>/dev/null; then
+      [ -s "$dir/s.png" ] || fail "matplotlib is installed but no chart was drawn"
+    fi
+    rm -rf "$dir" ;;
   *)
     fail "unknown case" ;;
 esac

@@ -85,7 +85,8 @@ def main(argv):
     ax_lat.set_title("Latency")
     ax_tp.legend(fontsize=8)
     ax_lat.legend(fontsize=7)
-    fig.suptitle("ferry bench --sweep")
+    transports = sorted({r.get("transport") or "?" for r in rows})
+    fig.suptitle(f"ferry bench --sweep (transport {', '.join(transports)})")
     fig.tight_layout()
     fig.savefig(argv[2], dpi=120)
     return 0

@@ -1036,7 +1036,7 @@ int RunSweep(Session& s, const BenchOptions& o) {
     if (!out) throw cli::RunError("cannot write " + csv);
     out << "threads,block_size,batch_size,throughput_gbps,requests_per_s,batch_p50_us,batch_p99_us,"
            "request_p50_us,request_p99_us,cpu_s_per_gb,socket_gbps,socket_single_gbps,"
-           "socket_rtt_us,memcpy_gbps\n";
+           "socket_rtt_us,memcpy_gbps,transport\n";
     for (const Point& p : points) {
       const PhaseResult& f = p.rep.ferry;
       out << p.threads << "," << p.block << "," << p.batch << "," << f.gbps() << "," << f.rps()
@@ -1044,7 +1044,7 @@ int RunSweep(Session& s, const BenchOptions& o) {
           << p.rep.request_lat.p50 << "," << p.rep.request_lat.p99 << ","
           << f.cpu_per_gb(Sum(f.cpu_initiator, f.cpu_target)) << ","
           << (base ? base->multi.gbps() : kNaN) << "," << (base ? base->single.gbps() : kNaN) << ","
-          << rtt.p50 << "," << (base ? base->memcpy_gbps : kNaN) << "\n";
+          << rtt.p50 << "," << (base ? base->memcpy_gbps : kNaN) << "," << f.transport << "\n";
     }
   }
   std::string plot_error = Plot(o, csv, png);
