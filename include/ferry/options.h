@@ -38,12 +38,14 @@ struct EngineOptions {
 
   // TCP and shm: parallel connections (streams) per peer, 1..64.
   int tcp_streams = 2;
-  // TCP: event-loop threads, 0..64 (0 = one per stream, at most 4).
+  // Event-loop threads of the socket transports (tcp and shm share them),
+  // 0..64 (0 = one per stream, at most 4). On shm they also do the copies
+  // of the streams this engine serves.
   int io_threads = 0;
-  // TCP: a request larger than this is cut into slices striped across
+  // TCP and shm: a request larger than this is cut into slices striped across
   // streams. 4 KiB <= slice_size <= max_frame_bytes.
   uint32_t slice_size = 1u << 20;
-  // TCP: most payload bytes (<= 64 MiB) and entries (1..1024) coalesced into
+  // TCP and shm: most bytes (<= 64 MiB) and entries (1..1024) coalesced into
   // one frame.
   uint32_t max_frame_bytes = 1u << 20;
   uint32_t max_frame_entries = 512;

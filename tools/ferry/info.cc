@@ -1,6 +1,7 @@
 // `ferry info` and `ferry metadata-server`.
 #include <sys/resource.h>
 
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -19,6 +20,25 @@ std::string MemlockSoft() {
   return std::to_string(static_cast<unsigned long long>(r.rlim_cur)) + " B";
 }
 
+// Yama's ptrace_scope, which decides whether peers on this host may copy to
+// and from this process (shm): -1 when the kernel has no Yama.
+int YamaPtraceScope() {
+  std::ifstream in("/proc/sys/kernel/yama/ptrace_scope");
+  int v = -1;
+  if (!(in >> v)) return -1;
+  return v;
+}
+
+std::string SameHostAccess() {
+  const int scope = YamaPtraceScope();
+  const std::string same_user = "engines of one user reach each other (with CAP_SYS_PTRACE, any)";
+  switch (scope) {
+    case -1: return "no Yama: " + same_user;
+    case 0: return "Yama ptrace_scope 0: " + same_user;
+    case 1: return "Yama ptrace_scope 1: only engines with CAP_SYS_PTRACE; others fall back to tcp";
+    default: return "Yama ptrace_scope " + std::to_string(scope) + ": peers fall back to tcp";
+  }
+}
 
 constexpr const char* kInfoHelp = R"(Usage: ferry info [--json] [--version]
 
@@ -97,8 +117,10 @@ int InfoMain(const std::vector<std::string>& args) {
     j.Field("max_batch_capacity", static_cast<uint64_t>(kMaxBatchCapacity));
     j.Field("max_notification_name", static_cast<uint64_t>(kMaxNotificationName));
     j.Field("max_notification_message", static_cast<uint64_t>(kMaxNotificationMessage));
-    j.Field("registered_memory", "address space (local and tcp do not pin pages)");
+    j.Field("registered_memory", "address space (local, shm and tcp do not pin pages)");
     j.Field("memlock_soft", MemlockSoft());
+    j.Field("yama_ptrace_scope", YamaPtraceScope());
+    j.Field("same_host_access", SameHostAccess());
     j.EndObject();
     j.Field("peer_id_of_this_probe", (*engine)->PeerId());
     j.EndObject();
@@ -135,7 +157,8 @@ int InfoMain(const std::vector<std::string>& args) {
             << "  batch capacity      " << kMaxBatchCapacity << " requests\n"
             << "  notification        name " << kMaxNotificationName << " B, message "
             << kMaxNotificationMessage << " B\n"
-            << "  registered memory   any amount: local and tcp do not pin pages\n"
+            << "  registered memory   any amount: local, shm and tcp do not pin pages\n"
+            << "  same-host (shm)     " << SameHostAccess() << "\n"
             << "  RLIMIT_MEMLOCK      " << MemlockSoft() << " (for pinning transports, later)\n";
   return 0;
 }
