@@ -149,3 +149,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def same_host_copy_refusal() -> str:
+    """"" if this machine lets a process read a child's memory with
+    process_vm_readv (what Ferry's shm transport needs), else the reason."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class IoVec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+    value = ctypes.c_uint64(0x5EED5EED5EED5EED)
+    seen = ctypes.c_uint64(0)
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(w)
+        os.read(r, 1)  # until the parent closes its end
+        os._exit(0)
+    os.close(r)
+    try:
+        local = IoVec(ctypes.addressof(seen), 8)
+        remote = IoVec(ctypes.addressof(value), 8)
+        n = libc.process_vm_readv(child, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        err = ctypes.get_errno()
+    finally:
+        os.close(w)
+        os.waitpid(child, 0)
+    if n != 8 or seen.value != value.value:
+        return f"process_vm_readv: {os.strerror(err)}"
+    return ""

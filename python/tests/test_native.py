@@ -34,9 +34,12 @@ def engine():
 @pytest.fixture(params=["auto", "tcp"])
 def remote_engine(request):
     """An engine with the transport under test, and the transport a peer
-    process on this host gets with it (auto: shm)."""
+    process on this host gets with it (auto: shm, or tcp where this machine
+    refuses same-host copies)."""
+    from conftest import same_host_copy_refusal
+    same_host = "tcp" if same_host_copy_refusal() else "shm"
     with ferry.Engine(transport=request.param) as e:
-        yield e, {"auto": "shm", "tcp": "tcp"}[request.param]
+        yield e, {"auto": same_host, "tcp": "tcp"}[request.param]
 
 
 @pytest.fixture

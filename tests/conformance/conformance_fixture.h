@@ -14,6 +14,7 @@
 #include "ferry/ferry.h"
 #include "tests/testing/buffer.h"
 #include "tests/testing/pattern.h"
+#include "tests/testing/same_host.h"
 #include "tests/testing/status_matchers.h"
 
 namespace ferry::test {
@@ -47,6 +48,7 @@ struct Piece {
 class EnginePair {
  public:
   void Start(const std::string& transport) {
+    if (transport == "shm") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
     Start(ConformanceOptions(transport), ConformanceOptions(transport));
   }
   void Start(const EngineOptions& initiator_options, const EngineOptions& target_options) {

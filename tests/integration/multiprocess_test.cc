@@ -30,6 +30,7 @@
 #include "tests/integration/peer_process.h"
 #include "tests/testing/buffer.h"
 #include "tests/testing/pattern.h"
+#include "tests/testing/same_host.h"
 #include "tests/testing/status_matchers.h"
 
 #ifndef FERRY_TEST_PEER_PATH
@@ -114,6 +115,9 @@ class MultiProcessBase : public ::testing::Test {
 // process on this host.
 class MultiProcessTest : public MultiProcessBase, public ::testing::WithParamInterface<std::string> {
  protected:
+  void SetUp() override {
+    if (GetParam() == "shm") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
+  }
   std::string Transport() const override { return GetParam(); }
 };
 
@@ -570,6 +574,7 @@ void WriteCheckReadBack(Engine& e, SegmentHandle seg, PeerProcess& peer, unsigne
 }
 
 TEST_F(AutoMultiProcessTest, PeerProcessOnThisHostIsReachedThroughShm) {
+  FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   PeerProcess* peer = SpawnPeer(4 * kMiB, 901);
   ASSERT_NE(peer, nullptr);
@@ -601,6 +606,7 @@ TEST_F(AutoMultiProcessTest, PeerRefusingShmIsReachedThroughTcp) {
 // the initiator registered, then made unreadable or read-only) fails alone;
 // the entries around it in the same frame (and the same merged range) move.
 TEST_F(AutoMultiProcessTest, ShmEntryTheKernelCannotReachFailsAloneInItsFrame) {
+  FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
   EngineOptions o = Options();
   o.transport = "shm";
   ASSERT_NO_FATAL_FAILURE(CreateEngine(o));
@@ -1098,6 +1104,7 @@ std::string CopyReadFrame(uint64_t remote, uint32_t length, uint64_t local) {
 // closes the stream. The same frames from a live process are served
 // (control, so the frames themselves are right).
 TEST_F(AutoMultiProcessTest, SameHostStreamOfAnExitedProcessIsClosed) {
+  FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
   constexpr uint64_t kSize = 64 * kKiB;
   PeerProcess* peer = SpawnPeer(kSize, 1301);
   ASSERT_NE(peer, nullptr);
