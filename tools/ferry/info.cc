@@ -1,12 +1,6 @@
 // `ferry info` and `ferry metadata-server`.
 #include <sys/resource.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -15,6 +9,7 @@
 #include "commands.h"
 #include "ferry/ferry.h"
 #include "json.h"
+#include "same_host_probe.h"
 
 namespace ferry::cli {
 namespace {
@@ -35,36 +30,10 @@ int YamaPtraceScope() {
   return v;
 }
 
-// "ok" if this process can read a child's memory with process_vm_readv and
-// follow it with pidfd_open (what the shm transport needs), else the reason.
+// "ok", or why the shm transport cannot copy between processes here.
 std::string SameHostCopyProbe() {
-  static volatile unsigned long value = 0x5eed5eed5eed5eedul;
-  int gate[2];
-  if (pipe(gate) != 0) return std::string("pipe: ") + std::strerror(errno);
-  const pid_t child = fork();
-  if (child < 0) return std::string("fork: ") + std::strerror(errno);
-  if (child == 0) {
-    close(gate[1]);
-    char c;
-    (void)!read(gate[0], &c, 1);  // until the parent closes its end
-    _exit(0);
-  }
-  close(gate[0]);
-  unsigned long seen = 0;
-  iovec local{&seen, sizeof(seen)};
-  iovec remote{const_cast<unsigned long*>(&value), sizeof(value)};
-  const ssize_t n = process_vm_readv(child, &local, 1, &remote, 1, 0);
-  const int err = errno;
-  const long pidfd = syscall(SYS_pidfd_open, child, 0);
-  const int pidfd_err = errno;
-  if (pidfd >= 0) close(static_cast<int>(pidfd));
-  close(gate[1]);
-  waitpid(child, nullptr, 0);
-  if (n != static_cast<ssize_t>(sizeof(seen)) || seen != value) {
-    return std::string("process_vm_readv: ") + std::strerror(n < 0 ? err : EIO);
-  }
-  if (pidfd < 0) return std::string("pidfd_open: ") + std::strerror(pidfd_err);
-  return "ok";
+  const std::string why = probe::SameHostCopyRefusal();
+  return why.empty() ? "ok" : why;
 }
 
 std::string SameHostAccess() {
