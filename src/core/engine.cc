@@ -223,8 +223,11 @@ class Engine::Impl {
     // auto: a transport that says it can reach the peer may still fail to
     // connect (shm: another network namespace, no ptrace access). Try the
     // next one; if that works, skip the first for this segment from now on.
+    // Not after a timeout: a peer that does not answer would only cost the
+    // caller another connect_timeout.
+    const bool timed_out = !link.ok() && link.status().code() == StatusCode::kDeadlineExceeded;
     for (internal::Transport* next = PickTransport(seg, seg.desc, seg.transport);
-         !link.ok() && options.transport == "auto" && next != nullptr;
+         !link.ok() && !timed_out && options.transport == "auto" && next != nullptr;
          next = PickTransport(seg, seg.desc, next)) {
       auto other = next->Connect(seg.desc, seg.wire_version, ConnectDeadline());
       if (!other.ok()) continue;
