@@ -325,30 +325,24 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   server->refuse_copy = options.testing.refuse_same_host_copy;
 
   FERRY_ASSIGN_OR_RETURN(auto loops, internal::tcp::LoopPool::Start(options.io_threads, options.spin));
+  internal::tcp::StreamTransportConfig common;
+  common.streams = options.tcp_streams;
+  common.slice_size = options.slice_size;
+  common.max_frame_bytes = options.max_frame_bytes;
+  common.max_frame_entries = options.max_frame_entries;
+  common.local_peer_id = impl->peer_id;
+  common.local_instance = impl->instance_id;
   internal::TcpTransportConfig tcfg;
+  static_cast<internal::tcp::StreamTransportConfig&>(tcfg) = common;
   tcfg.listener = std::move(listener.first);
-  tcfg.streams = options.tcp_streams;
-  tcfg.slice_size = options.slice_size;
-  tcfg.max_frame_bytes = options.max_frame_bytes;
-  tcfg.max_frame_entries = options.max_frame_entries;
   // Two frames per stream: measured best for 1 MiB frames (one frame: a
   // little slower; four: as slow as no window at all).
   tcfg.stream_window = 2 * uint64_t{options.max_frame_bytes};
   tcfg.served_send_buffer = options.tcp_send_buffer;
-  tcfg.local_peer_id = impl->peer_id;
-  tcfg.local_instance = impl->instance_id;
-
-  internal::ShmTransportConfig scfg;
-  scfg.streams = options.tcp_streams;
-  scfg.slice_size = options.slice_size;
-  scfg.max_frame_bytes = options.max_frame_bytes;
-  scfg.max_frame_entries = options.max_frame_entries;
-  scfg.local_peer_id = impl->peer_id;
-  scfg.local_instance = impl->instance_id;
 
   // By preference: the cheapest that reaches the peer.
   impl->transports.push_back(internal::MakeLocalTransport());
-  auto shm = internal::MakeShmTransport(std::move(scfg), server, loops);
+  auto shm = internal::MakeShmTransport(common, server, loops);
   if (shm.ok()) {
     impl->transports.push_back(std::move(*shm));
   } else if (options.transport == "shm") {

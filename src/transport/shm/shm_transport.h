@@ -21,14 +21,7 @@
 
 namespace ferry::internal {
 
-struct ShmTransportConfig {
-  int streams = 2;
-  uint32_t slice_size = 1u << 20;
-  uint32_t max_frame_bytes = 1u << 20;
-  uint32_t max_frame_entries = 512;
-  std::string local_peer_id;  // "host:port" of this engine, sent in stream hellos
-  uint64_t local_instance = 0;
-};
+using ShmTransportConfig = tcp::StreamTransportConfig;
 
 // Listens on an abstract unix socket named after the engine's instance and
 // serves it from the loops.

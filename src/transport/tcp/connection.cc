@@ -787,17 +787,14 @@ Status Connection::ServeCopy(bool write) {
   std::vector<uint32_t> run;
   run.reserve(entries.size());
   const Region* last = nullptr;
-  size_t mine = 0, theirs = 0;  // iovecs the run needs on each side (upper bounds)
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::CopyEntry& e = entries[i];
     if (!PinEntry({e.addr, e.length}, i, &last, &pins, &rep.failures).ok()) continue;
-    if (mine == kMaxIov || theirs == kMaxIov) {
+    if (run.size() == kMaxIov) {  // an entry needs at most one iovec on each side
       CopyRun(peer_pid_, write, entries, run, peer_name_, &rep.failures);
       run.clear();
-      mine = theirs = 0;
     }
     run.push_back(i);
-    ++mine, ++theirs;
   }
   CopyRun(peer_pid_, write, entries, run, peer_name_, &rep.failures);
   pins.clear();  // the bytes have moved: release the regions

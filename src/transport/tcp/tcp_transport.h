@@ -12,20 +12,14 @@
 
 namespace ferry::internal {
 
-struct TcpTransportConfig {
+struct TcpTransportConfig : tcp::StreamTransportConfig {
   UniqueFd listener;  // bound and listening (the rpc port)
-  int streams = 2;
-  uint32_t slice_size = 1u << 20;
-  uint32_t max_frame_bytes = 1u << 20;
-  uint32_t max_frame_entries = 512;
   // Bytes a stream may have unanswered before the link holds further write
   // frames back for whichever stream has room first (see tcp::StreamLink).
   uint64_t stream_window = 2u << 20;
   // SO_SNDBUF of accepted connections (they carry read replies); 0: the
   // kernel's autotuning. See EngineOptions::tcp_send_buffer.
   uint32_t served_send_buffer = 0;
-  std::string local_peer_id;  // "host:port" of this engine, sent in stream hellos
-  uint64_t local_instance = 0;
 };
 
 // Serves the rpc port (handshakes and data streams) from the loops.
