@@ -18,7 +18,7 @@ if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
     shift 2
     echo "run-tests: sanitizer pass (${san}): $*"
     cmake -G Ninja -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_BUILD_PYTHON=OFF \
-      -DFERRY_SANITIZE="$san" >/dev/null || return 1
+      -DFERRY_SANITIZE="$san" -DFERRY_WERROR=ON >/dev/null || return 1
     cmake --build "$dir" -j "$(nproc)" --target "$@" ferry_test_peer >/dev/null || return 1
     local rc=0 t
     for t in "$@"; do
@@ -38,7 +38,8 @@ if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
   echo "run-tests: sanitizer passes exit ${san_rc} (0 = all passed)"
 fi
 
-cmake -G Ninja -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=/usr/bin/python3 || exit 1
+cmake -G Ninja -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_WERROR=ON \
+  -DPython_EXECUTABLE=/usr/bin/python3 || exit 1
 cmake --build build -j "$(nproc)" || exit 1
 
 ctest_rc=0

@@ -5,5 +5,6 @@
 #include "ferry/limits.h"
 #include "ferry/options.h"
 #include "ferry/status.h"
+#include "ferry/transports.h"
 #include "ferry/types.h"
 #include "ferry/version.h"

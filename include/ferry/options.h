@@ -1,10 +1,16 @@
-// EngineOptions: every setting of an engine, with its default.
+// EngineOptions: every setting of an engine, with its default. OptionTable()
+// lists the ranged settings and their FERRY_* variables (one table, in
+// src/common/option_table.cc, that the engine, `ferry info` and the docs use).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "ferry/status.h"
 
 namespace ferry {
 
@@ -72,11 +78,50 @@ struct EngineOptions {
     // Refuse peers' same-host (shm) streams as if their memory could not be
     // reached, so they fall back to tcp.
     bool refuse_same_host_copy = false;
+    // Accept registrations of the test memory kind (location "test-opaque":
+    // pages the CPU must not touch, reached only through their own copy
+    // functions; see docs/architecture.md, "Memory kinds").
+    bool allow_test_memory_kind = false;
+    // Play a build that reads and writes descriptor formats up to this one
+    // (0 = this build's newest).
+    uint16_t descriptor_format_max = 0;
   } testing;
 
-  // Overlays FERRY_* environment variables (see docs/architecture.md) onto
-  // these options. The only place Ferry reads its environment.
+  // Overlays the FERRY_* variables of OptionTable() (see docs/architecture.md)
+  // onto these options; an invalid value is reported on stderr and ignored.
+  // The environment is read once per process (src/common/env.cc).
   EngineOptions WithEnvironment() const;
 };
+
+// One setting of EngineOptions as OptionTable() describes it.
+struct OptionSpec {
+  std::string_view name;           // the field: "tcp_streams"
+  std::string_view variable;       // the FERRY_* variable that overrides it; "" if none
+  std::string_view unit;           // of the value, the range and the variable: "ms", "us", "B", ""
+  std::string_view range;          // the valid values: "[1, 64]", "0 or [64 KiB, 256 MiB]", ...
+  std::string_view default_value;  // that of a default-constructed EngineOptions, in `unit`
+  std::string_view meaning;
+  // Integer options: the bounds of `range` (which may also allow 0, or raise
+  // `min` to another option's value: max_frame_bytes >= slice_size).
+  int64_t min = 0;
+  int64_t max = 0;
+  // Exactly one is set. integer_value: the option's value in `o`, in `unit`;
+  // string_value: the option's text in `o`.
+  int64_t (*integer_value)(const EngineOptions& o) = nullptr;
+  const std::string& (*string_value)(const EngineOptions& o) = nullptr;
+
+  // The value in `o` as text: an integer in decimal (in `unit`), a string as it is.
+  std::string Value(const EngineOptions& o) const;
+};
+
+// Every EngineOptions setting that has a range or a FERRY_* variable, in the
+// order of the fields. Static storage; the same on every call.
+std::span<const OptionSpec> OptionTable();
+
+// OK, or kInvalidArgument naming the first option outside its range, the
+// range and the value got ("tcp_streams must be in [1, 64], got 0").
+// Engine::Create calls it. Does not check `transport` names: which
+// transports exist is the engine's to say.
+Status ValidateOptions(const EngineOptions& o);
 
 }  // namespace ferry

@@ -65,7 +65,11 @@ struct BatchStatus {
 struct MemoryRegion {
   void* addr = nullptr;
   size_t length = 0;
-  std::string location = "*";  // "cpu:0", "cuda:0", "*" (any); informational today
+  // Names the memory kind: "cpu", "cpu:N" or "*" (Mooncake's "anywhere"):
+  // host memory. "cuda:N" (GPU memory) is refused with kUnimplemented by this
+  // build. Transfers are routed by the kinds of both sides (see
+  // docs/architecture.md, "Memory kinds").
+  std::string location = "*";
 };
 
 // A region as advertised by a peer.
@@ -73,6 +77,7 @@ struct RemoteRegion {
   uint64_t addr = 0;
   uint64_t length = 0;
   std::string location;
+  std::string kind = "cpu";  // its memory kind ("cpu"; peers of descriptor format 1: "cpu")
 };
 
 // A small named message, delivered after every write the sender submitted to
@@ -98,7 +103,7 @@ struct SegmentInfo {
   std::string engine_name;  // the peer's local segment name
   uint64_t instance_id = 0;  // new on every start of the peer
   uint16_t wire_version = 0;  // negotiated
-  std::string transport;    // transport used for data: "local" or "tcp"
+  std::string transport;    // transport used for cpu-to-cpu data: "local", "shm" or "tcp"
   Capabilities capabilities;
   std::vector<RemoteRegion> regions;  // as of the last handshake, in registration order
 };

@@ -22,6 +22,10 @@ callers can observe, all on the side of reporting more:
   pointer for Mooncake Store) does not exist.
 * ``close()`` (not in Mooncake) closes the engine without waiting for the
   garbage collector.
+* Each managed buffer (``allocate_managed_buffer``) is registered on its own,
+  exactly the length asked for, and unregistered by ``free_managed_buffer``:
+  a peer's transfer that touches the pool outside the buffers currently
+  handed out (free space, padding, a freed buffer) is refused.
 """
 
 from __future__ import annotations
@@ -386,11 +390,15 @@ class TransferEngine:
 
     @_returns(0)
     def allocate_managed_buffer(self, length: int) -> int:
+        """A buffer of ``length`` bytes from the engine's pool, registered on its
+        own (peers reach exactly these bytes); 0 on failure."""
         self._require()
         return self._pool.allocate(int(length))
 
     @_returns()
     def free_managed_buffer(self, buffer_addr: int, length: int) -> int:
+        """Unregisters the buffer (waiting for transfers in flight that touch it)
+        and returns it to the pool; -3 if it is not an allocated managed buffer."""
         self._require()
         size = self._pool.size_of(int(buffer_addr))
         if size is not None and not 0 < length <= size:

@@ -96,6 +96,22 @@ class Target:
             time.sleep(0.001)
         return {"notes": notes}
 
+    # managed buffers of a mooncake target, and its raw memory (hex strings)
+    def allocate(self, length):
+        addr = self.engine.allocate_managed_buffer(length)
+        return {"addr": addr, "error": self.engine.last_error()} if addr == 0 else {"addr": addr}
+
+    def free(self, addr, length):
+        return {"rc": self.engine.free_managed_buffer(addr, length)}
+
+    def peek(self, addr, length):
+        return {"hex": ctypes.string_at(addr, length).hex()}
+
+    def poke(self, addr, hex):
+        data = bytes.fromhex(hex)
+        ctypes.memmove(addr, data, len(data))
+        return {"ok": True}
+
     def verify_kv(self, seed, mapping):
         """Checks the decode KV tensors: pages in `mapping` (decode page -> prefill
         page) hold the prefill values, every other page is still zero."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.metadata
 import inspect
@@ -19,7 +20,7 @@ from conftest import child_env, free_port
 from peer import pattern
 
 SIZE = 4 << 20
-# Managed buffers are carved from large registered arenas: this is outside them.
+# Managed buffers are carved from mmap'ed arenas: this is outside any of them.
 UNREGISTERED = 0x1000
 
 
@@ -204,7 +205,7 @@ def test_environment_is_read_at_initialize(monkeypatch):
 
 # ---- Memory ---------------------------------------------------------------------------
 def test_register_memory_return_codes(engine):
-    buf = engine.allocate_managed_buffer(1)  # keeps the pool registered
+    buf = engine.allocate_managed_buffer(1)  # a pool and one registered buffer exist
     assert buf != 0
     data = bytearray(1 << 16)
     addr = ferry._ferry.buffer_address(data)[0]
@@ -232,15 +233,211 @@ def test_managed_buffers(engine):
     assert engine.read_bytes_from_buffer(a, 1000) == payload[:1000]
     assert engine.write_bytes_to_buffer(a, b"short", 10) == -1
     assert "exceeds" in engine.last_error()
+    # each buffer is a region of its own, exactly as long as asked for
+    assert engine.get_engine().registered() == {a: 1000, b: 5000}
     assert engine.free_managed_buffer(a, 1000) == 0
-    assert engine.free_managed_buffer(a, 1000) < 0  # twice
+    assert engine.free_managed_buffer(a, 1000) == -3  # twice: NOT_FOUND
+    assert "not a managed buffer" in engine.last_error()
+    assert engine.free_managed_buffer(0x1000, 16) == -3
+    assert engine.get_engine().registered() == {b: 5000}
     assert engine.free_managed_buffer(b, 5000) == 0
+    assert engine.get_engine().registered() == {}
     assert engine.allocate_managed_buffer(1000) == a  # the space is reused
     big = engine.allocate_managed_buffer(300 << 20)  # larger than an arena: a new one
     assert big and engine.write_bytes_to_buffer(big + (300 << 20) - 3, b"end", 3) == 0
     assert engine.allocate_managed_buffer(0) == 0
     regions = engine.get_engine().query_segment(engine.get_engine().peer_id).regions
-    assert len(regions) == 2  # two arenas, registered once each
+    assert sorted((r.addr, r.length) for r in regions) == sorted([(a, 1000), (big, 300 << 20)])
+
+
+def test_managed_buffers_from_many_threads(engine):
+    import threading
+
+    errors = []
+
+    def churn(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(200):
+                n = rng.randint(1, 1 << 16)
+                addr = engine.allocate_managed_buffer(n)
+                assert addr, engine.last_error()
+                assert engine.get_engine().registered().get(addr) == n
+                assert engine.free_managed_buffer(addr, n) == 0, engine.last_error()
+        except AssertionError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    assert engine.get_engine().registered() == {}
+
+
+# ---- Peers reach the managed buffers handed out, nothing else of the pool -----------------
+MANAGED = 64 << 20
+PADDING = 100  # the first buffer is this much short of the pool's 256-byte steps
+
+
+class InProcessTarget:
+    """A TransferEngine of this process as the target (local or tcp transport)."""
+
+    def __init__(self, protocol):
+        self.engine = new_engine(protocol)
+        self.peer_id = f"127.0.0.1:{self.engine.get_rpc_port()}"
+
+    def allocate(self, length):
+        addr = self.engine.allocate_managed_buffer(length)
+        assert addr, self.engine.last_error()
+        return addr
+
+    def free(self, addr, length):
+        return self.engine.free_managed_buffer(addr, length)
+
+    def peek(self, addr, length):
+        return ctypes.string_at(addr, length)
+
+    def poke(self, addr, data):
+        ctypes.memmove(addr, data, len(data))
+
+    def close(self):
+        self.engine.close()
+
+
+class ProcessTarget:
+    """peer.py's mooncake target in another process (tcp, or shm for "rdma")."""
+
+    def __init__(self, spawn, protocol):
+        self.peer = spawn("mooncake", "4096", protocol)
+        self.peer_id = self.peer.hello["peer_id"]
+
+    def allocate(self, length):
+        return self.peer.request("allocate", length=length)["addr"]
+
+    def free(self, addr, length):
+        return self.peer.request("free", addr=addr, length=length)["rc"]
+
+    def peek(self, addr, length):
+        return bytes.fromhex(self.peer.request("peek", addr=addr, length=length)["hex"])
+
+    def poke(self, addr, data):
+        self.peer.request("poke", addr=addr, hex=data.hex())
+
+    def close(self):
+        pass  # spawn stops it
+
+
+@pytest.fixture(params=["local", "in-process-tcp", "process-tcp", "process-auto"])
+def pool_target(request, spawn):
+    """(target, initiator): a target whose managed buffers the initiator (a
+    TransferEngine of this process) transfers to and from, over the transport
+    the name says ("auto": shm, or tcp where this host refuses same-host copies)."""
+    from conftest import same_host_copy_refusal
+
+    kind = request.param
+    protocol = "tcp" if kind.endswith("tcp") else "rdma"
+    target = (ProcessTarget(spawn, protocol) if kind.startswith("process")
+              else InProcessTarget(protocol))
+    initiator = new_engine(protocol)
+    try:
+        segment = initiator.get_engine().open_segment(target.peer_id)
+        expected = {"local": "local", "process-auto": "tcp" if same_host_copy_refusal() else "shm"}
+        assert segment.info().transport == expected.get(kind, "tcp")
+        yield target, initiator
+    finally:
+        initiator.close()
+        target.close()
+
+
+def assert_refused(initiator, transfer, what):
+    assert transfer() == -1, f"{what}: accepted"
+    error = initiator.last_error()
+    assert "refused" in error and "not inside a registered memory region" in error, (what, error)
+
+
+def test_peers_reach_only_the_managed_buffers_handed_out(pool_target):
+    target, initiator = pool_target
+    peer = target.peer_id
+    length_a = MANAGED - PADDING
+    a = target.allocate(length_a)
+    b = target.allocate(MANAGED)
+    assert b == a + MANAGED  # back to back in one arena: a, its padding, b, free space
+    end_a, end_b = a + length_a, b + MANAGED
+
+    src = initiator.allocate_managed_buffer(1 << 16)
+    dst = initiator.allocate_managed_buffer(1 << 16)
+    junk = pattern(5, 1 << 16).tobytes()
+    initiator.write_bytes_to_buffer(src, junk, len(junk))
+    initiator.write_bytes_to_buffer(dst, bytes(1 << 16), 1 << 16)
+
+    # Known bytes around a's end (inside a, its padding, b's start) and b's end
+    # (inside b, free space of the arena): no refused transfer may change them.
+    watched = {end_a - 4096: 4096 + PADDING + 4096, end_b - 4096: 4096 + 8192}
+    marks = {addr: pattern(addr % 1000, n).tobytes() for addr, n in watched.items()}
+    for addr, data in marks.items():
+        target.poke(addr, data)
+
+    def unchanged():
+        for addr, data in marks.items():
+            assert target.peek(addr, len(data)) == data, f"{addr - a:#x}: changed"
+
+    def write(remote, length):
+        return lambda: initiator.transfer_sync_write(peer, src, remote, length)
+
+    # (1) starting past a's end: in its padding, and in the free space after b
+    assert_refused(initiator, write(end_a, 16), "padding after a")
+    assert_refused(initiator, write(end_a, PADDING), "all of a's padding")
+    assert_refused(initiator, write(end_a + PADDING - 8, 16), "padding into b")
+    assert_refused(initiator, write(end_b, 16), "free space after b")
+    assert_refused(initiator, write(end_b + 4096, 4096), "deeper in the free space")
+    assert_refused(initiator, write(a + (128 << 20) + (64 << 20), 1 << 16), "far in the arena")
+    # (2) straddling a buffer's end: nothing of it is written, inside the buffer either
+    assert_refused(initiator, write(end_a - 8, 16), "straddles a's end")
+    assert_refused(initiator, write(end_a - 4096, 4096 + PADDING + 4096), "a over padding into b")
+    assert_refused(initiator, write(end_b - 4096, 8192), "straddles b's end")
+    assert_refused(initiator, lambda: initiator.batch_transfer_sync_write(
+        peer, [src], [end_a - 1], [2]), "one byte past a, in a batch")
+    batch = initiator.batch_transfer_async_write(peer, [src], [end_b - 100], [200])
+    assert batch != 0 and initiator.get_batch_transfer_status([batch]) == -1
+    # reads are bounded the same way
+    assert_refused(initiator, lambda: initiator.transfer_sync_read(peer, dst, end_a - 8, 16),
+                   "read straddling a's end")
+    assert_refused(initiator, lambda: initiator.transfer_sync_read(peer, dst, end_b, 16),
+                   "read of free space")
+    assert initiator.read_bytes_from_buffer(dst, 1 << 16) == bytes(1 << 16)
+    unchanged()
+
+    # (3) fully inside a buffer still works, up to its last byte
+    assert initiator.transfer_sync_write(peer, src, end_a - 16, 16) == 0, initiator.last_error()
+    assert initiator.transfer_sync_write(peer, src + 16, a, 32) == 0, initiator.last_error()
+    assert initiator.transfer_sync_write(peer, src + 64, end_b - 4096, 4096) == 0
+    assert target.peek(end_a - 16, 16) == junk[:16]
+    assert target.peek(a, 32) == junk[16:48]
+    assert target.peek(end_b - 4096, 4096) == junk[64:64 + 4096]
+    assert target.peek(end_a, PADDING + 4096) == marks[end_a - 4096][4096:]
+    assert target.peek(end_b, 8192) == marks[end_b - 4096][4096:]
+    assert initiator.transfer_sync_read(peer, dst, end_a - 16, 16) == 0
+    assert initiator.read_bytes_from_buffer(dst, 16) == junk[:16]
+
+    # (4) a freed buffer is unreachable; the other one still works
+    for addr, data in marks.items():
+        target.poke(addr, data)
+    assert target.free(a, length_a) == 0
+    assert_refused(initiator, write(a, 16), "start of freed a")
+    assert_refused(initiator, write(end_a - 4096, 4096), "end of freed a")
+    unchanged()
+    assert initiator.transfer_sync_write(peer, src, b, 16) == 0, initiator.last_error()
+    assert target.peek(b, 16) == junk[:16]
+    assert target.free(b, MANAGED) == 0
+    assert_refused(initiator, write(b, 16), "freed b")
+    # the space is handed out again: reachable again, exactly as long as asked for
+    c = target.allocate(100)
+    assert c == a
+    assert initiator.transfer_sync_write(peer, src, c, 100) == 0, initiator.last_error()
+    assert_refused(initiator, write(c + 96, 8), "past the new, shorter buffer")
+    assert target.peek(c, 100) == junk[:100]
 
 
 def test_get_local_topology(engine):

@@ -1,13 +1,17 @@
 // Engine: ties the memory registry, segments, batches, metadata and
 // transports together. The data path of one write: Submit validates the
-// requests, reserves them in the batch, slices them (Transport::MaxSlice) and
-// posts the slices to the segment's PeerLink; the transport completes each
-// slice through BatchState; WaitBatch returns when the batch is idle.
+// requests, picks a transport per (peer, local memory kind, remote memory
+// kind), reserves the requests in the batch, slices them
+// (Transport::MaxSlice) and posts the slices to that route's PeerLink; the
+// transport completes each slice through BatchState; WaitBatch returns when
+// the batch is idle. The engine knows transports only through
+// transport/transport.h and transport/registry.h.
 #include "ferry/engine.h"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <random>
@@ -15,6 +19,7 @@
 
 #include "common/handle_table.h"
 #include "common/log.h"
+#include "common/memory_kind.h"
 #include "common/net.h"
 #include "core/batch.h"
 #include "core/slice_order.h"
@@ -22,9 +27,8 @@
 #include "ferry/limits.h"
 #include "ferry/version.h"
 #include "metadata/metadata.h"
-#include "transport/local/local_transport.h"
-#include "transport/shm/shm_transport.h"
-#include "transport/tcp/tcp_transport.h"
+#include "transport/registry.h"
+#include "transport/transport.h"
 
 namespace ferry {
 
@@ -65,14 +69,43 @@ struct Segment {
   explicit Segment(std::string n) : name(std::move(n)) {}
   const std::string name;
   std::mutex mu;
-  uint64_t handle = 0;          // 0 until the first handshake succeeded
-  wire::PeerDescriptor desc;    // guarded by mu
-  uint16_t wire_version = 0;    // guarded by mu
-  Transport* transport = nullptr;  // guarded by mu
-  std::shared_ptr<PeerLink> link;  // guarded by mu
+  uint64_t handle = 0;                    // 0 until the first handshake succeeded
+  std::shared_ptr<const PeerInfo> peer;   // guarded by mu
+  uint16_t wire_version = 0;              // guarded by mu
+  // The transport chosen for each pair of memory kinds (the first one is
+  // cpu/cpu, chosen at handshake), and the links by transport. Guarded by mu.
+  struct Route {
+    MemoryKind local, remote;
+    Transport* transport = nullptr;
+  };
+  std::vector<Route> routes;
+  std::vector<std::pair<Transport*, std::shared_ptr<PeerLink>>> links;
   // Transports `auto` found unable to connect to this peer while another one
   // could (e.g. shm without ptrace access); skipped from then on. Guarded by mu.
   std::vector<Transport*> unusable;
+  // Set by a metadata watch: the peer published a new descriptor; fetch it
+  // before the next transfer.
+  std::atomic<bool> stale{false};
+
+  std::shared_ptr<PeerLink>* LinkOf(Transport* t) {
+    for (auto& [tr, link] : links) {
+      if (tr == t) return &link;
+    }
+    return nullptr;
+  }
+  void RetireLinks() {
+    for (auto& [t, link] : links) link->Retire();
+    links.clear();
+  }
+};
+
+// A request's route: which peer, which memory kinds.
+struct RouteKey {
+  Segment* seg = nullptr;
+  MemoryKind local, remote;
+  friend bool operator==(const RouteKey& a, const RouteKey& b) {
+    return a.seg == b.seg && a.local == b.local && a.remote == b.remote;
+  }
 };
 
 }  // namespace
@@ -80,7 +113,10 @@ struct Segment {
 
 using internal::BatchState;
 using internal::Clock;
+using internal::MemoryKind;
+using internal::PeerInfo;
 using internal::Segment;
+using internal::Transport;
 
 class Engine::Impl {
  public:
@@ -88,9 +124,11 @@ class Engine::Impl {
   std::string peer_id;
   uint64_t instance_id = 0;
   std::shared_ptr<internal::EngineTarget> target;
-  std::unique_ptr<internal::MetadataClient> metadata;
-  std::vector<std::unique_ptr<internal::Transport>> transports;  // by preference
+  std::unique_ptr<internal::TransportSet> transports;
+  std::unique_ptr<internal::MetadataStore> metadata;
   uint16_t wire_min = kWireVersionMin, wire_max = kWireVersionMax;
+  uint16_t descriptor_format_max = wire::kDescriptorFormatMax;
+  std::mutex publish_mu;  // one Publish at a time, each with the registry's latest state
 
   std::mutex segments_mu;
   std::unordered_map<std::string, std::shared_ptr<Segment>> by_name;  // guarded by segments_mu
@@ -98,7 +136,10 @@ class Engine::Impl {
   internal::HandleTable<BatchState> batches;
 
   ~Impl() {
-    internal::LocalDirectory::Get().Remove(instance_id);
+    if (metadata) {
+      (void)metadata->Remove(options.local_name);
+      metadata.reset();  // no watch callback runs after this
+    }
     std::unordered_map<std::string, std::shared_ptr<Segment>> open;
     {
       std::lock_guard<std::mutex> lock(segments_mu);
@@ -108,10 +149,9 @@ class Engine::Impl {
     // segments_mu (OpenSegment), never the other way round.
     for (auto& [name, seg] : open) {
       std::lock_guard<std::mutex> l(seg->mu);
-      if (seg->link) seg->link->Retire();
-      seg->link.reset();
+      seg->RetireLinks();
     }
-    for (auto& t : transports) t->Shutdown();
+    if (transports) transports->Shutdown();
   }
 
   wire::PeerDescriptor Describe() const {
@@ -125,100 +165,144 @@ class Engine::Impl {
     d.version = std::string(Version());
     d.wire_min = wire_min;
     d.wire_max = wire_max;
-    for (const auto& t : transports) t->Describe(&d);
+    transports->Describe(&d);
     d.features = internal::Features();
+    d.features.push_back(wire::DescriptorFormatsFeature(wire::kDescriptorFormatMin, descriptor_format_max));
     d.regions = target->registry().Snapshot();
+    if (descriptor_format_max < 2) {
+      for (auto& r : d.regions) r = {r.addr, r.length, r.location, "cpu", {}};
+    }
     return d;
   }
 
-  // Answers a peer's handshake request (runs on a loop thread).
-  std::string AnswerHandshake(std::string_view request) const {
-    wire::PeerDescriptor self = Describe();
-    auto caller = wire::DecodeDescriptor(request);
-    Status s;
-    if (!caller.ok()) {
-      s = caller.status().WithPrefix("handshake request rejected");
-    } else {
-      auto v = wire::NegotiateWireVersion(self, *caller);
-      if (!v.ok()) {
-        // Said here too, so the side being called learns who is behind.
-        FERRY_LOG(kWarning, "peer " << caller->peer_id << " cannot talk to this engine: " << v.status().message());
-      }
-    }
-    std::string out;
-    wire::EncodeHandshakeResponse(s, self, &out);
-    return out;
+  // Makes the metadata store show the registry's current regions.
+  Status Republish() {
+    std::lock_guard<std::mutex> lock(publish_mu);
+    return metadata->Publish(Describe()).WithPrefix("publishing this engine's descriptor");
+  }
+
+  // A watch saw `name` change: fetch it again before the next transfer.
+  void OnPeerChanged(const std::string& name) {
+    std::lock_guard<std::mutex> lock(segments_mu);
+    auto it = by_name.find(name);
+    if (it != by_name.end()) it->second->stale.store(true, std::memory_order_release);
   }
 
   Clock::time_point ConnectDeadline() const { return Clock::now() + options.connect_timeout; }
 
   // The first transport (by preference) that `options.transport` allows, that
-  // can reach `desc`, that is not unusable for this segment and comes after
-  // `after` (nullptr: from the start). REQUIRES: seg.mu held.
-  internal::Transport* PickTransport(const Segment& seg, const wire::PeerDescriptor& desc,
-                                     internal::Transport* after) const {
+  // can reach `desc` and move bytes between the two kinds, that is not
+  // unusable for this segment and comes after `after` (nullptr: from the
+  // start). REQUIRES: seg.mu held.
+  Transport* PickTransport(const Segment& seg, const wire::PeerDescriptor& desc, MemoryKind local,
+                           MemoryKind remote, Transport* after) const {
     bool past = after == nullptr;
-    for (const auto& t : transports) {
+    for (const auto& t : transports->transports()) {
       if (!past) {
         past = t.get() == after;
         continue;
       }
       if (options.transport != "auto" && t->Name() != options.transport) continue;
       if (std::find(seg.unusable.begin(), seg.unusable.end(), t.get()) != seg.unusable.end()) continue;
-      if (t->CanReach(desc)) return t.get();
+      if (t->Handles(local, remote) && t->CanReach(desc)) return t.get();
     }
     return nullptr;
   }
 
-  // Handshakes with the segment's peer and picks the transport.
+  std::string NoRoute(const Segment& seg, MemoryKind local, MemoryKind remote) const {
+    std::string offered, kinds;
+    for (const auto& e : seg.peer->desc().transports) offered += (offered.empty() ? "" : ", ") + e.name;
+    for (const auto& t : transports->transports()) {
+      if (!t->Handles(local, remote)) continue;
+      kinds += (kinds.empty() ? "" : ", ") + std::string(t->Name());
+    }
+    return "no transport moves bytes between " + local.Name() + " memory here and " + remote.Name() +
+           " memory of peer " + seg.name + " (this engine uses '" + options.transport +
+           "'; transports for these kinds: " + (kinds.empty() ? "none" : kinds) +
+           "; the peer offers: " + offered + ")";
+  }
+
+  // Handshakes with the segment's peer and picks the cpu/cpu transport.
   // REQUIRES: seg.mu held.
   Status Handshake(Segment& seg) {
-    FERRY_ASSIGN_OR_RETURN(wire::PeerDescriptor desc,
-                           metadata->Fetch(seg.name, Describe(), ConnectDeadline()));
-    FERRY_ASSIGN_OR_RETURN(uint16_t version, wire::NegotiateWireVersion(Describe(), desc));
+    const wire::PeerDescriptor self = Describe();
+    FERRY_ASSIGN_OR_RETURN(wire::PeerDescriptor desc, metadata->Fetch(seg.name, self, ConnectDeadline()));
+    FERRY_ASSIGN_OR_RETURN(uint16_t version, wire::NegotiateWireVersion(self, desc));
     for (const char* f : {"read", "write"}) {
       if (!desc.HasFeature(f)) {
         return FailedPreconditionError("peer " + seg.name + " (ferry " + desc.version +
                                        ") lacks the capability '" + f + "' this engine needs");
       }
     }
-    internal::Transport* chosen = PickTransport(seg, desc, nullptr);
+    Transport* chosen = PickTransport(seg, desc, MemoryKind::Cpu(), MemoryKind::Cpu(), nullptr);
     if (chosen == nullptr) {
       std::string offered;
       for (const auto& e : desc.transports) offered += (offered.empty() ? "" : ", ") + e.name;
       return FailedPreconditionError("no transport reaches peer " + seg.name + " (this engine uses '" +
                                      options.transport + "', the peer offers: " + offered + ")");
     }
-    if (seg.desc.instance_id != 0 && seg.desc.instance_id != desc.instance_id) {
-      FERRY_LOG(kInfo, "peer " << seg.name << " restarted (instance " << seg.desc.instance_id << " -> "
+    const bool restarted = seg.peer && seg.peer->desc().instance_id != desc.instance_id;
+    if (restarted) {
+      FERRY_LOG(kInfo, "peer " << seg.name << " restarted (instance " << seg.peer->desc().instance_id << " -> "
                                << desc.instance_id << "); reconnecting");
+      seg.RetireLinks();
+      seg.routes.clear();
     }
-    if (seg.link && (seg.desc.instance_id != desc.instance_id || seg.transport != chosen)) {
-      seg.link->Retire();
-      seg.link.reset();
+    if (!seg.routes.empty() && seg.routes.front().transport != chosen) {
+      if (auto* link = seg.LinkOf(seg.routes.front().transport)) (*link)->Retire();
+      seg.links.erase(std::remove_if(seg.links.begin(), seg.links.end(),
+                                     [&](const auto& l) { return l.first == seg.routes.front().transport; }),
+                      seg.links.end());
+      seg.routes.clear();
     }
-    seg.desc = std::move(desc);
+    if (seg.routes.empty()) seg.routes.push_back({MemoryKind::Cpu(), MemoryKind::Cpu(), chosen});
+    seg.peer = std::make_shared<const PeerInfo>(std::move(desc));
     seg.wire_version = version;
-    seg.transport = chosen;
     return OkStatus();
   }
 
-  // The segment's live link, reconnecting (and re-handshaking) if needed.
-  StatusOr<std::shared_ptr<internal::PeerLink>> EnsureLink(Segment& seg) {
-    std::lock_guard<std::mutex> lock(seg.mu);
-    if (seg.link && seg.link->Healthy()) return seg.link;
-    if (seg.link) {
+  // Re-handshakes if a watch said the peer changed. REQUIRES: seg.mu held.
+  Status Refresh(Segment& seg) {
+    if (seg.stale.exchange(false, std::memory_order_acq_rel)) return Handshake(seg);
+    return OkStatus();
+  }
+
+  struct Routed {
+    std::shared_ptr<internal::PeerLink> link;
+    Transport* transport = nullptr;
+  };
+
+  // The live link for moving bytes between the two kinds, reconnecting (and
+  // re-handshaking) if needed. REQUIRES: seg.mu held.
+  StatusOr<Routed> EnsureRouteLocked(Segment& seg, MemoryKind local, MemoryKind remote) {
+    auto route = std::find_if(seg.routes.begin(), seg.routes.end(),
+                              [&](const Segment::Route& r) { return r.local == local && r.remote == remote; });
+    if (route == seg.routes.end()) {
+      Transport* t = PickTransport(seg, seg.peer->desc(), local, remote, nullptr);
+      if (t == nullptr) return FailedPreconditionError(NoRoute(seg, local, remote));
+      seg.routes.push_back({local, remote, t});
+      route = seg.routes.end() - 1;
+    }
+    Transport* transport = route->transport;
+    if (auto* link = seg.LinkOf(transport); link != nullptr && (*link)->Healthy()) {
+      return Routed{*link, transport};
+    }
+    if (seg.LinkOf(transport) != nullptr) {
       // The link broke: the peer may have restarted. Learn its current
       // instance before reconnecting.
-      seg.link->Retire();
-      seg.link.reset();
+      seg.RetireLinks();
       FERRY_RETURN_IF_ERROR(Handshake(seg));
+      return EnsureRouteLocked(seg, local, remote);  // the routes may have changed
     }
-    auto link = seg.transport->Connect(seg.desc, seg.wire_version, ConnectDeadline());
+    auto link = transport->Connect(seg.peer, seg.wire_version, ConnectDeadline());
     if (!link.ok() && link.status().code() == StatusCode::kFailedPrecondition) {
       // Stale descriptor (the peer restarted between handshake and connect).
       FERRY_RETURN_IF_ERROR(Handshake(seg));
-      link = seg.transport->Connect(seg.desc, seg.wire_version, ConnectDeadline());
+      route = std::find_if(seg.routes.begin(), seg.routes.end(),
+                           [&](const Segment::Route& r) { return r.local == local && r.remote == remote; });
+      if (route == seg.routes.end()) return EnsureRouteLocked(seg, local, remote);
+      transport = route->transport;
+      link = transport->Connect(seg.peer, seg.wire_version, ConnectDeadline());
     }
     // auto: a transport that says it can reach the peer may still fail to
     // connect (shm: another network namespace, no ptrace access). Try the
@@ -226,21 +310,29 @@ class Engine::Impl {
     // Not after a timeout: a peer that does not answer would only cost the
     // caller another connect_timeout.
     const bool timed_out = !link.ok() && link.status().code() == StatusCode::kDeadlineExceeded;
-    for (internal::Transport* next = PickTransport(seg, seg.desc, seg.transport);
+    for (Transport* next = PickTransport(seg, seg.peer->desc(), local, remote, transport);
          !link.ok() && !timed_out && options.transport == "auto" && next != nullptr;
-         next = PickTransport(seg, seg.desc, next)) {
-      auto other = next->Connect(seg.desc, seg.wire_version, ConnectDeadline());
+         next = PickTransport(seg, seg.peer->desc(), local, remote, next)) {
+      auto other = next->Connect(seg.peer, seg.wire_version, ConnectDeadline());
       if (!other.ok()) continue;
-      FERRY_LOG(kWarning, "peer " << seg.name << ": transport " << seg.transport->Name()
-                                  << " cannot be used (" << link.status().message() << "); using "
-                                  << next->Name());
-      seg.unusable.push_back(seg.transport);
-      seg.transport = next;
+      FERRY_LOG(kWarning, "peer " << seg.name << ": transport " << transport->Name() << " cannot be used ("
+                                  << link.status().message() << "); using " << next->Name());
+      seg.unusable.push_back(transport);
+      for (auto& r : seg.routes) {
+        if (r.transport == transport) r.transport = next;
+      }
+      transport = next;
       link = std::move(other);
     }
     if (!link.ok()) return link.status();
-    seg.link = *link;
-    return seg.link;
+    seg.links.emplace_back(transport, *link);
+    return Routed{*link, transport};
+  }
+
+  StatusOr<Routed> EnsureRoute(Segment& seg, MemoryKind local, MemoryKind remote) {
+    std::lock_guard<std::mutex> lock(seg.mu);
+    FERRY_RETURN_IF_ERROR(Refresh(seg));
+    return EnsureRouteLocked(seg, local, remote);
   }
 
   StatusOr<std::shared_ptr<Segment>> GetSegment(SegmentHandle h) const {
@@ -266,39 +358,13 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
-  if (options.tcp_streams < 1 || options.tcp_streams > 64) {
-    return InvalidArgumentError("tcp_streams must be in [1, 64], got " + std::to_string(options.tcp_streams));
-  }
-  if (options.io_threads < 0 || options.io_threads > 64) {
-    return InvalidArgumentError("io_threads must be in [0, 64], got " + std::to_string(options.io_threads));
-  }
-  if (options.transport != "auto" && options.transport != "tcp" && options.transport != "shm" &&
-      options.transport != "local") {
-    return InvalidArgumentError("transport must be auto, local, shm or tcp, got '" + options.transport + "'");
-  }
-  if (options.slice_size < 4096 || options.slice_size > wire::kMaxPayload) {
-    return InvalidArgumentError("slice_size must be in [4096, 64 MiB], got " + std::to_string(options.slice_size));
-  }
-  if (options.max_frame_bytes < options.slice_size || options.max_frame_bytes > wire::kMaxPayload) {
-    return InvalidArgumentError("max_frame_bytes must be in [slice_size, 64 MiB], got " +
-                                std::to_string(options.max_frame_bytes));
-  }
-  if (options.tcp_send_buffer != 0 &&
-      (options.tcp_send_buffer < (64u << 10) || options.tcp_send_buffer > (256u << 20))) {
-    return InvalidArgumentError(
-        "tcp_send_buffer must be 0 (kernel autotuning) or in [64 KiB, 256 MiB], got " +
-        std::to_string(options.tcp_send_buffer));
-  }
-  if (options.max_frame_entries < 1 || options.max_frame_entries > 1024) {
-    return InvalidArgumentError("max_frame_entries must be in [1, 1024], got " +
-                                std::to_string(options.max_frame_entries));
-  }
-  if (options.transfer_timeout.count() <= 0 || options.connect_timeout.count() <= 0 ||
-      options.handshake_timeout.count() <= 0) {
-    return InvalidArgumentError("timeouts must be positive");
+  FERRY_RETURN_IF_ERROR(ValidateOptions(options));
+  if (options.transport != "auto" && internal::FindTransport(options.transport) == nullptr) {
+    std::string names = internal::TransportNames();
+    return InvalidArgumentError("transport must be auto or one of " + names + ", got '" + options.transport +
+                                "'");
   }
   auto impl = std::make_unique<Impl>();
-  FERRY_ASSIGN_OR_RETURN(impl->metadata, internal::MakeMetadataClient(options.metadata));
   if (options.testing.wire_version_max != 0) {
     impl->wire_min = options.testing.wire_version_min;
     impl->wire_max = options.testing.wire_version_max;
@@ -306,53 +372,37 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
       return InvalidArgumentError("testing wire version range is empty");
     }
   }
+  if (options.testing.descriptor_format_max != 0) {
+    impl->descriptor_format_max = std::clamp<uint16_t>(options.testing.descriptor_format_max,
+                                                       wire::kDescriptorFormatMin, wire::kDescriptorFormatMax);
+  }
   if (options.io_threads == 0) options.io_threads = std::min(options.tcp_streams, 4);
 
-  FERRY_ASSIGN_OR_RETURN(auto listener, internal::Listen(options.listen_host, options.listen_port));
-  impl->peer_id = internal::FormatPeerId(options.listen_host, listener.second);
+  FERRY_ASSIGN_OR_RETURN(impl->transports, internal::TransportSet::Create(options));
+  impl->peer_id = impl->transports->peer_id();
   if (options.local_name.empty()) options.local_name = impl->peer_id;
   impl->instance_id = internal::NewInstanceId();
   impl->target = std::make_shared<internal::EngineTarget>(impl->instance_id, impl->peer_id);
   impl->options = options;
 
-  auto server = std::make_shared<internal::tcp::ServerContext>();
-  server->target = impl->target;
-  Impl* raw = impl.get();  // the transport is shut down in ~Impl before raw dies
-  server->handshake = [raw](std::string_view body) { return raw->AnswerHandshake(body); };
-  server->hello_timeout = options.handshake_timeout;
-  server->wire_min = impl->wire_min;
-  server->wire_max = impl->wire_max;
-  server->refuse_copy = options.testing.refuse_same_host_copy;
+  internal::TransportContext ctx;
+  ctx.options = &impl->options;
+  ctx.target = impl->target;
+  ctx.peer_id = impl->peer_id;
+  ctx.instance_id = impl->instance_id;
+  ctx.wire_min = impl->wire_min;
+  ctx.wire_max = impl->wire_max;
+  FERRY_RETURN_IF_ERROR(impl->transports->Start(ctx));
 
-  FERRY_ASSIGN_OR_RETURN(auto loops, internal::tcp::LoopPool::Start(options.io_threads, options.spin));
-  internal::tcp::StreamTransportConfig common;
-  common.streams = options.tcp_streams;
-  common.slice_size = options.slice_size;
-  common.max_frame_bytes = options.max_frame_bytes;
-  common.max_frame_entries = options.max_frame_entries;
-  common.local_peer_id = impl->peer_id;
-  common.local_instance = impl->instance_id;
-  internal::TcpTransportConfig tcfg;
-  static_cast<internal::tcp::StreamTransportConfig&>(tcfg) = common;
-  tcfg.listener = std::move(listener.first);
-  // Two frames per stream: measured best for 1 MiB frames (one frame: a
-  // little slower; four: as slow as no window at all).
-  tcfg.stream_window = 2 * uint64_t{options.max_frame_bytes};
-  tcfg.served_send_buffer = options.tcp_send_buffer;
-
-  // By preference: the cheapest that reaches the peer.
-  impl->transports.push_back(internal::MakeLocalTransport());
-  auto shm = internal::MakeShmTransport(common, server, loops);
-  if (shm.ok()) {
-    impl->transports.push_back(std::move(*shm));
-  } else if (options.transport == "shm") {
-    return shm.status();
-  } else {
-    FERRY_LOG(kWarning, "same-host transport unavailable, peers on this host use tcp: " << shm.status());
-  }
-  FERRY_ASSIGN_OR_RETURN(auto tcp, internal::MakeTcpTransport(std::move(tcfg), server, loops));
-  impl->transports.push_back(std::move(tcp));
-  internal::LocalDirectory::Get().Add(impl->target);
+  internal::MetadataContext mctx;
+  mctx.rpc_openers = &impl->transports->rpc_openers();
+  mctx.descriptor_format_max = impl->descriptor_format_max;
+  FERRY_ASSIGN_OR_RETURN(impl->metadata, internal::MakeMetadataStore(options.metadata, mctx));
+  FERRY_RETURN_IF_ERROR(impl->Republish());
+  Impl* raw = impl.get();  // the store (and its watch) dies in ~Impl before raw
+  Status watching = impl->metadata->Watch([raw](const std::string& name) { raw->OnPeerChanged(name); });
+  if (!watching.ok() && watching.code() != StatusCode::kUnimplemented) return watching;
+  FERRY_RETURN_IF_ERROR(impl->transports->Serve());
   FERRY_LOG(kInfo, "engine " << impl->options.local_name << " listening on " << impl->peer_id);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
@@ -370,7 +420,7 @@ Capabilities Engine::GetCapabilities() const {
   c.version = std::string(Version());
   c.wire_version_min = impl_->wire_min;
   c.wire_version_max = impl_->wire_max;
-  for (const auto& t : impl_->transports) c.transports.emplace_back(t->Name());
+  for (const auto& t : impl_->transports->transports()) c.transports.emplace_back(t->Name());
   c.features = internal::Features();
   return c;
 }
@@ -379,16 +429,29 @@ Capabilities Engine::GetCapabilities() const {
 
 Status Engine::RegisterMemory(void* addr, size_t length, std::string_view location) {
   MemoryRegion r{addr, length, std::string(location)};
-  return impl_->target->registry().Register({&r, 1});
+  return RegisterMemory({&r, 1});
 }
 
 Status Engine::RegisterMemory(std::span<const MemoryRegion> regions) {
   if (regions.empty()) return InvalidArgumentError("empty list of regions to register");
-  return impl_->target->registry().Register(regions);
+  std::vector<MemoryKind> kinds;
+  kinds.reserve(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    auto kind = MemoryKind::FromLocation(regions[i].location, impl_->options.testing.allow_test_memory_kind);
+    if (!kind.ok()) {
+      return regions.size() > 1 ? kind.status().WithPrefix("region " + std::to_string(i) + " of the list")
+                                : kind.status();
+    }
+    kinds.push_back(*kind);
+  }
+  FERRY_RETURN_IF_ERROR(impl_->target->registry().Register(regions, kinds, impl_->transports.get()));
+  return impl_->Republish();
 }
 
 Status Engine::UnregisterMemory(void* addr) {
-  return impl_->target->registry().Unregister(reinterpret_cast<uint64_t>(addr));
+  FERRY_RETURN_IF_ERROR(
+      impl_->target->registry().Unregister(reinterpret_cast<uint64_t>(addr), impl_->transports.get()));
+  return impl_->Republish();
 }
 
 Status Engine::UnregisterMemory(std::span<void* const> addrs) {
@@ -403,7 +466,7 @@ Status Engine::UnregisterMemory(std::span<void* const> addrs) {
 // ---- segments ------------------------------------------------------------------
 
 StatusOr<SegmentHandle> Engine::OpenSegment(std::string_view peer_id) {
-  FERRY_RETURN_IF_ERROR(internal::ParsePeerId(peer_id).status());
+  if (peer_id.empty()) return InvalidArgumentError("empty segment name");
   std::shared_ptr<Segment> seg;
   {
     std::lock_guard<std::mutex> lock(impl_->segments_mu);
@@ -433,8 +496,7 @@ Status Engine::CloseSegment(SegmentHandle h) {
     if (it != impl_->by_name.end() && it->second == seg) impl_->by_name.erase(it);
   }
   std::lock_guard<std::mutex> lock(seg->mu);
-  if (seg->link) seg->link->Retire();
-  seg->link.reset();
+  seg->RetireLinks();
   return OkStatus();
 }
 
@@ -443,18 +505,18 @@ StatusOr<SegmentInfo> Engine::QuerySegment(SegmentHandle h) {
   std::lock_guard<std::mutex> lock(seg->mu);
   FERRY_RETURN_IF_ERROR(impl_->Handshake(*seg));
   SegmentInfo info;
-  const auto& d = seg->desc;
+  const auto& d = seg->peer->desc();
   info.peer_id = d.peer_id;
   info.engine_name = d.engine_name;
   info.instance_id = d.instance_id;
   info.wire_version = seg->wire_version;
-  info.transport = std::string(seg->transport->Name());
+  info.transport = std::string(seg->routes.front().transport->Name());
   info.capabilities.version = d.version;
   info.capabilities.wire_version_min = d.wire_min;
   info.capabilities.wire_version_max = d.wire_max;
   for (const auto& t : d.transports) info.capabilities.transports.push_back(t.name);
   info.capabilities.features = d.features;
-  info.regions = d.regions;
+  for (const auto& r : d.regions) info.regions.push_back({r.addr, r.length, r.location, r.kind});
   return info;
 }
 
@@ -476,8 +538,10 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   if (requests.empty()) return InvalidArgumentError("no requests to submit");
   // 1. Validate everything before anything moves.
   std::vector<Segment*> segs(requests.size());  // owned by `distinct`
+  std::vector<MemoryKind> local_kinds;          // filled only if some local memory is not cpu
   std::map<uint64_t, std::shared_ptr<Segment>> distinct;
-  RemoteRegion local_region;  // the last local region found; most requests share it
+  internal::MemoryRegistry::Found local_region;  // the last local region found; most requests share it
+  local_region.length = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const TransferRequest& r = requests[i];
     auto bad = [&](const Status& s) { return s.WithPrefix("request " + std::to_string(i)); };
@@ -491,7 +555,9 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
           local - local_region.addr <= local_region.length - r.length)) {
       Status s = impl_->target->registry().Check(local, r.length, "local buffer", &local_region);
       if (!s.ok()) return bad(s);
+      if (!local_region.kind.cpu_accessible() && local_kinds.empty()) local_kinds.assign(i, MemoryKind::Cpu());
     }
+    if (!local_kinds.empty()) local_kinds.push_back(local_region.kind);
     if (r.remote_addr + r.length < r.remote_addr) {
       return bad(InvalidArgumentError("remote range " + internal::FormatRange(r.remote_addr, r.length) +
                                       " wraps around the address space"));
@@ -504,31 +570,72 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
     }
     segs[i] = seg->second.get();
   }
-  // 2. Make sure every peer is reachable (connects lazily).
+  // 2. Each peer's current descriptor (fetched again if a watch said it
+  // changed), then the route of every request: its peer and the memory kinds
+  // on both sides. Routes mostly repeat: one lookup per run of them.
+  std::map<Segment*, std::shared_ptr<const PeerInfo>> infos;
+  for (auto& [h, seg] : distinct) {
+    std::lock_guard<std::mutex> lock(seg->mu);
+    Status s = impl_->Refresh(*seg);
+    if (!s.ok()) return s.WithPrefix("peer " + seg->name);
+    infos[seg.get()] = seg->peer;
+  }
   struct PeerPost {
+    internal::RouteKey key;
+    std::shared_ptr<const PeerInfo> peer;
     std::shared_ptr<internal::PeerLink> link;
     uint32_t max_slice = 0;
     internal::SliceOrder order = internal::SliceOrder::kByDestination;
     std::vector<internal::Slice> slices;  // of the chunk being prepared
   };
-  std::map<Segment*, PeerPost> peers;
-  for (auto& [h, seg] : distinct) {
-    auto link = impl_->EnsureLink(*seg);
-    if (!link.ok()) return link.status().WithPrefix("peer " + seg->name);
-    PeerPost& p = peers[seg.get()];
-    p.link = *link;
-    std::lock_guard<std::mutex> lock(seg->mu);
-    p.max_slice = seg->transport->MaxSlice();
-    p.order = seg->transport->PreferredOrder();
+  std::vector<PeerPost> posts;        // a handful: one per route
+  std::vector<uint8_t> post_of(requests.size());
+  std::vector<uint32_t> region_of(requests.size());
+  {
+    Segment* last_seg = nullptr;
+    const PeerInfo* info = nullptr;
+    uint32_t last_region = internal::kNoRegion;
+    size_t last_post = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const TransferRequest& r = requests[i];
+      if (segs[i] != last_seg) {
+        last_seg = segs[i];
+        info = infos[last_seg].get();
+        last_region = internal::kNoRegion;
+      }
+      // The peer's region holding the remote range (requests mostly share one).
+      uint32_t region = last_region;
+      if (region == internal::kNoRegion ||
+          !(r.remote_addr >= info->desc().regions[region].addr &&
+            r.length <= info->desc().regions[region].length &&
+            r.remote_addr - info->desc().regions[region].addr <= info->desc().regions[region].length - r.length)) {
+        region = info->FindRegion(r.remote_addr, r.length);
+        if (region != internal::kNoRegion) last_region = region;
+      }
+      region_of[i] = region;
+      const internal::RouteKey key{segs[i], local_kinds.empty() ? MemoryKind::Cpu() : local_kinds[i],
+                                   info->KindOf(region)};
+      if (posts.empty() || !(posts[last_post].key == key)) {
+        auto it = std::find_if(posts.begin(), posts.end(), [&](const PeerPost& p) { return p.key == key; });
+        if (it == posts.end()) {
+          if (posts.size() == 255) return InvalidArgumentError("requests of one submit use more than 255 routes");
+          posts.push_back({key, infos[segs[i]], nullptr, 0, {}, {}});
+          it = posts.end() - 1;
+        }
+        last_post = static_cast<size_t>(it - posts.begin());
+      }
+      post_of[i] = static_cast<uint8_t>(last_post);
+    }
   }
-  // Requests mostly share one peer: one map lookup per run of them.
-  Segment* cached_seg = nullptr;
-  PeerPost* cached = nullptr;
-  auto peer_of = [&](Segment* seg) -> PeerPost& {
-    if (seg != cached_seg) cached_seg = seg, cached = &peers[seg];
-    return *cached;
-  };
-  // 3. Reserve, then slice, order and post chunk by chunk: the transport
+  // 3. Make sure every route is connected (connects lazily).
+  for (PeerPost& p : posts) {
+    auto routed = impl_->EnsureRoute(*p.key.seg, p.key.local, p.key.remote);
+    if (!routed.ok()) return routed.status().WithPrefix("peer " + p.key.seg->name);
+    p.link = routed->link;
+    p.max_slice = routed->transport->MaxSlice();
+    p.order = routed->transport->PreferredOrder();
+  }
+  // 4. Reserve, then slice, order and post chunk by chunk: the transport
   // starts sending the first chunk while the next ones are prepared (for
   // 262,144 requests, preparing them all first left the streams idle for
   // 30-80 ms per batch).
@@ -537,7 +644,7 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   // sees the batch idle between chunks.
   batch->BeginRange(base, requests.size(), [&](size_t index) {
     const size_t i = index - base;
-    const uint32_t max_slice = peer_of(segs[i]).max_slice;
+    const uint32_t max_slice = posts[post_of[i]].max_slice;
     const uint64_t length = requests[i].length;
     return length <= max_slice ? 1u : static_cast<uint32_t>((length + max_slice - 1) / max_slice);
   });
@@ -546,18 +653,22 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
     const size_t end = std::min(requests.size(), begin + kPostChunk);
     for (size_t i = begin; i < end; ++i) {
       const TransferRequest& r = requests[i];
-      PeerPost& p = peer_of(segs[i]);
+      PeerPost& p = posts[post_of[i]];
       if (p.slices.capacity() == 0) p.slices.reserve(end - i);  // emptied by the last chunk's Post
       for (uint64_t off = 0; off < r.length; off += p.max_slice) {
         uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(p.max_slice, r.length - off));
-        p.slices.push_back({r.opcode, static_cast<char*>(r.local) + off, r.remote_addr + off, len,
-                            static_cast<uint32_t>(base + i)});
+        p.slices.push_back({.opcode = r.opcode,
+                            .remote_region = region_of[i],
+                            .local = static_cast<char*>(r.local) + off,
+                            .remote = r.remote_addr + off,
+                            .length = len,
+                            .request = static_cast<uint32_t>(base + i)});
       }
     }
-    for (auto& [seg, p] : peers) {
+    for (PeerPost& p : posts) {
       if (p.slices.empty()) continue;
       internal::OrderForSending(p.slices, p.order);
-      p.link->Post(batch, std::move(p.slices), deadline);
+      p.link->Post({batch, deadline, p.peer}, std::move(p.slices));
       p.slices.clear();  // moved-from: empty and ready for the next chunk
     }
   }
@@ -632,9 +743,9 @@ Status Engine::SendNotification(SegmentHandle h, std::string_view name, std::str
                                 std::to_string(kMaxNotificationMessage) + ")");
   }
   FERRY_ASSIGN_OR_RETURN(auto seg, impl_->GetSegment(h));
-  FERRY_ASSIGN_OR_RETURN(auto link, impl_->EnsureLink(*seg));
+  FERRY_ASSIGN_OR_RETURN(auto routed, impl_->EnsureRoute(*seg, MemoryKind::Cpu(), MemoryKind::Cpu()));
   wire::NotifyBody body{impl_->peer_id, std::string(name), std::string(message)};
-  return link->Notify(body, Clock::now() + impl_->options.transfer_timeout)
+  return routed.link->Notify(body, Clock::now() + impl_->options.transfer_timeout)
       .WithPrefix("notification to " + seg->name);
 }
 

@@ -23,7 +23,9 @@ std::string FormatAddr(uint64_t addr) {
   return buf;
 }
 
-Status MemoryRegistry::Register(std::span<const MemoryRegion> regions) {
+Status MemoryRegistry::Register(std::span<const MemoryRegion> regions, std::span<const MemoryKind> kinds,
+                                RegionHooks* hooks) {
+  if (!kinds.empty() && kinds.size() != regions.size()) return InternalError("a memory kind for every region is required");
   // Validate the whole list first (against itself and what is registered),
   // then insert: all or nothing.
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
@@ -64,18 +66,33 @@ Status MemoryRegistry::Register(std::span<const MemoryRegion> regions) {
       }
     }
   }
+  std::vector<std::shared_ptr<Region>> made;
+  made.reserve(regions.size());
   for (size_t i = 0; i < regions.size(); ++i) {
     auto reg = std::make_shared<Region>();
     reg->addr = ranges[i].first;
     reg->length = ranges[i].second;
     reg->location = regions[i].location;
+    reg->kind = kinds.empty() ? MemoryKind::Cpu() : kinds[i];
+    if (hooks != nullptr) {
+      Status s = hooks->OnRegister(*reg);
+      if (!s.ok()) {
+        for (const auto& done : made) hooks->OnUnregister(*done);
+        return s.WithPrefix("registering " + FormatRange(reg->addr, reg->length));
+      }
+    }
+    made.push_back(std::move(reg));
+  }
+  for (auto& reg : made) {
+    // Pairs with the acquire load in ever_non_cpu().
+    if (!reg->kind.cpu_accessible()) ever_non_cpu_.store(true, std::memory_order_release);
     reg->order = next_order_++;
     regions_.emplace(reg->addr, std::move(reg));
   }
   return OkStatus();
 }
 
-Status MemoryRegistry::Unregister(uint64_t addr) {
+Status MemoryRegistry::Unregister(uint64_t addr, RegionHooks* hooks) {
   std::shared_ptr<Region> reg;
   {
     std::unique_lock lock(mu_);
@@ -91,6 +108,7 @@ Status MemoryRegistry::Unregister(uint64_t addr) {
   while (reg->pins.load(std::memory_order_acquire) > 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
+  if (hooks != nullptr) hooks->OnUnregister(*reg);
   return OkStatus();
 }
 
@@ -104,16 +122,17 @@ const std::shared_ptr<Region>* MemoryRegistry::FindLocked(uint64_t addr, uint64_
 }
 
 Status MemoryRegistry::Check(uint64_t addr, uint64_t length, std::string_view what) const {
-  RemoteRegion ignored;
+  Found ignored;
   return Check(addr, length, what, &ignored);
 }
 
 Status MemoryRegistry::Check(uint64_t addr, uint64_t length, std::string_view what,
-                             RemoteRegion* found) const {
+                             Found* found) const {
   std::shared_lock lock(mu_);
   if (const std::shared_ptr<Region>* r = FindLocked(addr, length)) {
     found->addr = (*r)->addr;
     found->length = (*r)->length;
+    found->kind = (*r)->kind;
     return OkStatus();
   }
   return InvalidArgumentError(std::string(what) + " " + FormatRange(addr, length) +
@@ -131,16 +150,16 @@ StatusOr<RegionPin> MemoryRegistry::Pin(uint64_t addr, uint64_t length, std::str
   return RegionPin(*r);
 }
 
-std::vector<RemoteRegion> MemoryRegistry::Snapshot() const {
+std::vector<wire::RegionEntry> MemoryRegistry::Snapshot() const {
   std::shared_lock lock(mu_);
   std::vector<const Region*> by_order;
   by_order.reserve(regions_.size());
   for (const auto& [a, r] : regions_) by_order.push_back(r.get());
   std::sort(by_order.begin(), by_order.end(),
             [](const Region* x, const Region* y) { return x->order < y->order; });
-  std::vector<RemoteRegion> out;
+  std::vector<wire::RegionEntry> out;
   out.reserve(by_order.size());
-  for (const Region* r : by_order) out.push_back({r->addr, r->length, r->location});
+  for (const Region* r : by_order) out.push_back({r->addr, r->length, r->location, r->kind.Name(), r->keys});
   return out;
 }
 

@@ -1,9 +1,11 @@
 // MemoryRegistry: the regions an engine registered, looked up by address.
+// Published by the core for the transports (with core/batch.h and
+// core/target.h): a transport's target side pins the ranges peers name here.
 //
 // Thread-safe. Lookups take a shared lock; (un)registration an exclusive one.
 // A transfer that touches a region holds a RegionPin; UnregisterMemory waits
 // until no pin is left, so a peer's write never lands in memory the owner
-// already considers freed.
+// already considers freed (for one-sided transports, see RegionHooks).
 #pragma once
 
 #include <atomic>
@@ -15,8 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "common/memory_kind.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
+#include "wire/descriptor.h"
 
 namespace ferry::internal {
 
@@ -24,6 +28,10 @@ struct Region {
   uint64_t addr = 0;
   uint64_t length = 0;
   std::string location;
+  MemoryKind kind;
+  // What peers need to reach it through transports with per-region keys
+  // (filled by RegionHooks::OnRegister before the region is visible).
+  std::vector<wire::RegionKey> keys;
   uint64_t order = 0;  // registration order (the first registered region is 0)
   std::atomic<int> pins{0};
   uint64_t end() const { return addr + length; }
@@ -52,24 +60,50 @@ class RegionPin {
   std::shared_ptr<Region> region_;
 };
 
+// The memory-domain hook: how transports that register memory with a device
+// (and hand peers keys for it) learn of each region. Thread-safe.
+class RegionHooks {
+ public:
+  virtual ~RegionHooks() = default;
+  // Before `region` becomes visible; may add keys. A failure fails the
+  // registration (the regions already hooked are undone).
+  virtual Status OnRegister(Region& region) = 0;
+  // After the region is no longer visible and no pin is left.
+  virtual void OnUnregister(const Region& region) = 0;
+};
+
 class MemoryRegistry {
  public:
-  Status Register(std::span<const MemoryRegion> regions);
-  Status Unregister(uint64_t addr);
+  // `kinds[i]` is the memory kind of regions[i] (none given: all cpu). All
+  // or nothing.
+  Status Register(std::span<const MemoryRegion> regions, std::span<const MemoryKind> kinds = {},
+                  RegionHooks* hooks = nullptr);
+  // kNotFound if no region starts at `addr`. Returns once no transfer holds
+  // the region any more and the hooks have undone their registration.
+  Status Unregister(uint64_t addr, RegionHooks* hooks = nullptr);
 
   // OK iff [addr, addr+length) lies inside one registered region.
   // kInvalidArgument otherwise, naming the range and `what` ("local buffer").
   Status Check(uint64_t addr, uint64_t length, std::string_view what) const;
-  // Like Check; on success also returns the containing region's bounds so a
-  // caller checking many ranges can skip the lookup for ranges inside it.
-  Status Check(uint64_t addr, uint64_t length, std::string_view what, RemoteRegion* found) const;
+  // Like Check; on success also returns the containing region's bounds and
+  // kind, so a caller checking many ranges can skip the lookup for ranges
+  // inside it.
+  struct Found {
+    uint64_t addr = 0;
+    uint64_t length = 0;
+    MemoryKind kind;
+  };
+  Status Check(uint64_t addr, uint64_t length, std::string_view what, Found* found) const;
   // Like Check, and pins the region for the caller.
   StatusOr<RegionPin> Pin(uint64_t addr, uint64_t length, std::string_view what) const;
 
   // Every region, in registration order (callers such as Mooncake's
   // get_first_buffer_address mean "the first one registered").
-  std::vector<RemoteRegion> Snapshot() const;
+  std::vector<wire::RegionEntry> Snapshot() const;
   size_t size() const;
+  // Whether a region of a kind other than cpu was ever registered (lets the
+  // local transport skip looking up the kind of its own buffers).
+  bool ever_non_cpu() const { return ever_non_cpu_.load(std::memory_order_acquire); }
 
  private:
   // REQUIRES: mu_ held. The region containing the range, or nullptr.
@@ -78,6 +112,7 @@ class MemoryRegistry {
   mutable std::shared_mutex mu_;
   std::map<uint64_t, std::shared_ptr<Region>> regions_;  // by start address
   uint64_t next_order_ = 0;                                 // guarded by mu_
+  std::atomic<bool> ever_non_cpu_{false};
 };
 
 std::string FormatRange(uint64_t addr, uint64_t length);

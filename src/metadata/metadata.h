@@ -1,30 +1,68 @@
-// Metadata: how an engine learns a peer's descriptor from its name.
+// The metadata store seam: how an engine publishes its descriptor and learns
+// its peers' descriptors by name.
 //
-// "P2PHANDSHAKE" (the default) needs no server: the descriptor is fetched
-// from the peer itself over its rpc port. Services (etcd, Redis, HTTP) will
-// implement the same interface. Implementations are thread-safe.
+//  - "P2PHANDSHAKE" (the default, src/metadata/p2p/): no server. Publishing
+//    keeps the descriptor to answer handshakes on the rpc port; fetching asks
+//    the peer itself, so names must be "host:port". No watch: a restarted peer
+//    is found when its streams break (the engine handshakes again).
+//  - "memory://CLUSTER" (src/metadata/memory/): engines of one process share
+//    a store by cluster name, with watches — for tests of the seam and for
+//    single-process deployments.
+//  - Services (etcd, Redis, HTTP) implement the same interface in their own
+//    folders.
+// Implementations are thread-safe.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "ferry/status.h"
+#include "transport/stream/service.h"
+#include "common/net.h"
 #include "wire/descriptor.h"
 
 namespace ferry::internal {
 
-class MetadataClient {
+class MetadataStore {
  public:
-  virtual ~MetadataClient() = default;
-  // The peer's current descriptor. `self` is sent along so the peer can log
-  // who is calling and spot version skew on its side too.
-  virtual StatusOr<wire::PeerDescriptor> Fetch(std::string_view peer_id,
-                                               const wire::PeerDescriptor& self,
-                                               std::chrono::steady_clock::time_point deadline) = 0;
+  virtual ~MetadataStore() = default;
+
+  // Makes `self` what peers see under self.engine_name from now on. The
+  // engine publishes at creation and again after every (un)registration.
+  virtual Status Publish(const wire::PeerDescriptor& self) = 0;
+  // The current descriptor of the peer called `name`. `self` is sent along
+  // where the store talks to the peer itself, so it can log who is calling
+  // and spot version skew on its side too.
+  virtual StatusOr<wire::PeerDescriptor> Fetch(std::string_view name, const wire::PeerDescriptor& self,
+                                               Clock::time_point deadline) = 0;
+  // Withdraws this engine's descriptor (clean shutdown).
+  virtual Status Remove(std::string_view name) = 0;
+
+  // Called with a peer's name when its published descriptor changed or was
+  // removed; the engine then fetches it again before the next transfer. On
+  // a store's thread: must not block.
+  using ChangeCallback = std::function<void(const std::string& name)>;
+  // kUnimplemented where the store cannot watch (P2P).
+  virtual Status Watch(ChangeCallback on_change) = 0;
 };
 
-// kUnimplemented for URLs of services this build does not support yet.
-StatusOr<std::unique_ptr<MetadataClient>> MakeMetadataClient(std::string_view url);
+struct MetadataContext {
+  // The rpc port's first-frame handlers, for a store that answers peers on
+  // it (P2P); filled before the port is served.
+  stream::FirstFrames* rpc_openers = nullptr;
+  // Highest descriptor format this engine writes (tests play older builds).
+  uint16_t descriptor_format_max = wire::kDescriptorFormatMax;
+};
+
+// kInvalidArgument for a malformed or unknown connection string,
+// kUnimplemented for services this build does not support yet.
+StatusOr<std::unique_ptr<MetadataStore>> MakeMetadataStore(std::string_view url, const MetadataContext& ctx);
+
+// Each store's factory (metadata.cc dispatches on the scheme).
+StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(const MetadataContext& ctx);
+StatusOr<std::unique_ptr<MetadataStore>> MakeMemoryStore(std::string_view cluster);
 
 }  // namespace ferry::internal

@@ -1,20 +1,30 @@
 // The one seam between the core and the transports.
 //
-// The core validates requests, slices them (at most Transport::MaxSlice()
+// The core validates requests, picks a transport per (peer, local memory
+// kind, remote memory kind), slices requests (at most Transport::MaxSlice()
 // bytes per slice), counts completions and enforces nothing else; a
 // transport moves slices to one peer and completes each slice exactly once
 // through BatchState (CompleteSlice, or a Completer for a whole frame) —
 // success, or a Status that names the reason — before the deadline it was
 // given (or shortly after, with kDeadlineExceeded).
+//
+// What a transport may use of the core: BatchState (core/batch.h), the
+// registered memory and inbox of its engine (core/target.h,
+// core/memory_registry.h). Nothing else of the engine's internals.
+// How a transport is added: docs/architecture.md, "Adding a transport".
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/memory_kind.h"
 #include "core/batch.h"
+#include "core/memory_registry.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
 #include "wire/descriptor.h"
@@ -24,24 +34,57 @@ namespace ferry::internal {
 
 using Clock = std::chrono::steady_clock;
 
-// One contiguous piece of a request.
+inline constexpr uint32_t kNoRegion = 0xffffffffu;
+
+// One contiguous piece of a request. 32 bytes: batches carry 100,000s.
 struct Slice {
   Opcode opcode = Opcode::kWrite;
+  // Index of the peer region holding `remote` in PeerInfo::desc.regions, or
+  // kNoRegion (the peer registered it after its descriptor was fetched: the
+  // target still validates it). Transports with per-region keys find them
+  // there.
+  uint32_t remote_region = kNoRegion;
   char* local = nullptr;
   uint64_t remote = 0;
   uint32_t length = 0;
   uint32_t request = 0;  // index of the request in its batch
+};
+static_assert(sizeof(Slice) == 32);
+
+// A peer's descriptor as the core posts against it: immutable once built,
+// shared by the core and the links (a re-handshake builds a new one).
+class PeerInfo {
+ public:
+  explicit PeerInfo(wire::PeerDescriptor d);
+  const wire::PeerDescriptor& desc() const { return desc_; }
+  // The region holding [addr, addr + length), or kNoRegion.
+  uint32_t FindRegion(uint64_t addr, uint64_t length) const;
+  // Its kind; cpu for kNoRegion (the target validates it in any case).
+  MemoryKind KindOf(uint32_t region) const;
+  // Its key for `transport`, if the peer published one.
+  std::optional<uint64_t> KeyOf(uint32_t region, std::string_view transport) const;
+
+ private:
+  wire::PeerDescriptor desc_;
+  std::vector<uint32_t> by_addr_;  // region indexes sorted by address
+  std::vector<MemoryKind> kinds_;
+};
+
+// Everything a link needs to post one chunk of slices.
+struct PostContext {
+  std::shared_ptr<BatchState> batch;
+  Clock::time_point deadline;
+  std::shared_ptr<const PeerInfo> peer;  // what the slices' remote_region index
 };
 
 // The route to one peer instance through one transport. Thread-safe.
 class PeerLink {
  public:
   virtual ~PeerLink() = default;
-  // Moves the slices; completes each through the batch (CompleteSlice or a
+  // Moves the slices; completes each through ctx.batch (CompleteSlice or a
   // BatchState::Completer), possibly before returning. All slices go to the
   // same peer.
-  virtual void Post(const std::shared_ptr<BatchState>& batch, std::vector<Slice> slices,
-                    Clock::time_point deadline) = 0;
+  virtual void Post(const PostContext& ctx, std::vector<Slice> slices) = 0;
   // Delivers a notification after every write posted to this link before it
   // has completed; returns once the peer has it.
   virtual Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) = 0;
@@ -58,22 +101,52 @@ class PeerLink {
 // adjacent initiator ranges are what it needs; the target's side may scatter).
 enum class SliceOrder { kByDestination, kByLocal };
 
+// Where a transport's peers can be.
+enum class Reach { kSameProcess, kSameHost, kNetwork };
+std::string_view ReachName(Reach r);
+
+// What a transport is and can do; the registry lists one per transport.
+struct TransportCaps {
+  std::string_view name;
+  Reach reach = Reach::kNetwork;
+  // Memory kinds it reads and writes, on either side of a transfer.
+  std::vector<MemoryKind::Type> memory_kinds = {MemoryKind::Type::kCpu};
+  // Whether peers need a per-region key from it (RegisterRegion) to reach
+  // registered memory.
+  bool needs_region_keys = false;
+  // Largest slice; 0 = the engine's slice_size.
+  uint32_t max_slice = 0;
+  SliceOrder order = SliceOrder::kByDestination;
+};
+
 class Transport {
  public:
+  // `caps.max_slice` resolved (non-zero).
+  explicit Transport(TransportCaps caps) : caps_(std::move(caps)) {}
   virtual ~Transport() = default;
-  virtual std::string_view Name() const = 0;
-  // Largest slice this transport accepts.
-  virtual uint32_t MaxSlice() const = 0;
-  virtual SliceOrder PreferredOrder() const { return SliceOrder::kByDestination; }
+  const TransportCaps& caps() const { return caps_; }
+  std::string_view Name() const { return caps_.name; }
+  uint32_t MaxSlice() const { return caps_.max_slice; }
+  SliceOrder PreferredOrder() const { return caps_.order; }
+  // Whether it can move bytes between memory of these kinds.
+  bool Handles(MemoryKind local, MemoryKind remote) const;
+
   // Adds this transport's endpoint to the engine's own descriptor.
   virtual void Describe(wire::PeerDescriptor* self) const = 0;
   // Whether this transport can reach the peer (locality, endpoints).
   virtual bool CanReach(const wire::PeerDescriptor& peer) const = 0;
-  virtual StatusOr<std::shared_ptr<PeerLink>> Connect(const wire::PeerDescriptor& peer,
-                                                      uint16_t wire_version,
-                                                      Clock::time_point deadline) = 0;
-  // Stops threads; fails everything in flight with kCancelled.
+  virtual StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> peer,
+                                                      uint16_t wire_version, Clock::time_point deadline) = 0;
+  // The memory half (caps.needs_region_keys): registers `region` with this
+  // transport's device and returns the key peers use for it; undone by
+  // UnregisterRegion once no transfer uses the region any more.
+  virtual StatusOr<std::optional<uint64_t>> RegisterRegion(const Region&) { return std::nullopt; }
+  virtual void UnregisterRegion(const Region&) {}
+  // Stops its threads; fails everything in flight with kCancelled.
   virtual void Shutdown() = 0;
+
+ private:
+  const TransportCaps caps_;
 };
 
 }  // namespace ferry::internal

@@ -1,6 +1,7 @@
 #include "wire/descriptor.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "wire/byte_io.h"
 #include "wire/frame.h"
@@ -18,9 +19,9 @@ const TransportEndpoint* PeerDescriptor::FindTransport(std::string_view name) co
   return nullptr;
 }
 
-void EncodeDescriptor(const PeerDescriptor& d, std::string* out) {
+void EncodeDescriptor(const PeerDescriptor& d, std::string* out, uint16_t format) {
   ByteWriter w(out);
-  w.U16(kDescriptorFormat);
+  w.U16(format);
   w.Str(d.engine_name);
   w.Str(d.peer_id);
   w.U64(d.instance_id);
@@ -42,6 +43,14 @@ void EncodeDescriptor(const PeerDescriptor& d, std::string* out) {
     w.U64(r.addr);
     w.U64(r.length);
     w.Str(r.location);
+    if (format >= 2) {
+      w.Str(r.kind);
+      w.U16(static_cast<uint16_t>(r.keys.size()));
+      for (const auto& k : r.keys) {
+        w.Str(k.transport);
+        w.U64(k.key);
+      }
+    }
   }
 }
 
@@ -50,11 +59,13 @@ StatusOr<PeerDescriptor> DecodeDescriptor(std::string_view bytes) {
   PeerDescriptor d;
   uint16_t format = 0;
   if (!r.U16(&format)) return DataLossError("empty peer descriptor");
-  if (format != kDescriptorFormat) {
+  if (format < kDescriptorFormatMin || format > kDescriptorFormatMax) {
     return FailedPreconditionError("peer descriptor format " + std::to_string(format) +
-                                   " is not supported (this engine reads format " +
-                                   std::to_string(kDescriptorFormat) + ")");
+                                   " is not supported (this engine reads formats " +
+                                   std::to_string(kDescriptorFormatMin) + ".." +
+                                   std::to_string(kDescriptorFormatMax) + ")");
   }
+  d.format = format;
   uint16_t nt = 0, nf = 0;
   uint32_t nr = 0;
   bool ok = r.Str(&d.engine_name) && r.Str(&d.peer_id) && r.U64(&d.instance_id) &&
@@ -75,8 +86,19 @@ StatusOr<PeerDescriptor> DecodeDescriptor(std::string_view bytes) {
   // Each region takes at least 18 bytes: refuse counts the input cannot hold.
   if (ok && nr > r.remaining() / 18) ok = false;
   for (uint32_t i = 0; ok && i < nr; ++i) {
-    RemoteRegion reg;
+    RegionEntry reg;
     ok = r.U64(&reg.addr) && r.U64(&reg.length) && r.Str(&reg.location);
+    if (ok && format >= 2) {
+      uint16_t nk = 0;
+      ok = r.Str(&reg.kind) && r.U16(&nk);
+      // Each key takes at least 10 bytes.
+      if (ok && nk > r.remaining() / 10) ok = false;
+      for (uint16_t k = 0; ok && k < nk; ++k) {
+        RegionKey key;
+        ok = r.Str(&key.transport) && r.U64(&key.key);
+        reg.keys.push_back(std::move(key));
+      }
+    }
     d.regions.push_back(std::move(reg));
   }
   if (!ok || r.remaining() != 0) return DataLossError("malformed peer descriptor");
@@ -103,9 +125,29 @@ StatusOr<uint16_t> NegotiateWireVersion(const PeerDescriptor& local, const PeerD
       "; upgrade " + older);
 }
 
-void EncodeHandshakeResponse(const Status& s, const PeerDescriptor& d, std::string* out) {
+void EncodeHandshakeResponse(const Status& s, const PeerDescriptor& d, std::string* out, uint16_t format) {
   EncodeStatus(s, out);
-  EncodeDescriptor(d, out);
+  EncodeDescriptor(d, out, format);
+}
+
+std::string DescriptorFormatsFeature(uint16_t min, uint16_t max) {
+  return "descriptor-formats:" + std::to_string(min) + ".." + std::to_string(max);
+}
+
+uint16_t AnswerFormat(const PeerDescriptor& request, uint16_t max_self) {
+  constexpr std::string_view kPrefix = "descriptor-formats:";
+  uint16_t best = kDescriptorFormatMin;
+  for (const auto& f : request.features) {
+    if (f.substr(0, kPrefix.size()) != kPrefix) continue;
+    const std::string range = f.substr(kPrefix.size());
+    const size_t dots = range.find("..");
+    if (dots == std::string::npos) continue;
+    const long hi = std::strtol(range.c_str() + dots + 2, nullptr, 10);
+    const long lo = std::strtol(range.c_str(), nullptr, 10);
+    const long common = std::min<long>(hi, std::min<long>(max_self, kDescriptorFormatMax));
+    if (lo <= common && common >= kDescriptorFormatMin) best = static_cast<uint16_t>(common);
+  }
+  return best;
 }
 
 StatusOr<std::pair<Status, PeerDescriptor>> DecodeHandshakeResponse(std::string_view body) {

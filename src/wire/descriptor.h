@@ -12,7 +12,31 @@
 
 namespace ferry::wire {
 
-inline constexpr uint16_t kDescriptorFormat = 1;
+// Descriptor formats this build reads and writes. Format 2 adds each
+// region's memory kind and per-transport keys. A handshake request is always
+// written in format 1, which every build reads, and names the formats its
+// sender reads in a feature ("descriptor-formats:1..2"); the responder answers
+// in the highest format both read (format 1 to a builder that names none).
+inline constexpr uint16_t kDescriptorFormatMin = 1;
+inline constexpr uint16_t kDescriptorFormatMax = 2;
+
+// What a peer needs to reach a region through one transport (for example a
+// fabric's remote key). Transports without per-region keys add none.
+struct RegionKey {
+  std::string transport;
+  uint64_t key = 0;
+  friend bool operator==(const RegionKey&, const RegionKey&) = default;
+};
+
+// A registered region as a descriptor carries it.
+struct RegionEntry {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  std::string location;
+  std::string kind = "cpu";    // MemoryKind::Name(); format 1: always "cpu"
+  std::vector<RegionKey> keys;  // format 1: none
+  friend bool operator==(const RegionEntry&, const RegionEntry&) = default;
+};
 
 struct TransportEndpoint {
   std::string name;      // "tcp", "local"
@@ -31,21 +55,33 @@ struct PeerDescriptor {
   uint16_t wire_max = 0;
   std::vector<TransportEndpoint> transports;
   std::vector<std::string> features;
-  std::vector<RemoteRegion> regions;
+  std::vector<RegionEntry> regions;
+  // The format it was decoded from (set by DecodeDescriptor).
+  uint16_t format = kDescriptorFormatMax;
 
   bool HasFeature(std::string_view f) const;
   const TransportEndpoint* FindTransport(std::string_view name) const;
 };
 
-void EncodeDescriptor(const PeerDescriptor& d, std::string* out);
+// Encodes in `format` (kDescriptorFormatMin..Max); format 1 leaves out the
+// regions' kinds and keys.
+void EncodeDescriptor(const PeerDescriptor& d, std::string* out, uint16_t format = kDescriptorFormatMax);
+// Reads any format in kDescriptorFormatMin..Max.
 StatusOr<PeerDescriptor> DecodeDescriptor(std::string_view bytes);
+
+// The feature a handshake request carries to say which formats its sender
+// reads, and the format a responder answers in (the highest both read; 1 if
+// the request names none). `max_self` lets tests play an older build.
+std::string DescriptorFormatsFeature(uint16_t min, uint16_t max);
+uint16_t AnswerFormat(const PeerDescriptor& request, uint16_t max_self = kDescriptorFormatMax);
 
 // Highest wire version both ranges contain, or kFailedPrecondition naming
 // both ranges and both peers.
 StatusOr<uint16_t> NegotiateWireVersion(const PeerDescriptor& local, const PeerDescriptor& remote);
 
 // kHandshakeResponse body: status, then the responder's descriptor.
-void EncodeHandshakeResponse(const Status& s, const PeerDescriptor& d, std::string* out);
+void EncodeHandshakeResponse(const Status& s, const PeerDescriptor& d, std::string* out,
+                             uint16_t format = kDescriptorFormatMax);
 StatusOr<std::pair<Status, PeerDescriptor>> DecodeHandshakeResponse(std::string_view body);
 
 }  // namespace ferry::wire

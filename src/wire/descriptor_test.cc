@@ -18,7 +18,7 @@ PeerDescriptor Sample() {
   d.wire_max = 1;
   d.transports = {{"tcp", "127.0.0.1:15001"}, {"local", "7"}};
   d.features = {"read", "write", "notify"};
-  d.regions = {{0x10000, 4096, "cpu:0"}, {0x20000, 1 << 20, "*"}};
+  d.regions = {{0x10000, 4096, "cpu:0", "cpu", {}}, {0x20000, 1 << 20, "*", "cpu", {}}};
   return d;
 }
 

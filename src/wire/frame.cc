@@ -137,33 +137,6 @@ StatusOr<std::vector<Entry>> DecodeEntries(std::string_view body) {
   return out;
 }
 
-void EncodeCopyEntries(const CopyEntry* entries, size_t count, std::string* out) {
-  out->reserve(out->size() + CopyEntriesSize(count));
-  ByteWriter w(out);
-  w.U32(static_cast<uint32_t>(count));
-  for (size_t i = 0; i < count; ++i) {
-    w.U64(entries[i].addr);
-    w.U32(entries[i].length);
-    w.U64(entries[i].peer_addr);
-  }
-}
-
-StatusOr<std::vector<CopyEntry>> DecodeCopyEntries(std::string_view body) {
-  ByteReader r(body);
-  uint32_t n;
-  if (!r.U32(&n)) return Corrupt("copy entry list");
-  if (n == 0 || n > kMaxEntriesPerFrame || r.remaining() != static_cast<size_t>(n) * 20) {
-    return Corrupt("copy entry list (count " + std::to_string(n) + ")");
-  }
-  std::vector<CopyEntry> out(n);
-  for (auto& e : out) {
-    r.U64(&e.addr);
-    r.U32(&e.length);
-    r.U64(&e.peer_addr);
-  }
-  return out;
-}
-
 void EncodeReply(const Reply& rep, std::string* out) {
   ByteWriter w(out);
   WriteStatus(w, rep.status);
@@ -186,6 +159,14 @@ StatusOr<Reply> DecodeReply(std::string_view body) {
     if (!r.U32(&f.index) || !ReadStatus(r, &s)) return Corrupt("reply failure");
     f.code = s.ok() ? StatusCode::kUnknown : s.code();
     f.message = s.message();
+  }
+  for (size_t i = 1; i < rep.failures.size(); ++i) {
+    if (rep.failures[i].index <= rep.failures[i - 1].index) {
+      return DataLossError("malformed reply from peer: failed entry " +
+                           std::to_string(rep.failures[i].index) + " listed after entry " +
+                           std::to_string(rep.failures[i - 1].index) +
+                           " (failures must be in increasing entry order)");
+    }
   }
   if (r.remaining() != 0) return Corrupt("reply (trailing bytes)");
   return rep;
@@ -222,25 +203,6 @@ StatusOr<StreamHello> DecodeStreamHello(std::string_view body) {
   if (!r.U64(&h.initiator_instance) || !r.U64(&h.target_instance) || !r.U16(&h.wire_version) ||
       !r.U16(&h.stream_index) || !r.Str(&h.initiator_peer_id) || r.remaining() != 0) {
     return Corrupt("stream hello");
-  }
-  return h;
-}
-
-void EncodeCopyHello(const CopyHello& h, std::string* out) {
-  EncodeStreamHello(h.hello, out);
-  ByteWriter w(out);
-  w.U64(h.probe_addr);
-  w.Str(h.probe.substr(0, kMaxProbe));
-}
-
-StatusOr<CopyHello> DecodeCopyHello(std::string_view body) {
-  ByteReader r(body);
-  CopyHello h;
-  if (!r.U64(&h.hello.initiator_instance) || !r.U64(&h.hello.target_instance) ||
-      !r.U16(&h.hello.wire_version) || !r.U16(&h.hello.stream_index) ||
-      !r.Str(&h.hello.initiator_peer_id) || !r.U64(&h.probe_addr) || !r.Str(&h.probe) ||
-      r.remaining() != 0 || h.probe.size() > kMaxProbe) {
-    return Corrupt("same-host stream hello");
   }
   return h;
 }

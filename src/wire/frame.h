@@ -1,5 +1,8 @@
-// Frames exchanged on the rpc port: header, message types and their bodies.
-// The byte layout is specified in docs/wire-format.md; keep them in sync.
+// Frames of the stream protocol: the header, every frame type, and the
+// bodies the stream layer and the tcp transport use. The same-host
+// transport's own bodies (CopyHello, CopyEntryList) are encoded in
+// src/transport/shm/copy_frames.h. The byte layout is specified in
+// docs/wire-format.md; keep them in sync.
 #pragma once
 
 #include <cstdint>
@@ -60,20 +63,6 @@ StatusOr<std::vector<Entry>> DecodeEntries(std::string_view body);
 // Size of an encoded entry list.
 inline size_t EntriesSize(size_t count) { return 4 + count * 12; }
 
-// One range of a kCopyWrite / kCopyRead body: the target's range and where
-// the bytes are (write) or go (read) in the initiator's address space.
-struct CopyEntry {
-  uint64_t addr = 0;
-  uint32_t length = 0;
-  uint64_t peer_addr = 0;
-};
-
-// kCopyWrite / kCopyRead body: u32 count, then count × {u64 addr, u32
-// length, u64 peer_addr}.
-void EncodeCopyEntries(const CopyEntry* entries, size_t count, std::string* out);
-StatusOr<std::vector<CopyEntry>> DecodeCopyEntries(std::string_view body);
-inline size_t CopyEntriesSize(size_t count) { return 4 + count * 20; }
-
 // A per-entry failure reported by the target.
 struct EntryFailure {
   uint32_t index = 0;
@@ -82,7 +71,10 @@ struct EntryFailure {
 };
 
 // kAck / kReadData body: u8 code, str message (whole-frame status), u32
-// count, then count × {u32 index, u8 code, str message}.
+// count, then count × {u32 index, u8 code, str message}. The failures must
+// name entries in strictly increasing order (the target walks its entries in
+// order): DecodeReply refuses anything else, so a misordered or forged reply
+// can never mark a failed entry completed.
 struct Reply {
   Status status;
   std::vector<EntryFailure> failures;
@@ -109,18 +101,6 @@ struct StreamHello {
 };
 void EncodeStreamHello(const StreamHello& h, std::string* out);
 StatusOr<StreamHello> DecodeStreamHello(std::string_view body);
-
-// kCopyHello body: a kStreamHello body, then u64 probe_addr and str probe:
-// bytes the target must find at probe_addr in the initiator's memory,
-// proving it can reach that process before any transfer relies on it.
-struct CopyHello {
-  StreamHello hello;
-  uint64_t probe_addr = 0;
-  std::string probe;  // at most kMaxProbe bytes
-};
-inline constexpr size_t kMaxProbe = 64;
-void EncodeCopyHello(const CopyHello& h, std::string* out);
-StatusOr<CopyHello> DecodeCopyHello(std::string_view body);
 
 // kStreamHelloAck / status-only bodies: u8 code, str message.
 void EncodeStatus(const Status& s, std::string* out);

@@ -70,58 +70,6 @@ TEST(Frame, EntriesRoundTripAndLimits) {
   EXPECT_FALSE(DecodeEntries(empty).ok());
 }
 
-TEST(Frame, CopyEntriesRoundTripAndLimits) {
-  std::vector<CopyEntry> in = {{0x1000, 4096, 0x7f0000001000}, {0xffffffffffff0000ull, 1, 42}};
-  std::string body;
-  EncodeCopyEntries(in.data(), in.size(), &body);
-  EXPECT_EQ(body.size(), CopyEntriesSize(2));
-  auto out = DecodeCopyEntries(body);
-  ASSERT_TRUE(out.ok()) << out.status();
-  ASSERT_EQ(out->size(), 2u);
-  EXPECT_EQ((*out)[0].peer_addr, 0x7f0000001000u);
-  EXPECT_EQ((*out)[1].addr, 0xffffffffffff0000ull);
-  EXPECT_EQ((*out)[1].length, 1u);
-  EXPECT_FALSE(DecodeCopyEntries(body.substr(0, body.size() - 1)).ok());
-  EXPECT_FALSE(DecodeCopyEntries(body + "x").ok());
-  // A plain entry list is not a copy entry list (12 vs 20 bytes per entry).
-  std::string plain;
-  Entry e[5] = {};
-  EncodeEntries(e, 5, &plain);
-  EXPECT_FALSE(DecodeCopyEntries(plain).ok());
-  std::string empty;
-  EncodeCopyEntries(nullptr, 0, &empty);
-  EXPECT_FALSE(DecodeCopyEntries(empty).ok());
-}
-
-TEST(Frame, CopyHelloRoundTripAndProbeLimit) {
-  CopyHello h{{1, 2, 1, 3, "127.0.0.1:9"}, 0x7ffd0000, std::string(16, 'p')};
-  std::string body;
-  EncodeCopyHello(h, &body);
-  auto out = DecodeCopyHello(body);
-  ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ(out->hello.stream_index, 3u);
-  EXPECT_EQ(out->hello.initiator_peer_id, "127.0.0.1:9");
-  EXPECT_EQ(out->probe_addr, 0x7ffd0000u);
-  EXPECT_EQ(out->probe, h.probe);
-  EXPECT_FALSE(DecodeCopyHello(body + "x").ok());
-  // A plain stream hello lacks the probe.
-  std::string plain;
-  EncodeStreamHello(h.hello, &plain);
-  EXPECT_FALSE(DecodeCopyHello(plain).ok());
-  // The encoder cuts an oversized probe; the decoder refuses one.
-  h.probe.assign(kMaxProbe + 10, 'q');
-  body.clear();
-  EncodeCopyHello(h, &body);
-  ASSERT_TRUE(DecodeCopyHello(body).ok());
-  EXPECT_EQ(DecodeCopyHello(body)->probe.size(), kMaxProbe);
-  std::string forged;
-  EncodeStreamHello(h.hello, &forged);
-  forged.append(8, '\0');
-  forged.push_back(static_cast<char>(kMaxProbe + 1));
-  forged.push_back('\0');
-  forged.append(kMaxProbe + 1, 'q');
-  EXPECT_FALSE(DecodeCopyHello(forged).ok());
-}
 
 TEST(Frame, ReplyRoundTrip) {
   Reply r;

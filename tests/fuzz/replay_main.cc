@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/shm/copy_frames.h"
 #include "wire/descriptor.h"
 #include "wire/frame.h"
 
@@ -47,20 +48,44 @@ std::vector<std::string> Seeds() {
   d.wire_min = d.wire_max = 1;
   d.transports = {{"tcp", "127.0.0.1:5"}};
   d.features = {"read", "write"};
-  d.regions = {{0x1000, 4096, "*"}};
+  d.regions = {{0x1000, 4096, "*", "cpu", {}}, {0x9000, 4096, "cpu:0", "test-opaque", {{"fabric", 77}}}};
   s.clear();
-  EncodeDescriptor(d, &s);
+  EncodeDescriptor(d, &s);  // format 2
+  add(5, s);
+  s.clear();
+  EncodeDescriptor(d, &s, 1);
   add(5, s);
   s.clear();
   EncodeHandshakeResponse(ferry::OkStatus(), d, &s);
   add(6, s);
   s.clear();
-  CopyEntry ce[2] = {{0x1000, 10, 0x7000}, {0x2000, 4096, 0x9000}};
-  EncodeCopyEntries(ce, 2, &s);
+  ferry::internal::shm::CopyEntry ce[2] = {{0x1000, 10, 0x7000}, {0x2000, 4096, 0x9000}};
+  ferry::internal::shm::EncodeCopyEntries(ce, 2, &s);
   add(7, s);
   s.clear();
-  EncodeCopyHello({{1, 2, 1, 0, "127.0.0.1:5"}, 0x7fff0000, "0123456789abcdef"}, &s);
+  ferry::internal::shm::EncodeCopyHello({{1, 2, 1, 0, "127.0.0.1:5"}, 0x7fff0000, "0123456789abcdef"}, &s);
   add(8, s);
+  // Two frames back to back for the frame reader: a write with payload, an
+  // ack without.
+  {
+    std::string stream;
+    std::string body;
+    Entry we[1] = {{0x1000, 300}};
+    EncodeEntries(we, 1, &body);
+    FrameHeader w;
+    w.version = 1;
+    w.type = FrameType::kWrite;
+    w.payload_len = 300;
+    w.seq = 2;
+    stream = BuildFrame(w, body) + std::string(300, 'x');
+    std::string rep;
+    EncodeReply({ferry::OkStatus(), {}}, &rep);
+    FrameHeader a;
+    a.type = FrameType::kAck;
+    a.seq = 3;
+    stream += BuildFrame(a, rep);
+    add(9, stream);
+  }
   return seeds;
 }
 

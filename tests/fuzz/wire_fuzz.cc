@@ -9,6 +9,10 @@
 #include <string>
 #include <string_view>
 
+#include <vector>
+
+#include "transport/shm/copy_frames.h"
+#include "transport/stream/frame_reader.h"
 #include "wire/descriptor.h"
 #include "wire/frame.h"
 
@@ -18,13 +22,44 @@ void Check(bool ok) {
   if (!ok) std::abort();
 }
 
+// Takes every frame the socket-free reader produces; places each payload in
+// a buffer of its announced size, alternating destinations and discards, so
+// the reader's payload bookkeeping sees hostile lengths.
+class FuzzSink : public ferry::internal::stream::FrameReader::Sink {
+ public:
+  ferry::internal::stream::FrameReader* reader = nullptr;
+  ferry::Status OnHeader(const ferry::wire::FrameHeader& h) override {
+    return h.flags == 0xffff ? ferry::DataLossError("refused") : ferry::OkStatus();
+  }
+  ferry::Status OnFrame(const ferry::wire::FrameHeader& h, std::string_view) override {
+    if (h.payload_len == 0 && (h.seq & 1)) return ferry::OkStatus();  // expects nothing
+    reader->ExpectPayload();
+    buf_.assign(h.payload_len, '\0');
+    size_t off = 0;
+    for (size_t piece = 1; off < buf_.size(); piece = piece * 3 + 1) {
+      const size_t n = std::min(piece, buf_.size() - off);
+      if (piece & 2) {
+        reader->AddDiscard(n);
+      } else {
+        reader->AddDestination(buf_.data() + off, n);
+      }
+      off += n;
+    }
+    return ferry::OkStatus();
+  }
+  ferry::Status OnPayload(const ferry::wire::FrameHeader&) override { return ferry::OkStatus(); }
+
+ private:
+  std::vector<char> buf_;
+};
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ferry::wire;
   if (size == 0) return 0;
   // The first byte picks the decoder, the rest is its input.
-  const uint8_t which = data[0] % 9;
+  const uint8_t which = data[0] % 10;
   std::string_view in(reinterpret_cast<const char*>(data + 1), size - 1);
   switch (which) {
     case 0: {
@@ -78,7 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto d = DecodeDescriptor(in);
       if (d.ok()) {
         std::string out;
-        EncodeDescriptor(*d, &out);
+        EncodeDescriptor(*d, &out, d->format);  // format 1 or 2, as read
         Check(out == in);
       }
       break;
@@ -89,20 +124,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 7: {
-      auto e = DecodeCopyEntries(in);
+      auto e = ferry::internal::shm::DecodeCopyEntries(in);
       if (e.ok()) {
         std::string out;
-        EncodeCopyEntries(e->data(), e->size(), &out);
+        ferry::internal::shm::EncodeCopyEntries(e->data(), e->size(), &out);
         Check(out == in);
       }
       break;
     }
     case 8: {
-      auto h = DecodeCopyHello(in);
+      auto h = ferry::internal::shm::DecodeCopyHello(in);
       if (h.ok()) {
         std::string out;
-        EncodeCopyHello(*h, &out);
+        ferry::internal::shm::EncodeCopyHello(*h, &out);
         Check(out == in);
+      }
+      break;
+    }
+    case 9: {
+      // The stream's frame reader, fed in uneven pieces (as recv returns them).
+      FuzzSink sink;
+      ferry::internal::stream::FrameReader reader(&sink);
+      sink.reader = &reader;
+      size_t off = 0;
+      for (size_t piece = 1; off < in.size(); piece = piece * 2 + 1) {
+        const size_t n = std::min(piece, in.size() - off);
+        if (!reader.Consume(in.data() + off, n).ok()) break;
+        off += n;
       }
       break;
     }

@@ -1,17 +1,17 @@
 // Tests that need the shm transport skip, saying why, where this machine
-// refuses same-host copies (see tools/ferry/same_host_probe.h); the tests of
+// refuses same-host copies (see src/transport/shm/same_host_probe.h); the tests of
 // the fallback to tcp still run there.
 #pragma once
 
 #include <string>
 
-#include "tools/ferry/same_host_probe.h"
+#include "transport/shm/same_host_probe.h"
 
 namespace ferry::test {
 
 // "" if same-host copies work here (probed once per process), else the reason.
 inline const std::string& SameHostCopyRefusal() {
-  static const std::string refusal = ::ferry::probe::SameHostCopyRefusal();
+  static const std::string refusal = ::ferry::internal::shm::SameHostCopyRefusal();
   return refusal;
 }
 

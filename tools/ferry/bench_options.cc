@@ -1,5 +1,7 @@
 #include "bench_options.h"
 
+#include "ferry/transports.h"
+
 #include <iostream>
 
 #include "cli.h"
@@ -124,9 +126,14 @@ std::optional<BenchOptions> ParseBenchOptions(const std::vector<std::string>& ar
   p.Value("--workload", [&](std::string_view v) { o.kv = ParseKvPreset(v); });
   p.Switch("--sync", [&] { o.sync = true; });
   p.Value("--transport", [&](std::string_view v) {
-    if (v != "auto" && v != "tcp" && v != "local" && v != "shm") {
-      throw cli::UsageError("bad value '" + std::string(v) +
-                            "' for --transport: expected auto, tcp, local or shm");
+    std::string names = "auto";
+    bool known = v == "auto";
+    for (const TransportInfo& t : ListTransports()) {  // the registry's names
+      known = known || v == t.name;
+      names += ", " + t.name;
+    }
+    if (!known) {
+      throw cli::UsageError("bad value '" + std::string(v) + "' for --transport: expected " + names);
     }
     o.transport = v;
   });

@@ -1,6 +1,8 @@
 // `ferry info` and `ferry metadata-server`.
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -9,7 +11,6 @@
 #include "commands.h"
 #include "ferry/ferry.h"
 #include "json.h"
-#include "same_host_probe.h"
 
 namespace ferry::cli {
 namespace {
@@ -31,9 +32,11 @@ int YamaPtraceScope() {
 }
 
 // "ok", or why the shm transport cannot copy between processes here.
-std::string SameHostCopyProbe() {
-  const std::string why = probe::SameHostCopyRefusal();
-  return why.empty() ? "ok" : why;
+std::string SameHostCopyProbe(const std::vector<TransportInfo>& registry) {
+  for (const auto& t : registry) {
+    if (t.name == "shm") return t.unavailable.empty() ? "ok" : t.unavailable;
+  }
+  return "not built in";
 }
 
 std::string SameHostAccess() {
@@ -70,7 +73,58 @@ std::string Join(const std::vector<std::string>& v) {
   return out;
 }
 
-long long Ms(std::chrono::milliseconds d) { return static_cast<long long>(d.count()); }
+// `s` padded with spaces to `width` columns (at least one space after it).
+std::string Pad(std::string s, size_t width) {
+  s.resize(std::max(width, s.size() + 1), ' ');
+  return s;
+}
+
+// The key of an option in --json's "options": durations carry their unit
+// ("spin_us", "transfer_timeout_ms").
+std::string JsonKey(const OptionSpec& s) {
+  std::string key(s.name);
+  if (s.unit == "ms" || s.unit == "us") key += "_" + std::string(s.unit);
+  return key;
+}
+
+// The option's value in `o`: a number for integer options, else a string.
+void OptionJsonValue(bench::JsonWriter& j, const OptionSpec& s, const EngineOptions& o) {
+  if (s.integer_value == nullptr) {
+    j.Value(s.Value(o));
+    return;
+  }
+  const int64_t v = s.integer_value(o);
+  if (v >= 0) {
+    j.Value(static_cast<uint64_t>(v));
+  } else {
+    j.Value(static_cast<double>(v));
+  }
+}
+
+// One line per transport of the registry: reach, memory kinds, availability.
+std::string RegistryLines(const std::vector<TransportInfo>& registry) {
+  std::string out;
+  for (const auto& t : registry) {
+    out += "  " + Pad(t.name, 8) + Pad(t.reach, 14) + "memory " + Join(t.memory_kinds) +
+           (t.needs_region_keys ? ", per-region keys" : "") + "; " +
+           (t.unavailable.empty() ? "available" : "unavailable here: " + t.unavailable) + "\n";
+  }
+  return out;
+}
+
+// One line of the text output per row of OptionTable(): name, effective
+// value, variable, range.
+std::string OptionLines(const EngineOptions& o) {
+  std::string out = "  " + Pad("option", 20) + Pad("value", 16) + Pad("variable", 28) + "range\n";
+  for (const OptionSpec& s : OptionTable()) {
+    std::string value = s.Value(o);
+    if (!s.unit.empty()) value += " " + std::string(s.unit);
+    out += "  " + Pad(std::string(s.name), 20) + Pad(value, 16) +
+           Pad(s.variable.empty() ? "-" : std::string(s.variable), 28) + std::string(s.range) +
+           "\n";
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -93,6 +147,7 @@ int InfoMain(const std::vector<std::string>& args) {
     throw RunError("cannot start an engine to ask it: " + engine.status().ToString());
   }
   const Capabilities caps = (*engine)->GetCapabilities();
+  const std::vector<TransportInfo> registry = ListTransports();
   const EngineOptions& o = (*engine)->options();
   if (json) {
     bench::JsonWriter j;
@@ -102,24 +157,37 @@ int InfoMain(const std::vector<std::string>& args) {
     j.Key("transports").BeginArray();
     for (const auto& t : caps.transports) j.Value(t);
     j.EndArray();
+    j.Key("transport_registry").BeginArray();
+    for (const auto& t : registry) {
+      j.BeginObject().Field("name", t.name).Field("reach", t.reach);
+      j.Key("memory_kinds").BeginArray();
+      for (const auto& k : t.memory_kinds) j.Value(k);
+      j.EndArray();
+      j.Field("needs_region_keys", t.needs_region_keys).Field("unavailable", t.unavailable);
+      j.EndObject();
+    }
+    j.EndArray();
     j.Key("features").BeginArray();
     for (const auto& f : caps.features) j.Value(f);
     j.EndArray();
     j.Key("options").BeginObject();
     j.Field("local_name", o.local_name).Field("listen_host", o.listen_host);
     j.Field("listen_port", static_cast<int>(o.listen_port)).Field("metadata", o.metadata);
-    j.Field("transport", o.transport);
-    j.Field("connect_timeout_ms", static_cast<uint64_t>(Ms(o.connect_timeout)));
-    j.Field("transfer_timeout_ms", static_cast<uint64_t>(Ms(o.transfer_timeout)));
-    j.Field("handshake_timeout_ms", static_cast<uint64_t>(Ms(o.handshake_timeout)));
-    j.Field("tcp_streams", o.tcp_streams).Field("io_threads", o.io_threads);
-    j.Field("slice_size", static_cast<uint64_t>(o.slice_size));
-    j.Field("max_frame_bytes", static_cast<uint64_t>(o.max_frame_bytes));
-    j.Field("max_frame_entries", static_cast<uint64_t>(o.max_frame_entries));
-    j.Field("tcp_send_buffer", static_cast<uint64_t>(o.tcp_send_buffer));
-    j.Field("spin_us", static_cast<uint64_t>(o.spin.count()));
-    j.Field("wait_spin_us", static_cast<uint64_t>(o.wait_spin.count()));
+    for (const OptionSpec& s : OptionTable()) {
+      j.Key(JsonKey(s));
+      OptionJsonValue(j, s, o);
+    }
     j.EndObject();
+    // The table itself, with the effective values.
+    j.Key("option_table").BeginArray();
+    for (const OptionSpec& s : OptionTable()) {
+      j.BeginObject().Field("name", s.name).Field("variable", s.variable).Field("unit", s.unit);
+      j.Field("range", s.range).Field("default", s.default_value).Field("meaning", s.meaning);
+      j.Key("value");
+      OptionJsonValue(j, s, o);
+      j.EndObject();
+    }
+    j.EndArray();
     j.Key("limits").BeginObject();
     j.Field("max_batch_capacity", static_cast<uint64_t>(kMaxBatchCapacity));
     j.Field("max_notification_name", static_cast<uint64_t>(kMaxNotificationName));
@@ -128,7 +196,7 @@ int InfoMain(const std::vector<std::string>& args) {
     j.Field("memlock_soft", MemlockSoft());
     j.Field("yama_ptrace_scope", YamaPtraceScope());
     j.Field("same_host_access", SameHostAccess());
-    j.Field("same_host_copy", SameHostCopyProbe());
+    j.Field("same_host_copy", SameHostCopyProbe(registry));
     j.EndObject();
     j.Field("peer_id_of_this_probe", (*engine)->PeerId());
     j.EndObject();
@@ -139,6 +207,7 @@ int InfoMain(const std::vector<std::string>& args) {
             << "wire versions      " << caps.wire_version_min << ".." << caps.wire_version_max
             << " (this build: " << kWireVersionMin << ".." << kWireVersionMax << ")\n"
             << "transports         " << Join(caps.transports) << "   (preferred first)\n"
+            << RegistryLines(registry)
             << "features           " << Join(caps.features) << "\n"
             << "metadata           " << o.metadata << " (metadata server: not available yet)\n"
             << "\neffective options (defaults overlaid with FERRY_* from the environment):\n"
@@ -148,26 +217,14 @@ int InfoMain(const std::vector<std::string>& args) {
             << "  listen_port         " << o.listen_port
             << (o.listen_port == 0 ? " (any free)" : "")
             << "   [this probe: " << (*engine)->RpcPort() << "]\n"
-            << "  transport           " << o.transport << "\n"
-            << "  connect_timeout     " << Ms(o.connect_timeout) << " ms\n"
-            << "  transfer_timeout    " << Ms(o.transfer_timeout) << " ms\n"
-            << "  handshake_timeout   " << Ms(o.handshake_timeout) << " ms\n"
-            << "  tcp_streams         " << o.tcp_streams << "\n"
-            << "  io_threads          " << o.io_threads << "\n"
-            << "  slice_size          " << o.slice_size << " B\n"
-            << "  max_frame_bytes     " << o.max_frame_bytes << " B\n"
-            << "  max_frame_entries   " << o.max_frame_entries << "\n"
-            << "  tcp_send_buffer     " << o.tcp_send_buffer << " B"
-            << (o.tcp_send_buffer == 0 ? " (kernel autotuning)" : "") << "\n"
-            << "  spin                " << o.spin.count() << " µs\n"
-            << "  wait_spin           " << o.wait_spin.count() << " µs\n"
+            << OptionLines(o)
             << "\nlimits:\n"
             << "  batch capacity      " << kMaxBatchCapacity << " requests\n"
             << "  notification        name " << kMaxNotificationName << " B, message "
             << kMaxNotificationMessage << " B\n"
             << "  registered memory   any amount: local, shm and tcp do not pin pages\n"
             << "  same-host (shm)     " << SameHostAccess() << "; probe of a child: "
-            << SameHostCopyProbe() << "\n"
+            << SameHostCopyProbe(registry) << "\n"
             << "  RLIMIT_MEMLOCK      " << MemlockSoft() << " (for pinning transports, later)\n";
   return 0;
 }

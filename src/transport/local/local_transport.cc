@@ -38,13 +38,12 @@ namespace {
 
 class LocalLink : public PeerLink {
  public:
-  LocalLink(std::weak_ptr<EngineTarget> target, std::string peer_id)
-      : target_(std::move(target)), peer_id_(std::move(peer_id)) {}
+  LocalLink(std::shared_ptr<EngineTarget> self, std::weak_ptr<EngineTarget> target, std::string peer_id)
+      : self_(std::move(self)), target_(std::move(target)), peer_id_(std::move(peer_id)) {}
 
-  void Post(const std::shared_ptr<BatchState>& batch, std::vector<Slice> slices,
-            Clock::time_point /*deadline*/) override {
+  void Post(const PostContext& ctx, std::vector<Slice> slices) override {
     std::shared_ptr<EngineTarget> target = target_.lock();
-    BatchState::Completer done(*batch);
+    BatchState::Completer done(*ctx.batch);
     for (const Slice& s : slices) {
       if (!target) {
         done.Complete(s.request, 1, UnavailableError("peer engine " + peer_id_ + " was shut down"));
@@ -56,12 +55,27 @@ class LocalLink : public PeerLink {
         continue;
       }
       void* remote = reinterpret_cast<void*>(s.remote);
-      if (s.opcode == Opcode::kWrite) {
-        std::memmove(remote, s.local, s.length);
-      } else {
-        std::memmove(s.local, remote, s.length);
+      const MemoryKind remote_kind = pin->region()->kind;
+      MemoryKind local_kind;
+      if (self_->registry().ever_non_cpu()) {
+        MemoryRegistry::Found found;
+        if (self_->registry().Check(reinterpret_cast<uint64_t>(s.local), s.length, "local buffer", &found).ok()) {
+          local_kind = found.kind;
+        }
       }
-      done.Complete(s.request, 1, OkStatus());
+      Status copied;
+      if (remote_kind.cpu_accessible() && local_kind.cpu_accessible()) {
+        if (s.opcode == Opcode::kWrite) {
+          std::memmove(remote, s.local, s.length);
+        } else {
+          std::memmove(s.local, remote, s.length);
+        }
+      } else if (s.opcode == Opcode::kWrite) {
+        copied = CopyMemory(remote_kind, remote, local_kind, s.local, s.length);
+      } else {
+        copied = CopyMemory(local_kind, s.local, remote_kind, remote, s.length);
+      }
+      done.Complete(s.request, 1, copied);
     }
   }
 
@@ -77,14 +91,20 @@ class LocalLink : public PeerLink {
   void Retire() override {}
 
  private:
+  const std::shared_ptr<EngineTarget> self_;
   std::weak_ptr<EngineTarget> target_;
   std::string peer_id_;
 };
 
 class LocalTransport : public Transport {
  public:
-  std::string_view Name() const override { return "local"; }
-  uint32_t MaxSlice() const override { return 1u << 30; }
+  // Listed in the process's directory while it lives, so engines of this
+  // process can reach its target.
+  LocalTransport(TransportCaps caps, std::shared_ptr<EngineTarget> self)
+      : Transport(std::move(caps)), self_(std::move(self)) {
+    LocalDirectory::Get().Add(self_);
+  }
+  ~LocalTransport() override { Shutdown(); }
   void Describe(wire::PeerDescriptor* self) const override {
     self->transports.push_back({"local", std::to_string(ProcessToken())});
   }
@@ -92,19 +112,35 @@ class LocalTransport : public Transport {
     return peer.process_token == ProcessToken() && peer.FindTransport("local") != nullptr &&
            LocalDirectory::Get().Find(peer.instance_id) != nullptr;
   }
-  StatusOr<std::shared_ptr<PeerLink>> Connect(const wire::PeerDescriptor& peer, uint16_t,
+  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> info, uint16_t,
                                               Clock::time_point) override {
+    const wire::PeerDescriptor& peer = info->desc();
     std::shared_ptr<EngineTarget> t = LocalDirectory::Get().Find(peer.instance_id);
     if (!t) {
       return UnavailableError("peer " + peer.peer_id + " is not an engine of this process (local transport)");
     }
-    return std::shared_ptr<PeerLink>(std::make_shared<LocalLink>(t, peer.peer_id));
+    return std::shared_ptr<PeerLink>(std::make_shared<LocalLink>(self_, t, peer.peer_id));
   }
-  void Shutdown() override {}
+  void Shutdown() override { LocalDirectory::Get().Remove(self_->instance_id()); }
+
+ private:
+  const std::shared_ptr<EngineTarget> self_;
 };
 
 }  // namespace
 
-std::unique_ptr<Transport> MakeLocalTransport() { return std::make_unique<LocalTransport>(); }
+TransportCaps LocalCaps() {
+  TransportCaps c;
+  c.name = "local";
+  c.reach = Reach::kSameProcess;
+  // Copies go through CopyMemory, which reaches the test kind too.
+  c.memory_kinds = {MemoryKind::Type::kCpu, MemoryKind::Type::kTestOpaque};
+  c.max_slice = 1u << 30;
+  return c;
+}
+
+StatusOr<std::unique_ptr<Transport>> MakeLocalTransport(const TransportContext& ctx) {
+  return std::unique_ptr<Transport>(std::make_unique<LocalTransport>(LocalCaps(), ctx.target));
+}
 
 }  // namespace ferry::internal

@@ -1,11 +1,13 @@
 // The "local" transport: the peer engine lives in this process, so a
-// transfer is a memcpy between the two engines' registered memory, after the
-// peer's registry has validated (and pinned) the remote range.
+// transfer is a copy between the two engines' registered memory, after the
+// peer's registry has validated (and pinned) the remote range: memcpy for
+// cpu memory, the kinds' own copy functions (CopyMemory) for the others.
 #pragma once
 
 #include <memory>
 
 #include "core/target.h"
+#include "transport/context.h"
 #include "transport/transport.h"
 
 namespace ferry::internal {
@@ -26,6 +28,7 @@ class LocalDirectory {
   std::unique_ptr<Impl> impl_;
 };
 
-std::unique_ptr<Transport> MakeLocalTransport();
+TransportCaps LocalCaps();
+StatusOr<std::unique_ptr<Transport>> MakeLocalTransport(const TransportContext& ctx);
 
 }  // namespace ferry::internal

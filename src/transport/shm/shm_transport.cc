@@ -9,12 +9,17 @@
 
 #include "common/log.h"
 #include "common/net.h"
+#include "transport/shm/copy_frames.h"
+#include "transport/shm/copy_service.h"
+#include "transport/shm/same_host_probe.h"
+#include "transport/stream/connection.h"
+#include "transport/stream/listener.h"
 #include "wire/frame.h"
 
 namespace ferry::internal {
 namespace {
 
-using tcp::Connection;
+using stream::Connection;
 
 // The endpoint a descriptor advertises: "<boot id>/<abstract socket name>".
 std::string Endpoint(const std::string& socket_name) { return BootId() + "/" + socket_name; }
@@ -28,36 +33,49 @@ bool ParseEndpoint(const std::string& ep, std::string* boot_id, std::string* soc
   return true;
 }
 
-class ShmTransportImpl : public Transport {
+class ShmTransport : public Transport {
  public:
-  ShmTransportImpl(ShmTransportConfig cfg, std::shared_ptr<const tcp::ServerContext> server,
-                   std::shared_ptr<tcp::LoopPool> pool)
-      : cfg_(std::move(cfg)), server_(std::move(server)), pool_(std::move(pool)) {
+  ShmTransport(TransportCaps caps, const TransportContext& ctx)
+      : Transport(std::move(caps)),
+        streams_(ctx.options->tcp_streams),
+        local_peer_id_(ctx.peer_id),
+        local_instance_(ctx.instance_id),
+        pool_(ctx.streams->loops()) {
     std::random_device rd;
     for (char& c : probe_) c = static_cast<char>(rd());
     char name[64];
     std::snprintf(name, sizeof(name), "ferry-shm-%d-%016llx", static_cast<int>(::getpid()),
-                  static_cast<unsigned long long>(cfg_.local_instance));
+                  static_cast<unsigned long long>(local_instance_));
     socket_name_ = name;
+    link_cfg_.max_frame_bytes = ctx.options->max_frame_bytes;
+    link_cfg_.max_frame_entries = ctx.options->max_frame_entries;
+    link_cfg_.stream_window = 0;  // copies leave no bytes in socket buffers
+    link_cfg_.encoder = std::make_shared<shm::CopyFrameEncoder>();
   }
 
-  ~ShmTransportImpl() override { Shutdown(); }
+  ~ShmTransport() override { Shutdown(); }
 
-  Status Start() {
+  Status Start(const TransportContext& ctx) {
     if (BootId().empty()) return UnavailableError("same-host transport: this host has no boot id");
     FERRY_ASSIGN_OR_RETURN(UniqueFd fd, ListenUnix(socket_name_));
-    auto listener = std::make_shared<tcp::Listener>(tcp::Listener::Kind::kUnix, std::move(fd),
-                                                    pool_->loops(), server_, 0);
-    tcp::Listener::Serve(listener, pool_->loop(0));
+    shm::CopyOpenerConfig opener{ctx.hello_policy(), ctx.options->testing.refuse_same_host_copy};
+    auto openers = std::make_shared<stream::FirstFrames>();
+    auto open = [opener](Connection& c, const wire::FrameHeader& h, std::string_view body) {
+      return shm::OpenCopyStream(opener, c, h, body);
+    };
+    openers->Add(wire::FrameType::kCopyHello, open);
+    // On the rpc port the peer process is unknown: the hello is refused,
+    // saying so.
+    ctx.streams->rpc_openers().Add(wire::FrameType::kCopyHello, open);
+    stream::ListenerConfig cfg;
+    cfg.name = "same-host socket " + socket_name_;
+    cfg.openers = std::move(openers);
+    cfg.hello_timeout = ctx.streams->hello_timeout();
+    cfg.on_accept = [](int fd) { return PeerPid(fd); };
+    FERRY_ASSIGN_OR_RETURN(listener_, stream::Listener::Serve(std::move(fd), std::move(cfg), *pool_));
     return OkStatus();
   }
 
-  std::string_view Name() const override { return "shm"; }
-  uint32_t MaxSlice() const override { return cfg_.slice_size; }
-  // The kernel pins the initiator's pages range by range (process_vm_*v's
-  // remote side), so the initiator's ranges should be adjacent; the target's
-  // side is plain loads and stores.
-  SliceOrder PreferredOrder() const override { return SliceOrder::kByLocal; }
   void Describe(wire::PeerDescriptor* self) const override {
     self->transports.push_back({"shm", Endpoint(socket_name_)});
   }
@@ -70,8 +88,9 @@ class ShmTransportImpl : public Transport {
     return ep != nullptr && ParseEndpoint(ep->endpoint, &boot, &name) && boot == BootId();
   }
 
-  StatusOr<std::shared_ptr<PeerLink>> Connect(const wire::PeerDescriptor& peer, uint16_t version,
+  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> info, uint16_t version,
                                               Clock::time_point deadline) override {
+    const wire::PeerDescriptor& peer = info->desc();
     const wire::TransportEndpoint* ep = peer.FindTransport("shm");
     std::string boot, name;
     if (ep == nullptr || !ParseEndpoint(ep->endpoint, &boot, &name)) {
@@ -81,39 +100,36 @@ class ShmTransportImpl : public Transport {
       return UnavailableError("peer " + peer.peer_id + " runs on another host (boot id " + boot + ")");
     }
     std::vector<std::shared_ptr<Connection>> streams;
-    for (int i = 0; i < std::max(1, cfg_.streams); ++i) {
+    for (int i = 0; i < std::max(1, streams_); ++i) {
       auto ctx = [&](const Status& s) {
         return s.WithPrefix("opening same-host stream " + std::to_string(i) + " to " + peer.peer_id);
       };
       auto fd = ConnectUnix(name, deadline);
       if (!fd.ok()) return ctx(fd.status());
-      wire::CopyHello hello;
-      hello.hello = {cfg_.local_instance, peer.instance_id, version, static_cast<uint16_t>(i),
-                     cfg_.local_peer_id};
+      shm::CopyHello hello;
+      hello.hello = {local_instance_, peer.instance_id, version, static_cast<uint16_t>(i), local_peer_id_};
       hello.probe_addr = reinterpret_cast<uint64_t>(probe_.data());
       hello.probe.assign(probe_.data(), probe_.size());
       std::string body;
-      wire::EncodeCopyHello(hello, &body);
-      Status hi = tcp::SayHello(fd->get(), wire::FrameType::kCopyHello, body, deadline);
+      shm::EncodeCopyHello(hello, &body);
+      Status hi = stream::SayHello(fd->get(), wire::FrameType::kCopyHello, body, deadline);
       if (!hi.ok()) return ctx(hi);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd->get(), true));
       streams.push_back(std::make_shared<Connection>(pool_->loop(static_cast<size_t>(i)), std::move(*fd),
-                                                     Connection::Role::kInitiator, peer.peer_id, nullptr,
-                                                     version));
+                                                     peer.peer_id, version));
     }
-    tcp::StreamLinkConfig lc;
-    lc.max_frame_bytes = cfg_.max_frame_bytes;
-    lc.max_frame_entries = cfg_.max_frame_entries;
-    lc.copy = true;
-    return tcp::StreamLink::Open(lc, peer.peer_id, version, std::move(streams));
+    return stream::StreamLink::Open(link_cfg_, peer.peer_id, version, std::move(streams));
   }
 
   void Shutdown() override { pool_->Stop(); }
 
  private:
-  ShmTransportConfig cfg_;
-  std::shared_ptr<const tcp::ServerContext> server_;
-  std::shared_ptr<tcp::LoopPool> pool_;
+  const int streams_;
+  const std::string local_peer_id_;
+  const uint64_t local_instance_;
+  const std::shared_ptr<stream::LoopPool> pool_;
+  stream::StreamLinkConfig link_cfg_;
+  std::shared_ptr<stream::Listener> listener_;
   std::string socket_name_;
   // Read by targets through process_vm_readv (see ProbePeer); never changes.
   std::array<char, 16> probe_{};
@@ -121,11 +137,24 @@ class ShmTransportImpl : public Transport {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Transport>> MakeShmTransport(ShmTransportConfig config,
-                                                      std::shared_ptr<const tcp::ServerContext> server,
-                                                      std::shared_ptr<tcp::LoopPool> loops) {
-  auto t = std::make_unique<ShmTransportImpl>(std::move(config), std::move(server), std::move(loops));
-  FERRY_RETURN_IF_ERROR(t->Start());
+TransportCaps ShmCaps() {
+  TransportCaps c;
+  c.name = "shm";
+  c.reach = Reach::kSameHost;
+  // The kernel pins the initiator's pages range by range (process_vm_*v's
+  // remote side), so the initiator's ranges should be adjacent; the target's
+  // side is plain loads and stores.
+  c.order = SliceOrder::kByLocal;
+  return c;
+}
+
+std::string ShmAvailability() { return shm::SameHostCopyRefusal(); }
+
+StatusOr<std::unique_ptr<Transport>> MakeShmTransport(const TransportContext& ctx) {
+  TransportCaps caps = ShmCaps();
+  caps.max_slice = ctx.options->slice_size;
+  auto t = std::make_unique<ShmTransport>(std::move(caps), ctx);
+  FERRY_RETURN_IF_ERROR(t->Start(ctx));
   return std::unique_ptr<Transport>(std::move(t));
 }
 

@@ -11,22 +11,24 @@
 // connect time: the target reads a probe out of the initiator's memory, and
 // a stream that cannot do so is refused with the reason, so `auto` falls back
 // to tcp (see Engine) and a forced "shm" fails with that reason.
+// Files: shm_transport.cc (endpoint, connect), copy_service.* (the data
+// path on both sides), copy_frames.* (its frame bodies), same_host_probe.h
+// (whether this machine allows it at all).
 #pragma once
 
 #include <memory>
 #include <string>
 
-#include "transport/tcp/stream_link.h"
+#include "transport/context.h"
 #include "transport/transport.h"
 
 namespace ferry::internal {
 
-using ShmTransportConfig = tcp::StreamTransportConfig;
-
+TransportCaps ShmCaps();
+// "" if same-host copies work on this machine, else why not.
+std::string ShmAvailability();
 // Listens on an abstract unix socket named after the engine's instance and
-// serves it from the loops.
-StatusOr<std::unique_ptr<Transport>> MakeShmTransport(ShmTransportConfig config,
-                                                      std::shared_ptr<const tcp::ServerContext> server,
-                                                      std::shared_ptr<tcp::LoopPool> loops);
+// serves it from the engine's loops.
+StatusOr<std::unique_ptr<Transport>> MakeShmTransport(const TransportContext& ctx);
 
 }  // namespace ferry::internal

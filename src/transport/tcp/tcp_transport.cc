@@ -2,80 +2,117 @@
 
 #include <algorithm>
 
-#include "common/log.h"
 #include "common/net.h"
+#include "transport/stream/connection.h"
+#include "transport/stream/hello.h"
+#include "transport/stream/stream_link.h"
+#include "transport/tcp/tcp_frames.h"
 #include "wire/frame.h"
 
 namespace ferry::internal {
 namespace {
 
-using tcp::Connection;
+using stream::Connection;
 
-class TcpTransportImpl : public Transport {
+class TcpTransport : public Transport {
  public:
-  TcpTransportImpl(TcpTransportConfig cfg, std::shared_ptr<const tcp::ServerContext> server,
-                   std::shared_ptr<tcp::LoopPool> pool)
-      : cfg_(std::move(cfg)), server_(std::move(server)), pool_(std::move(pool)) {}
-
-  ~TcpTransportImpl() override { Shutdown(); }
-
-  void Start() {
-    auto listener = std::make_shared<tcp::Listener>(tcp::Listener::Kind::kTcp, std::move(cfg_.listener),
-                                                    pool_->loops(), server_, cfg_.served_send_buffer);
-    tcp::Listener::Serve(listener, pool_->loop(0));
+  TcpTransport(TransportCaps caps, const TransportContext& ctx)
+      : Transport(std::move(caps)),
+        streams_(ctx.options->tcp_streams),
+        local_peer_id_(ctx.peer_id),
+        local_instance_(ctx.instance_id),
+        loops_(ctx.streams->loops()),
+        encoder_(std::make_shared<tcp::TcpFrameEncoder>()) {
+    link_cfg_.max_frame_bytes = ctx.options->max_frame_bytes;
+    link_cfg_.max_frame_entries = ctx.options->max_frame_entries;
+    // Two frames per stream: measured best for 1 MiB frames (one frame: a
+    // little slower; four: as slow as no window at all).
+    link_cfg_.stream_window = 2 * uint64_t{ctx.options->max_frame_bytes};
+    link_cfg_.encoder = encoder_;
   }
+  ~TcpTransport() override { Shutdown(); }
 
-  std::string_view Name() const override { return "tcp"; }
-  uint32_t MaxSlice() const override { return cfg_.slice_size; }
   void Describe(wire::PeerDescriptor* self) const override {
-    self->transports.push_back({"tcp", cfg_.local_peer_id});
+    self->transports.push_back({"tcp", local_peer_id_});
   }
   bool CanReach(const wire::PeerDescriptor& peer) const override {
     return peer.FindTransport("tcp") != nullptr;
   }
 
-  StatusOr<std::shared_ptr<PeerLink>> Connect(const wire::PeerDescriptor& peer, uint16_t version,
+  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> info, uint16_t version,
                                               Clock::time_point deadline) override {
+    const wire::PeerDescriptor& peer = info->desc();
     const wire::TransportEndpoint* ep = peer.FindTransport("tcp");
     if (ep == nullptr) return UnimplementedError("peer " + peer.peer_id + " offers no tcp endpoint");
     FERRY_ASSIGN_OR_RETURN(HostPort hp, ParsePeerId(ep->endpoint));
     std::vector<std::shared_ptr<Connection>> streams;
-    for (int i = 0; i < std::max(1, cfg_.streams); ++i) {
+    for (int i = 0; i < std::max(1, streams_); ++i) {
       FERRY_ASSIGN_OR_RETURN(UniqueFd fd, ConnectTo(hp, deadline));
-      wire::StreamHello hello{cfg_.local_instance, peer.instance_id, version, static_cast<uint16_t>(i),
-                              cfg_.local_peer_id};
+      wire::StreamHello hello{local_instance_, peer.instance_id, version, static_cast<uint16_t>(i),
+                              local_peer_id_};
       std::string body;
       wire::EncodeStreamHello(hello, &body);
-      Status hi = tcp::SayHello(fd.get(), wire::FrameType::kStreamHello, body, deadline);
+      Status hi = stream::SayHello(fd.get(), wire::FrameType::kStreamHello, body, deadline);
       if (!hi.ok()) return hi.WithPrefix("opening stream " + std::to_string(i) + " to " + peer.peer_id);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd.get(), true));
-      EventLoop* loop = pool_->loop(static_cast<size_t>(i));
-      streams.push_back(std::make_shared<Connection>(
-          loop, std::move(fd), Connection::Role::kInitiator, peer.peer_id, nullptr, version));
+      streams.push_back(std::make_shared<Connection>(loops_->loop(static_cast<size_t>(i)), std::move(fd),
+                                                     peer.peer_id, version));
     }
-    tcp::StreamLinkConfig lc;
-    lc.max_frame_bytes = cfg_.max_frame_bytes;
-    lc.max_frame_entries = cfg_.max_frame_entries;
-    lc.stream_window = cfg_.stream_window;
-    return tcp::StreamLink::Open(lc, peer.peer_id, version, std::move(streams));
+    return stream::StreamLink::Open(link_cfg_, peer.peer_id, version, std::move(streams));
   }
 
-  void Shutdown() override { pool_->Stop(); }
+  void Shutdown() override { loops_->Stop(); }
 
  private:
-  TcpTransportConfig cfg_;
-  std::shared_ptr<const tcp::ServerContext> server_;
-  std::shared_ptr<tcp::LoopPool> pool_;
+  const int streams_;
+  const std::string local_peer_id_;
+  const uint64_t local_instance_;
+  const std::shared_ptr<stream::LoopPool> loops_;
+  const std::shared_ptr<const tcp::TcpFrameEncoder> encoder_;
+  stream::StreamLinkConfig link_cfg_;
 };
+
+// kStreamHello on the rpc port: checks the hello, then serves the stream.
+Status OpenTcpStream(const stream::HelloPolicy& policy, Connection& c, const wire::FrameHeader& h,
+                     std::string_view body) {
+  FERRY_ASSIGN_OR_RETURN(wire::StreamHello hello, wire::DecodeStreamHello(body));
+  Status result = stream::CheckHello(policy, hello);
+  std::string reply;
+  wire::EncodeStatus(result, &reply);
+  c.QueueReply(wire::FrameType::kStreamHelloAck, h.seq, std::move(reply));
+  if (result.ok()) {
+    c.Serve(std::make_shared<tcp::TcpStreamService>(policy.target), hello.wire_version,
+            hello.initiator_peer_id + " (stream " + std::to_string(hello.stream_index) + ")");
+  }
+  return OkStatus();
+}
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Transport>> MakeTcpTransport(TcpTransportConfig config,
-                                                      std::shared_ptr<const tcp::ServerContext> server,
-                                                      std::shared_ptr<tcp::LoopPool> loops) {
-  auto t = std::make_unique<TcpTransportImpl>(std::move(config), std::move(server), std::move(loops));
-  t->Start();
-  return std::unique_ptr<Transport>(std::move(t));
+TransportCaps TcpCaps() {
+  TransportCaps c;
+  c.name = "tcp";
+  c.reach = Reach::kNetwork;
+  return c;
+}
+
+StatusOr<std::unique_ptr<Transport>> MakeTcpTransport(const TransportContext& ctx) {
+  TransportCaps caps = TcpCaps();
+  caps.max_slice = ctx.options->slice_size;
+  const stream::HelloPolicy policy = ctx.hello_policy();
+  ctx.streams->rpc_openers().Add(wire::FrameType::kStreamHello,
+                                 [policy](Connection& c, const wire::FrameHeader& h, std::string_view body) {
+                                   return OpenTcpStream(policy, c, h, body);
+                                 });
+  // The served streams carry read replies: a small send buffer keeps the
+  // bytes the reader copies in its cache (EngineOptions::tcp_send_buffer).
+  const uint32_t send_buffer = ctx.options->tcp_send_buffer;
+  ctx.streams->SetRpcAcceptHook([send_buffer](int fd) {
+    SetNoDelay(fd);
+    if (send_buffer != 0) SetSendBuffer(fd, static_cast<int>(send_buffer));
+    return 0;
+  });
+  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(std::move(caps), ctx));
 }
 
 }  // namespace ferry::internal

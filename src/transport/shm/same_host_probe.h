@@ -2,8 +2,9 @@
 // shm transport does: process_vm_readv of a forked child, and pidfd_open of
 // it. Containers with a strict seccomp profile, or Yama ptrace_scope >= 1
 // without CAP_SYS_PTRACE, refuse it (and shm then falls back to tcp).
-// Header-only: `ferry info` reports it, and the tests that need shm skip
-// with it (tests/testing/same_host.h).
+// The registry reports it as the shm transport's availability (`ferry info`,
+// ferry::ListTransports()), and the tests that need shm skip with it
+// (tests/testing/same_host.h).
 #pragma once
 
 #include <sys/syscall.h>
@@ -15,7 +16,7 @@
 #include <cstring>
 #include <string>
 
-namespace ferry::probe {
+namespace ferry::internal::shm {
 
 // "" if a process can read a child's memory and follow it, else the reason.
 inline std::string SameHostCopyRefusal() {
@@ -48,4 +49,4 @@ inline std::string SameHostCopyRefusal() {
   return "";
 }
 
-}  // namespace ferry::probe
+}  // namespace ferry::internal::shm

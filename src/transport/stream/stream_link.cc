@@ -1,94 +1,15 @@
-#include "transport/tcp/stream_link.h"
-
-#include <sys/epoll.h>
-#include <sys/socket.h>
+#include "transport/stream/stream_link.h"
 
 #include <algorithm>
-#include <cerrno>
 
-#include "common/log.h"
-#include "common/net.h"
-#include "wire/exchange.h"
-
-namespace ferry::internal::tcp {
-
-Status SayHello(int fd, wire::FrameType type, const std::string& body, Clock::time_point deadline) {
-  FERRY_ASSIGN_OR_RETURN(std::string ack,
-                         wire::Exchange(fd, type, body, wire::FrameType::kStreamHelloAck, deadline));
-  Status remote;
-  FERRY_RETURN_IF_ERROR(wire::DecodeStatus(ack, &remote));
-  return remote;
-}
-
-StatusOr<std::shared_ptr<LoopPool>> LoopPool::Start(int threads, std::chrono::microseconds spin) {
-  auto pool = std::make_shared<LoopPool>();
-  for (int i = 0; i < std::max(1, threads); ++i) {
-    pool->loops_.push_back(std::make_unique<EventLoop>("io-" + std::to_string(i), spin));
-    FERRY_RETURN_IF_ERROR(pool->loops_.back()->Start());
-  }
-  return pool;
-}
-
-std::vector<EventLoop*> LoopPool::loops() const {
-  std::vector<EventLoop*> raw;
-  for (const auto& l : loops_) raw.push_back(l.get());
-  return raw;
-}
-
-void LoopPool::Stop() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& l : loops_) l->Stop();
-}
-
-Listener::Listener(Kind kind, UniqueFd fd, std::vector<EventLoop*> loops,
-                   std::shared_ptr<const ServerContext> server, uint32_t send_buffer)
-    : kind_(kind),
-      fd_(std::move(fd)),
-      loops_(std::move(loops)),
-      server_(std::move(server)),
-      send_buffer_(send_buffer) {}
-
-void Listener::Serve(const std::shared_ptr<Listener>& listener, EventLoop* loop) {
-  loop->RunInLoop([loop, listener] {
-    Status s = loop->Add(listener->fd(), EPOLLIN, listener);
-    if (!s.ok()) FERRY_LOG(kError, "cannot serve a listening socket: " << s);
-  });
-}
-
-void Listener::OnEvents(uint32_t) {
-  while (true) {
-    sockaddr_storage ss{};
-    socklen_t len = sizeof(ss);
-    int c = ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (c < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN) FERRY_LOG(kWarning, "accept: " << ErrnoString(errno));
-      return;
-    }
-    int pid = 0;
-    if (kind_ == Kind::kTcp) {
-      SetNoDelay(c);
-      if (send_buffer_ != 0) SetSendBuffer(c, static_cast<int>(send_buffer_));
-    } else {
-      pid = PeerPid(c);
-    }
-    EventLoop* loop = loops_[next_++ % loops_.size()];
-    auto conn = std::make_shared<Connection>(loop, UniqueFd(c), Connection::Role::kAccepted,
-                                             "accepted connection " + std::to_string(c), server_, 0);
-    if (pid != 0) conn->SetPeerProcess(pid);
-    loop->RunInLoop([conn] {
-      Status s = conn->Attach();
-      if (!s.ok()) FERRY_LOG(kWarning, "cannot serve accepted connection: " << s);
-    });
-  }
-}
+namespace ferry::internal::stream {
 
 StreamLink::StreamLink(const StreamLinkConfig& cfg, std::string peer_id, uint16_t version,
                        std::vector<std::shared_ptr<Connection>> streams)
     : max_frame_bytes_(cfg.max_frame_bytes),
       max_frame_entries_(cfg.max_frame_entries),
       stream_window_(cfg.stream_window),
-      copy_(cfg.copy),
+      encoder_(cfg.encoder),
       peer_id_(std::move(peer_id)),
       version_(version),
       streams_(std::move(streams)),
@@ -116,8 +37,7 @@ void StreamLink::WireStreams() {
   }
 }
 
-void StreamLink::Post(const std::shared_ptr<BatchState>& batch, std::vector<Slice> slices,
-                      Clock::time_point deadline) {
+void StreamLink::Post(const PostContext& ctx, std::vector<Slice> slices) {
   std::vector<Request> frames;
   size_t i = 0;
   while (i < slices.size()) {
@@ -131,39 +51,16 @@ void StreamLink::Post(const std::shared_ptr<BatchState>& batch, std::vector<Slic
       ++j;
     }
     Request r;
-    r.type = copy_ ? (op == Opcode::kWrite ? wire::FrameType::kCopyWrite : wire::FrameType::kCopyRead)
-                   : (op == Opcode::kWrite ? wire::FrameType::kWrite : wire::FrameType::kRead);
-    r.batch = batch;
-    r.deadline = deadline;
+    r.batch = ctx.batch;
+    r.deadline = ctx.deadline;
     r.bytes = bytes;
+    r.write = op == Opcode::kWrite;
     r.slices.assign(slices.begin() + i, slices.begin() + j);
-    std::string body;
-    if (copy_) {
-      body.reserve(wire::CopyEntriesSize(j - i));
-      std::vector<wire::CopyEntry> entries(j - i);
-      for (size_t k = i; k < j; ++k) {
-        entries[k - i] = {slices[k].remote, slices[k].length, reinterpret_cast<uint64_t>(slices[k].local)};
-      }
-      wire::EncodeCopyEntries(entries.data(), entries.size(), &body);
-    } else {
-      body.reserve(wire::EntriesSize(j - i));
-      std::vector<wire::Entry> entries(j - i);
-      for (size_t k = i; k < j; ++k) entries[k - i] = {slices[k].remote, slices[k].length};
-      wire::EncodeEntries(entries.data(), entries.size(), &body);
-    }
-    wire::FrameHeader h;
-    h.version = static_cast<uint8_t>(version_);
-    h.type = r.type;
-    if (op == Opcode::kWrite) {
-      if (!copy_) {
-        h.payload_len = static_cast<uint32_t>(bytes);
-        r.payload.reserve(j - i);
-        for (size_t k = i; k < j; ++k) AppendRange(&r.payload, slices[k].local, slices[k].length);
-      }
+    encoder_->Encode(op, slices.data() + i, j - i, bytes, version_, &r);
+    if (r.write) {
       r.tracker = tracker_;
       r.ticket = tracker_->Issue();
     }
-    r.head = wire::BuildFrame(h, body);
     frames.push_back(std::move(r));
     i = j;
   }
@@ -242,9 +139,9 @@ void StreamLink::Feed(bool ignore_window) {
   }
 }
 
-bool StreamLink::Windowed(const Request& r) {
+bool StreamLink::Windowed(const Request& r) const {
   constexpr uint64_t kMinWindowedEntry = 16u << 10;
-  return r.type == wire::FrameType::kWrite && r.bytes >= kMinWindowedEntry * r.slices.size();
+  return stream_window_ != 0 && r.write && r.bytes >= kMinWindowedEntry * r.slices.size();
 }
 
 Connection* StreamLink::PickStream() {
@@ -261,4 +158,4 @@ Connection* StreamLink::PickStream() {
   return best ? best : streams_[0].get();
 }
 
-}  // namespace ferry::internal::tcp
+}  // namespace ferry::internal::stream

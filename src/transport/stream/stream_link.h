@@ -1,6 +1,5 @@
-// What the socket transports (tcp, shm) share: the pool of event loops, the
-// listener that hands accepted connections to them, and StreamLink, the route
-// to one peer over a few streams (connections).
+// StreamLink: the route to one peer over a few streams (connections) — what
+// the socket transports (tcp, shm) share on the initiator side.
 #pragma once
 
 #include <deque>
@@ -10,76 +9,33 @@
 #include <string>
 #include <vector>
 
-#include "transport/tcp/connection.h"
-#include "transport/tcp/event_loop.h"
+#include "transport/stream/connection.h"
+#include "transport/stream/event_loop.h"
+#include "transport/stream/request.h"
 #include "transport/transport.h"
 
-namespace ferry::internal::tcp {
+namespace ferry::internal::stream {
 
-// The event-loop threads of an engine, shared by its socket transports.
-class LoopPool {
+// How a transport turns a run of slices (one opcode, consecutive, within the
+// frame limits) into one request frame: tcp sends entries and the written
+// bytes; shm sends entries with the initiator's addresses and no payload.
+// Thread-safe (stateless).
+class FrameEncoder {
  public:
-  static StatusOr<std::shared_ptr<LoopPool>> Start(int threads, std::chrono::microseconds spin);
-  ~LoopPool() { Stop(); }
-  std::vector<EventLoop*> loops() const;
-  EventLoop* loop(size_t i) const { return loops_[i % loops_.size()].get(); }
-  // Stops every loop (idempotent). Anything in flight fails with kCancelled.
-  void Stop();
-
- private:
-  std::mutex mu_;
-  std::vector<std::unique_ptr<EventLoop>> loops_;
-};
-
-// Accepts connections on a listening socket and hands each to a loop.
-// kTcp: TCP_NODELAY and the served send buffer. kUnix: the peer's process
-// (SO_PEERCRED), so the connection may become a same-host stream.
-class Listener : public EventLoop::Handler {
- public:
-  enum class Kind { kTcp, kUnix };
-  Listener(Kind kind, UniqueFd fd, std::vector<EventLoop*> loops,
-           std::shared_ptr<const ServerContext> server, uint32_t send_buffer);
-  int fd() const { return fd_.get(); }
-  // Serves the socket from the first loop.
-  static void Serve(const std::shared_ptr<Listener>& listener, EventLoop* loop);
-
-  void OnEvents(uint32_t) override;
-  void OnTick(Clock::time_point) override {}
-  bool WantsTick() const override { return false; }
-
- private:
-  const Kind kind_;
-  UniqueFd fd_;
-  std::vector<EventLoop*> loops_;
-  std::shared_ptr<const ServerContext> server_;
-  const uint32_t send_buffer_;
-  size_t next_ = 0;
-};
-
-// Sends a stream's first frame (kStreamHello or kCopyHello) on a blocking
-// socket and returns the peer's answer: OK, the refusal it sent, or why no
-// answer came.
-Status SayHello(int fd, wire::FrameType type, const std::string& body, Clock::time_point deadline);
-
-// What the socket transports (tcp, shm) are configured with alike.
-struct StreamTransportConfig {
-  int streams = 2;
-  uint32_t slice_size = 1u << 20;
-  uint32_t max_frame_bytes = 1u << 20;
-  uint32_t max_frame_entries = 512;
-  std::string local_peer_id;  // "host:port" of this engine, sent in stream hellos
-  uint64_t local_instance = 0;
+  virtual ~FrameEncoder() = default;
+  // Fills r->type, r->head (header + body; its seq is set when the frame is
+  // queued) and, for frames that carry payload, r->payload.
+  virtual void Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes, uint16_t wire_version,
+                      Request* r) const = 0;
 };
 
 struct StreamLinkConfig {
   uint32_t max_frame_bytes = 1u << 20;
   uint32_t max_frame_entries = 512;
   // Bytes a stream may have unanswered before write frames of large entries
-  // wait for whichever stream has room first.
+  // wait for whichever stream has room first; 0: no window.
   uint64_t stream_window = 2u << 20;
-  // Same-host streams: frames carry the initiator's addresses instead of
-  // payload (kCopyWrite / kCopyRead) and the target copies the bytes.
-  bool copy = false;
+  std::shared_ptr<const FrameEncoder> encoder;
 };
 
 // The route to one peer: its streams, and the frames not yet handed to one.
@@ -104,8 +60,7 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   static std::shared_ptr<PeerLink> Open(const StreamLinkConfig& cfg, std::string peer_id, uint16_t version,
                                         std::vector<std::shared_ptr<Connection>> streams);
 
-  void Post(const std::shared_ptr<BatchState>& batch, std::vector<Slice> slices,
-            Clock::time_point deadline) override;
+  void Post(const PostContext& ctx, std::vector<Slice> slices) override;
   Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) override;
   bool Healthy() const override;
   void Retire() override;
@@ -120,7 +75,7 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   // Write frames of large entries wait for room. Frames of small scattered
   // entries do not: their cost is the sender's scattered loads, which need a
   // deep queue (a 2 MiB window made 2 KiB KV pages ~12% slower, 8 MiB ~8%).
-  static bool Windowed(const Request& r);
+  bool Windowed(const Request& r) const;
   // The stream with the fewest bytes queued; ties go to the lowest index, so
   // light traffic stays on one stream (one loop awake on each side) and heavy
   // traffic spreads over all of them. A broken stream only if all are.
@@ -129,7 +84,7 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   const uint32_t max_frame_bytes_;
   const uint32_t max_frame_entries_;
   const uint64_t stream_window_;
-  const bool copy_;
+  const std::shared_ptr<const FrameEncoder> encoder_;
   const std::string peer_id_;
   const uint16_t version_;
   std::vector<std::shared_ptr<Connection>> streams_;
@@ -138,4 +93,4 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   std::deque<Request> backlog_;  // guarded by mu_
 };
 
-}  // namespace ferry::internal::tcp
+}  // namespace ferry::internal::stream

@@ -1,4 +1,6 @@
-#include "transport/tcp/event_loop.h"
+#include "transport/stream/event_loop.h"
+
+#include <algorithm>
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -9,7 +11,7 @@
 #include "common/log.h"
 #include "common/net.h"
 
-namespace ferry::internal {
+namespace ferry::internal::stream {
 
 using Clock = std::chrono::steady_clock;
 
@@ -162,4 +164,24 @@ void EventLoop::Run() {
   handlers_.clear();
 }
 
-}  // namespace ferry::internal
+StatusOr<std::shared_ptr<LoopPool>> LoopPool::Start(int threads, std::chrono::microseconds spin) {
+  auto pool = std::make_shared<LoopPool>();
+  for (int i = 0; i < std::max(1, threads); ++i) {
+    pool->loops_.push_back(std::make_unique<EventLoop>("io-" + std::to_string(i), spin));
+    FERRY_RETURN_IF_ERROR(pool->loops_.back()->Start());
+  }
+  return pool;
+}
+
+std::vector<EventLoop*> LoopPool::loops() const {
+  std::vector<EventLoop*> raw;
+  for (const auto& l : loops_) raw.push_back(l.get());
+  return raw;
+}
+
+void LoopPool::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& l : loops_) l->Stop();
+}
+
+}  // namespace ferry::internal::stream

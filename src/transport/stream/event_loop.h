@@ -21,7 +21,7 @@
 
 #include "ferry/status.h"
 
-namespace ferry::internal {
+namespace ferry::internal::stream {
 
 class EventLoop {
  public:
@@ -77,4 +77,20 @@ class EventLoop {
   std::unordered_map<int, std::shared_ptr<Handler>> handlers_;  // loop thread only
 };
 
-}  // namespace ferry::internal
+// The event-loop threads of an engine, shared by its socket transports and
+// the rpc port; one owner (StreamHost).
+class LoopPool {
+ public:
+  static StatusOr<std::shared_ptr<LoopPool>> Start(int threads, std::chrono::microseconds spin);
+  ~LoopPool() { Stop(); }
+  std::vector<EventLoop*> loops() const;
+  EventLoop* loop(size_t i) const { return loops_[i % loops_.size()].get(); }
+  // Stops every loop (idempotent). Anything in flight fails with kCancelled.
+  void Stop();
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<EventLoop>> loops_;
+};
+
+}  // namespace ferry::internal::stream

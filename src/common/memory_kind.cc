@@ -1,0 +1,102 @@
+#include "common/memory_kind.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <vector>
+
+#include "common/net.h"
+
+namespace ferry::internal {
+namespace {
+
+constexpr std::string_view kTestOpaqueName = "test-opaque";
+
+// `prefix:N` → N; -1 if `s` is not of that form.
+int DeviceSuffix(std::string_view s, std::string_view prefix) {
+  if (s.substr(0, prefix.size()) != prefix || s.size() == prefix.size()) return -1;
+  int n = -1;
+  auto [end, ec] = std::from_chars(s.data() + prefix.size(), s.data() + s.size(), n);
+  if (ec != std::errc() || end != s.data() + s.size() || n < 0) return -1;
+  return n;
+}
+
+// The test kind's copy function: /proc/self/mem reaches pages whatever their
+// protection, as a debugger does; a plain memcpy of them faults.
+Status ProcMemCopy(void* dst, const void* src, size_t length, bool to_opaque) {
+  UniqueFd fd(::open("/proc/self/mem", O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) return InternalError("test-opaque memory: /proc/self/mem: " + ErrnoString(errno));
+  size_t done = 0;
+  while (done < length) {
+    ssize_t n = to_opaque ? ::pwrite(fd.get(), static_cast<const char*>(src) + done, length - done,
+                                     static_cast<off_t>(reinterpret_cast<uintptr_t>(dst) + done))
+                          : ::pread(fd.get(), static_cast<char*>(dst) + done, length - done,
+                                    static_cast<off_t>(reinterpret_cast<uintptr_t>(src) + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return InternalError(std::string("test-opaque memory: ") + (to_opaque ? "pwrite" : "pread") +
+                           " of /proc/self/mem: " + (n < 0 ? ErrnoString(errno) : "short copy"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<MemoryKind> MemoryKind::FromLocation(std::string_view location, bool allow_test) {
+  if (location.empty() || location == "*" || location == "cpu" || DeviceSuffix(location, "cpu:") >= 0) {
+    return Cpu();
+  }
+  if (location == kTestOpaqueName && allow_test) return TestOpaque();
+  if (location == "cuda" || DeviceSuffix(location, "cuda:") >= 0) {
+    return UnimplementedError("memory location '" + std::string(location) +
+                              "' is GPU memory, which this build of Ferry cannot register yet "
+                              "(the cuda memory kind is not built in)");
+  }
+  return InvalidArgumentError("unknown memory location '" + std::string(location) +
+                              "' (expected \"cpu\", \"cpu:N\" or \"*\")");
+}
+
+MemoryKind MemoryKind::FromName(std::string_view name) {
+  if (name.empty() || name == "cpu") return Cpu();  // format-1 descriptors carry no kind
+  if (name == kTestOpaqueName) return TestOpaque();
+  int n = DeviceSuffix(name, "cuda:");
+  if (n >= 0) return MemoryKind(Type::kCuda, n);
+  return MemoryKind(Type::kUnknown, 0);
+}
+
+std::string MemoryKind::Name() const {
+  switch (type_) {
+    case Type::kCpu: return "cpu";
+    case Type::kCuda: return "cuda:" + std::to_string(device_);
+    case Type::kTestOpaque: return std::string(kTestOpaqueName);
+    case Type::kUnknown: break;
+  }
+  return "unknown";
+}
+
+Status CopyMemory(MemoryKind dst_kind, void* dst, MemoryKind src_kind, const void* src, size_t length) {
+  if (dst_kind.cpu_accessible() && src_kind.cpu_accessible()) {
+    std::memmove(dst, src, length);
+    return OkStatus();
+  }
+  using T = MemoryKind::Type;
+  const bool dst_ok = dst_kind.cpu_accessible() || dst_kind.type() == T::kTestOpaque;
+  const bool src_ok = src_kind.cpu_accessible() || src_kind.type() == T::kTestOpaque;
+  if (!dst_ok || !src_ok) {
+    return UnimplementedError("cannot copy from " + src_kind.Name() + " to " + dst_kind.Name() +
+                              " memory in this build");
+  }
+  if (dst_kind.type() == T::kTestOpaque && src_kind.type() == T::kTestOpaque) {
+    std::vector<char> bounce(length);
+    FERRY_RETURN_IF_ERROR(ProcMemCopy(bounce.data(), src, length, /*to_opaque=*/false));
+    return ProcMemCopy(dst, bounce.data(), length, /*to_opaque=*/true);
+  }
+  return ProcMemCopy(dst, src, length, /*to_opaque=*/dst_kind.type() == T::kTestOpaque);
+}
+
+}  // namespace ferry::internal

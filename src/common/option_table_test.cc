@@ -1,0 +1,265 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/env.h"
+#include "ferry/options.h"
+#include "wire/frame.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+
+const OptionSpec& Spec(std::string_view name) {
+  for (const OptionSpec& s : OptionTable()) {
+    if (s.name == name) return s;
+  }
+  ADD_FAILURE() << "no option " << name;
+  static const OptionSpec kNone;
+  return kNone;
+}
+
+size_t RowOf(std::string_view name) {
+  const auto table = OptionTable();
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (table[i].name == name) return i;
+  }
+  ADD_FAILURE() << "no option " << name;
+  return table.size();
+}
+
+// `o` with the integer option `name` set to `v`, through the table's setter.
+EngineOptions With(EngineOptions o, std::string_view name, int64_t v) {
+  internal::OptionOverride ov;
+  ov.row = RowOf(name);
+  ov.integer = v;
+  return internal::ApplyOptionOverrides(std::move(o), {ov});
+}
+
+TEST(OptionTable, RowsAreWellFormed) {
+  std::set<std::string_view> names;
+  const EngineOptions defaults{};
+  for (const OptionSpec& s : OptionTable()) {
+    SCOPED_TRACE(std::string(s.name));
+    EXPECT_TRUE(names.insert(s.name).second) << "duplicate row";
+    EXPECT_NE(s.range, "");
+    EXPECT_NE(s.meaning, "");
+    EXPECT_NE(s.integer_value == nullptr, s.string_value == nullptr) << "exactly one accessor";
+    EXPECT_EQ(s.default_value, s.Value(defaults));
+    if (!s.variable.empty()) {
+      EXPECT_TRUE(s.variable.starts_with("FERRY_"));
+    }
+    if (s.integer_value != nullptr) {
+      EXPECT_LE(s.min, s.max);
+    }
+  }
+  EXPECT_EQ(Spec("tcp_streams").default_value, "2");
+  EXPECT_EQ(Spec("slice_size").default_value, "1048576");
+  EXPECT_EQ(Spec("transport").default_value, "auto");
+  EXPECT_EQ(Spec("transport").range, "auto or a transport name (see ferry info)");
+  EXPECT_THAT(std::string(Spec("tcp_streams").meaning), HasSubstr("tcp and shm"));
+  EXPECT_EQ(Spec("tcp_send_buffer").range, "0 or [64 KiB, 256 MiB]");
+  EXPECT_EQ(Spec("max_frame_bytes").range, "[slice_size, 64 MiB]");
+}
+
+TEST(OptionTable, CoversEveryVariable) {
+  std::set<std::string_view> variables;
+  for (const OptionSpec& s : OptionTable()) {
+    if (!s.variable.empty()) variables.insert(s.variable);
+  }
+  EXPECT_EQ(variables,
+            (std::set<std::string_view>{"FERRY_TCP_STREAMS", "FERRY_IO_THREADS", "FERRY_SPIN_US",
+                                        "FERRY_WAIT_SPIN_US", "FERRY_TCP_SEND_BUFFER",
+                                        "FERRY_TRANSFER_TIMEOUT_MS", "FERRY_TRANSPORT"}));
+}
+
+std::string ConfigurationSection() {
+  std::ifstream in(std::string(FERRY_SOURCE_DIR) + "/docs/architecture.md");
+  std::stringstream all;
+  all << in.rdbuf();
+  const std::string doc = all.str();
+  const size_t begin = doc.find("## Configuration");
+  if (begin == std::string::npos) return "";
+  const size_t end = doc.find("\n## ", begin + 1);
+  return doc.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+// The cells of the table row of `text` whose first cell is `first`, or {}.
+std::vector<std::string> TableRow(const std::string& text, const std::string& first) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.starts_with("| ")) continue;
+    std::vector<std::string> cells;
+    std::istringstream parts(line.substr(1));
+    for (std::string cell; std::getline(parts, cell, '|');) {
+      const size_t b = cell.find_first_not_of(' ');
+      const size_t e = cell.find_last_not_of(' ');
+      cells.push_back(b == std::string::npos ? "" : cell.substr(b, e - b + 1));
+    }
+    if (!cells.empty() && cells[0] == first) return cells;
+  }
+  return {};
+}
+
+TEST(OptionTable, DocsListEveryRow) {
+  const std::string section = ConfigurationSection();
+  ASSERT_NE(section, "") << "no Configuration section in docs/architecture.md";
+  for (const OptionSpec& s : OptionTable()) {
+    SCOPED_TRACE(std::string(s.name));
+    // | option | variable | range | default | meaning |, as the code has them (the range
+    // and the default may add a unit).
+    const auto cells = TableRow(section, "`" + std::string(s.name) + "`");
+    ASSERT_GE(cells.size(), 5u) << "docs/architecture.md has no row for this option";
+    EXPECT_EQ(cells[1], s.variable.empty() ? "" : "`" + std::string(s.variable) + "`");
+    EXPECT_TRUE(cells[2].starts_with(s.range)) << cells[2] << " is not " << s.range;
+    EXPECT_TRUE(cells[3].starts_with(s.default_value)) << cells[3] << " is not " << s.default_value;
+    EXPECT_EQ(cells[4], s.meaning);
+  }
+  // ...and no variable the code does not read.
+  std::set<std::string> known = {"FERRY_LOG_LEVEL"};
+  for (const OptionSpec& s : OptionTable()) {
+    if (!s.variable.empty()) known.insert(std::string(s.variable));
+  }
+  const std::regex variable("FERRY_[A-Z0-9_]+");
+  for (auto it = std::sregex_iterator(section.begin(), section.end(), variable);
+       it != std::sregex_iterator(); ++it) {
+    EXPECT_EQ(known.count(it->str()), 1u) << it->str() << " is in the docs but not in the code";
+  }
+  EXPECT_NE(section.find("`FERRY_LOG_LEVEL`"), std::string::npos);
+}
+
+TEST(ValidateOptions, DefaultsAreValid) { EXPECT_TRUE(ValidateOptions(EngineOptions{}).ok()); }
+
+TEST(ValidateOptions, RejectsEachIntegerOptionOutsideItsRange) {
+  // Room for slice_size and max_frame_bytes to take any value of their ranges.
+  EngineOptions base{};
+  base.slice_size = 4096;
+  base.max_frame_bytes = 64u << 20;
+  ASSERT_TRUE(ValidateOptions(base).ok());
+  for (const OptionSpec& s : OptionTable()) {
+    if (s.integer_value == nullptr) continue;
+    SCOPED_TRACE(std::string(s.name));
+    const std::string interval(s.range.substr(s.range.find('[')));
+    for (int64_t bad : {s.min - 1, s.max + 1}) {
+      if (bad == 0 && s.range.starts_with("0 or ")) continue;
+      const Status st = ValidateOptions(With(base, s.name, bad));
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad;
+      EXPECT_THAT(st.message(), HasSubstr(std::string(s.name) + " must be ")) << bad;
+      EXPECT_THAT(st.message(), HasSubstr(interval)) << bad;
+      EXPECT_THAT(st.message(), HasSubstr("got " + std::to_string(bad))) << bad;
+    }
+    for (int64_t good : {s.min, s.max}) {
+      EXPECT_TRUE(ValidateOptions(With(base, s.name, good)).ok()) << good;
+    }
+  }
+}
+
+TEST(ValidateOptions, KeepsTheEngineMessages) {
+  auto message = [](std::string_view name, int64_t v) {
+    return ValidateOptions(With(EngineOptions{}, name, v)).message();
+  };
+  EXPECT_EQ(message("tcp_streams", 0), "tcp_streams must be in [1, 64], got 0");
+  EXPECT_EQ(message("io_threads", 65), "io_threads must be in [0, 64], got 65");
+  EXPECT_EQ(message("slice_size", 100), "slice_size must be in [4096, 64 MiB], got 100");
+  EXPECT_EQ(message("max_frame_bytes", 4096),
+            "max_frame_bytes must be in [slice_size, 64 MiB], got 4096");
+  EXPECT_EQ(message("max_frame_entries", 0), "max_frame_entries must be in [1, 1024], got 0");
+  EXPECT_EQ(message("tcp_send_buffer", 1),
+            "tcp_send_buffer must be 0 (kernel autotuning) or in [64 KiB, 256 MiB], got 1");
+  EXPECT_EQ(message("transfer_timeout", 0), "transfer_timeout must be in [1, 86400000] ms, got 0");
+  EXPECT_EQ(message("connect_timeout", -1), "connect_timeout must be in [1, 86400000] ms, got -1");
+  EXPECT_EQ(message("spin", 1000001), "spin must be in [0, 1000000] us, got 1000001");
+  EXPECT_TRUE(ValidateOptions(With(EngineOptions{}, "tcp_send_buffer", 0)).ok());
+}
+
+TEST(ValidateOptions, FramesFitTheWire) {
+  EngineOptions o{};
+  o.slice_size = o.max_frame_bytes = wire::kMaxPayload;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  o.max_frame_bytes = wire::kMaxPayload + 1;
+  EXPECT_FALSE(ValidateOptions(o).ok());
+  o.slice_size = wire::kMaxPayload + 1;
+  EXPECT_FALSE(ValidateOptions(o).ok());
+}
+
+TEST(ValidateOptions, LeavesTransportNamesToTheEngine) {
+  EngineOptions o{};
+  o.transport = "carrier-pigeon";
+  EXPECT_TRUE(ValidateOptions(o).ok());
+}
+
+struct FakeEnvironment {
+  std::map<std::string, std::string> vars;
+  std::vector<std::string> warnings;
+
+  EngineOptions Overlay(const EngineOptions& o) {
+    auto overrides = internal::ParseOptionVariables(
+        [this](const char* name) -> const char* {
+          auto it = vars.find(name);
+          return it == vars.end() ? nullptr : it->second.c_str();
+        },
+        [this](const std::string& m) { warnings.push_back(m); });
+    return internal::ApplyOptionOverrides(o, overrides);
+  }
+};
+
+TEST(EnvironmentOverlay, ParsesValidValues) {
+  FakeEnvironment env;
+  env.vars = {{"FERRY_TCP_STREAMS", "3"},     {"FERRY_IO_THREADS", "1"},
+              {"FERRY_SPIN_US", "77"},        {"FERRY_WAIT_SPIN_US", "123"},
+              {"FERRY_TCP_SEND_BUFFER", "0"}, {"FERRY_TRANSFER_TIMEOUT_MS", "4500"},
+              {"FERRY_TRANSPORT", "tcp"},     {"FERRY_UNRELATED", "9"}};
+  const EngineOptions o = env.Overlay(EngineOptions{});
+  EXPECT_EQ(env.warnings, std::vector<std::string>{});
+  EXPECT_EQ(o.tcp_streams, 3);
+  EXPECT_EQ(o.io_threads, 1);
+  EXPECT_EQ(o.spin, std::chrono::microseconds(77));
+  EXPECT_EQ(o.wait_spin, std::chrono::microseconds(123));
+  EXPECT_EQ(o.tcp_send_buffer, 0u);
+  EXPECT_EQ(o.transfer_timeout, std::chrono::milliseconds(4500));
+  EXPECT_EQ(o.transport, "tcp");
+  EXPECT_TRUE(ValidateOptions(o).ok());
+}
+
+TEST(EnvironmentOverlay, IgnoresBadValues) {
+  FakeEnvironment env;
+  env.vars = {{"FERRY_TCP_STREAMS", "0"},
+              {"FERRY_IO_THREADS", "abc"},
+              {"FERRY_SPIN_US", "12x"},
+              {"FERRY_WAIT_SPIN_US", "-1"},
+              {"FERRY_TCP_SEND_BUFFER", "1000"},
+              {"FERRY_TRANSFER_TIMEOUT_MS", "86400001"},
+              {"FERRY_TRANSPORT", ""}};
+  EngineOptions start{};
+  start.tcp_streams = 5;
+  const EngineOptions o = env.Overlay(start);
+  EXPECT_EQ(o.tcp_streams, 5);
+  EXPECT_EQ(o.io_threads, EngineOptions{}.io_threads);
+  EXPECT_EQ(o.spin, EngineOptions{}.spin);
+  EXPECT_EQ(o.wait_spin, EngineOptions{}.wait_spin);
+  EXPECT_EQ(o.tcp_send_buffer, EngineOptions{}.tcp_send_buffer);
+  EXPECT_EQ(o.transfer_timeout, EngineOptions{}.transfer_timeout);
+  EXPECT_EQ(o.transport, "auto") << "an empty value counts as unset";
+  EXPECT_THAT(env.warnings,
+              ::testing::UnorderedElementsAre(
+                  "ferry: ignoring FERRY_TCP_STREAMS=0 (expected an integer in [1, 64])",
+                  "ferry: ignoring FERRY_IO_THREADS=abc (expected an integer in [0, 64])",
+                  "ferry: ignoring FERRY_SPIN_US=12x (expected an integer in [0, 1000000])",
+                  "ferry: ignoring FERRY_WAIT_SPIN_US=-1 (expected an integer in [0, 1000000])",
+                  "ferry: ignoring FERRY_TCP_SEND_BUFFER=1000 (expected 0 or an integer in "
+                  "[65536, 268435456])",
+                  "ferry: ignoring FERRY_TRANSFER_TIMEOUT_MS=86400001 (expected an integer in [1, "
+                  "86400000])"));
+}
+
+}  // namespace
+}  // namespace ferry

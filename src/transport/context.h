@@ -1,0 +1,28 @@
+// What a transport's factory is given: the engine's settings, what peers act
+// on, and the shared stream machinery. Borrowed: valid until the transport is
+// shut down.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/target.h"
+#include "ferry/options.h"
+#include "transport/stream/host.h"
+#include "transport/stream/hello.h"
+
+namespace ferry::internal {
+
+struct TransportContext {
+  const EngineOptions* options = nullptr;  // resolved (io_threads set)
+  std::shared_ptr<EngineTarget> target;
+  stream::StreamHost* streams = nullptr;
+  std::string peer_id;  // "host:port" of the rpc port
+  uint64_t instance_id = 0;
+  uint16_t wire_min = 1, wire_max = 1;
+
+  stream::HelloPolicy hello_policy() const { return {target, wire_min, wire_max}; }
+};
+
+}  // namespace ferry::internal

@@ -1,0 +1,126 @@
+#include "transport/registry.h"
+
+#include "ferry/transports.h"
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "transport/local/local_transport.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace ferry::internal {
+namespace {
+
+std::string AlwaysAvailable() { return ""; }
+
+// One line per transport, in preference order.
+constexpr TransportEntry kBuiltin[] = {
+    {LocalCaps, AlwaysAvailable, MakeLocalTransport},
+    {ShmCaps, ShmAvailability, MakeShmTransport},
+    {TcpCaps, AlwaysAvailable, MakeTcpTransport},
+};
+
+}  // namespace
+
+std::span<const TransportEntry> BuiltinTransports() { return kBuiltin; }
+
+const TransportEntry* FindTransport(std::string_view name) {
+  for (const auto& e : kBuiltin) {
+    if (e.caps().name == name) return &e;
+  }
+  return nullptr;
+}
+
+std::string TransportNames() {
+  std::string out;
+  for (const auto& e : kBuiltin) out += (out.empty() ? "" : ", ") + std::string(e.caps().name);
+  return out;
+}
+
+StatusOr<std::unique_ptr<TransportSet>> TransportSet::Create(const EngineOptions& options,
+                                                             std::span<const TransportEntry> entries) {
+  auto set = std::make_unique<TransportSet>();
+  set->entries_.assign(entries.begin(), entries.end());
+  stream::StreamHostOptions so;
+  so.listen_host = options.listen_host;
+  so.listen_port = options.listen_port;
+  so.io_threads = options.io_threads;
+  so.spin = options.spin;
+  so.hello_timeout = options.handshake_timeout;
+  FERRY_ASSIGN_OR_RETURN(set->streams_, stream::StreamHost::Create(so));
+  return set;
+}
+
+Status TransportSet::Start(const TransportContext& given) {
+  TransportContext ctx = given;
+  ctx.streams = streams_.get();
+  for (const auto& e : entries_) {
+    auto t = e.make(ctx);
+    if (t.ok()) {
+      transports_.push_back(std::move(*t));
+      continue;
+    }
+    const std::string_view name = e.caps().name;
+    if (ctx.options->transport == name) return t.status();
+    FERRY_LOG(kWarning, "transport " << name << " unavailable, peers use the next one: " << t.status());
+  }
+  return OkStatus();
+}
+
+void TransportSet::Describe(wire::PeerDescriptor* self) const {
+  for (const auto& t : transports_) t->Describe(self);
+}
+
+Status TransportSet::OnRegister(Region& region) {
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    Transport& t = *transports_[i];
+    if (!t.caps().needs_region_keys) continue;
+    auto key = t.RegisterRegion(region);
+    if (!key.ok()) {
+      for (size_t k = 0; k < i; ++k) {
+        if (transports_[k]->caps().needs_region_keys) transports_[k]->UnregisterRegion(region);
+      }
+      region.keys.clear();
+      return key.status().WithPrefix("transport " + std::string(t.Name()));
+    }
+    if (key->has_value()) region.keys.push_back({std::string(t.Name()), **key});
+  }
+  return OkStatus();
+}
+
+void TransportSet::OnUnregister(const Region& region) {
+  for (const auto& t : transports_) {
+    if (t->caps().needs_region_keys) t->UnregisterRegion(region);
+  }
+}
+
+void TransportSet::Shutdown() {
+  for (auto& t : transports_) t->Shutdown();
+  if (streams_) streams_->Stop();
+}
+
+}  // namespace ferry::internal
+
+namespace ferry {
+
+std::vector<TransportInfo> ListTransports() {
+  std::vector<TransportInfo> out;
+  for (const auto& e : internal::BuiltinTransports()) {
+    const internal::TransportCaps caps = e.caps();
+    TransportInfo t;
+    t.name = std::string(caps.name);
+    t.reach = std::string(internal::ReachName(caps.reach));
+    for (auto k : caps.memory_kinds) {
+      t.memory_kinds.push_back(k == internal::MemoryKind::Type::kTestOpaque ? "test-opaque"
+                               : k == internal::MemoryKind::Type::kCuda     ? "cuda"
+                                                                            : "cpu");
+    }
+    t.needs_region_keys = caps.needs_region_keys;
+    t.unavailable = e.availability();
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace ferry

@@ -1,0 +1,53 @@
+#include "transport/shm/copy_frames.h"
+
+#include "wire/byte_io.h"
+
+namespace ferry::internal::shm {
+
+void EncodeCopyEntries(const CopyEntry* entries, size_t count, std::string* out) {
+  out->reserve(out->size() + CopyEntriesSize(count));
+  wire::ByteWriter w(out);
+  w.U32(static_cast<uint32_t>(count));
+  for (size_t i = 0; i < count; ++i) {
+    w.U64(entries[i].addr);
+    w.U32(entries[i].length);
+    w.U64(entries[i].peer_addr);
+  }
+}
+
+StatusOr<std::vector<CopyEntry>> DecodeCopyEntries(std::string_view body) {
+  wire::ByteReader r(body);
+  uint32_t n;
+  if (!r.U32(&n)) return DataLossError("malformed copy entry list from peer");
+  if (n == 0 || n > wire::kMaxEntriesPerFrame || r.remaining() != static_cast<size_t>(n) * 20) {
+    return DataLossError("malformed copy entry list (count " + std::to_string(n) + ") from peer");
+  }
+  std::vector<CopyEntry> out(n);
+  for (auto& e : out) {
+    r.U64(&e.addr);
+    r.U32(&e.length);
+    r.U64(&e.peer_addr);
+  }
+  return out;
+}
+
+void EncodeCopyHello(const CopyHello& h, std::string* out) {
+  wire::EncodeStreamHello(h.hello, out);
+  wire::ByteWriter w(out);
+  w.U64(h.probe_addr);
+  w.Str(std::string_view(h.probe).substr(0, kMaxProbe));
+}
+
+StatusOr<CopyHello> DecodeCopyHello(std::string_view body) {
+  wire::ByteReader r(body);
+  CopyHello h;
+  if (!r.U64(&h.hello.initiator_instance) || !r.U64(&h.hello.target_instance) ||
+      !r.U16(&h.hello.wire_version) || !r.U16(&h.hello.stream_index) ||
+      !r.Str(&h.hello.initiator_peer_id) || !r.U64(&h.probe_addr) || !r.Str(&h.probe) ||
+      r.remaining() != 0 || h.probe.size() > kMaxProbe) {
+    return DataLossError("malformed same-host stream hello from peer");
+  }
+  return h;
+}
+
+}  // namespace ferry::internal::shm

@@ -1,0 +1,44 @@
+// The same-host transport's own frame bodies (docs/wire-format.md,
+// "Same-host streams"): the stream hello that carries a memory probe, and the
+// entry lists that carry the initiator's addresses instead of payload. Frame
+// types kCopyHello, kCopyWrite and kCopyRead (wire/frame.h). The decoders
+// read bytes from a peer and are fuzzed (tests/fuzz/wire_fuzz.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/status.h"
+#include "wire/frame.h"
+
+namespace ferry::internal::shm {
+
+// One range of a kCopyWrite / kCopyRead body: the target's range and where
+// the bytes are (write) or go (read) in the initiator's address space.
+struct CopyEntry {
+  uint64_t addr = 0;
+  uint32_t length = 0;
+  uint64_t peer_addr = 0;
+};
+
+// kCopyWrite / kCopyRead body: u32 count, then count × {u64 addr, u32
+// length, u64 peer_addr}.
+void EncodeCopyEntries(const CopyEntry* entries, size_t count, std::string* out);
+StatusOr<std::vector<CopyEntry>> DecodeCopyEntries(std::string_view body);
+inline size_t CopyEntriesSize(size_t count) { return 4 + count * 20; }
+
+// kCopyHello body: a kStreamHello body, then u64 probe_addr and str probe:
+// bytes the target must find at probe_addr in the initiator's memory,
+// proving it can reach that process before any transfer relies on it.
+struct CopyHello {
+  wire::StreamHello hello;
+  uint64_t probe_addr = 0;
+  std::string probe;  // at most kMaxProbe bytes
+};
+inline constexpr size_t kMaxProbe = 64;
+void EncodeCopyHello(const CopyHello& h, std::string* out);
+StatusOr<CopyHello> DecodeCopyHello(std::string_view body);
+
+}  // namespace ferry::internal::shm

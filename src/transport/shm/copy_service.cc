@@ -1,0 +1,203 @@
+#include "transport/shm/copy_service.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+
+#include "transport/shm/copy_frames.h"
+
+namespace ferry::internal::shm {
+namespace {
+
+constexpr size_t kMaxIov = IOV_MAX < 1024 ? IOV_MAX : 1024;
+
+// Reads the initiator's probe bytes out of its memory.
+Status ProbePeer(const CopyOpenerConfig& cfg, int pid, const CopyHello& hello) {
+  const std::string& self = cfg.policy.target->peer_id();
+  const std::string who = "process " + std::to_string(pid) + " (" + hello.hello.initiator_peer_id + ")";
+  if (cfg.refuse) {
+    return FailedPreconditionError("same-host transport: engine " + self + " refuses to copy to or from " + who +
+                                   " (testing option)");
+  }
+  std::string seen(hello.probe.size(), '\0');
+  iovec local{seen.data(), seen.size()};
+  iovec remote{reinterpret_cast<void*>(hello.probe_addr), hello.probe.size()};
+  ssize_t n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+  if (n < 0) {
+    return FailedPreconditionError(
+        "same-host transport: engine " + self + " cannot reach the memory of " + who +
+        " (process_vm_readv: " + ErrnoString(errno) +
+        "); it needs ptrace access to that process: the same user with Yama ptrace_scope 0, or "
+        "CAP_SYS_PTRACE");
+  }
+  if (static_cast<size_t>(n) != seen.size() || seen != hello.probe) {
+    return FailedPreconditionError("same-host transport: the memory of " + who +
+                                   " does not hold the probe it announced (another process, or "
+                                   "another pid namespace?)");
+  }
+  return OkStatus();
+}
+
+// Moves the bytes of `run` (entries that passed validation, in order) between
+// this process and `pid` with process_vm_readv (write: the bytes come from
+// the initiator) or process_vm_writev (read). Both sides' iovecs describe the
+// same bytes in the same order, so each merges its adjacent ranges on its
+// own. A short count stops at the first range the kernel could not reach:
+// that entry fails, the copy resumes after it.
+void CopyRun(int pid, bool write, const std::vector<CopyEntry>& entries,
+             const std::vector<uint32_t>& run, const std::string& peer,
+             std::vector<wire::EntryFailure>* failures) {
+  std::vector<iovec> mine, theirs;
+  size_t first = 0;
+  while (first < run.size()) {
+    mine.clear();
+    theirs.clear();
+    uint64_t total = 0;
+    for (size_t k = first; k < run.size(); ++k) {
+      const CopyEntry& e = entries[run[k]];
+      stream::AppendRange(&mine, reinterpret_cast<void*>(e.addr), e.length);
+      stream::AppendRange(&theirs, reinterpret_cast<void*>(e.peer_addr), e.length);
+      total += e.length;
+    }
+    ssize_t n;
+    do {
+      n = write ? ::process_vm_readv(pid, mine.data(), mine.size(), theirs.data(), theirs.size(), 0)
+                : ::process_vm_writev(pid, mine.data(), mine.size(), theirs.data(), theirs.size(), 0);
+    } while (n < 0 && errno == EINTR);
+    if (n >= 0 && static_cast<uint64_t>(n) == total) return;
+    const int err = n < 0 ? errno : EFAULT;
+    if (n < 0 && err != EFAULT) {
+      // The process is gone (ESRCH) or no longer ours to reach (EPERM): every
+      // entry left fails the same way.
+      for (size_t k = first; k < run.size(); ++k) {
+        failures->push_back({run[k], StatusCode::kUnavailable,
+                             std::string(write ? "copying from " : "copying to ") + peer +
+                                 " failed: " + ErrnoString(err)});
+      }
+      return;
+    }
+    // The entry holding byte `done` failed; the ones before it are complete.
+    uint64_t done = n < 0 ? 0 : static_cast<uint64_t>(n);
+    size_t k = first;
+    while (done >= entries[run[k]].length) done -= entries[run[k]].length, ++k;
+    const CopyEntry& bad = entries[run[k]];
+    char where[32];
+    std::snprintf(where, sizeof(where), "0x%llx", static_cast<unsigned long long>(bad.peer_addr));
+    failures->push_back({run[k], StatusCode::kInvalidArgument,
+                         std::string(write ? "source" : "destination") + " range at " + where + " (" +
+                             std::to_string(bad.length) + " bytes) of " + peer +
+                             " could not be copied: " + ErrnoString(EFAULT)});
+    first = k + 1;
+  }
+}
+
+}  // namespace
+
+void CopyFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t, uint16_t wire_version,
+                              stream::Request* r) const {
+  r->type = op == Opcode::kWrite ? wire::FrameType::kCopyWrite : wire::FrameType::kCopyRead;
+  std::string body;
+  body.reserve(CopyEntriesSize(n));
+  std::vector<CopyEntry> entries(n);
+  for (size_t k = 0; k < n; ++k) {
+    entries[k] = {slices[k].remote, slices[k].length, reinterpret_cast<uint64_t>(slices[k].local)};
+  }
+  EncodeCopyEntries(entries.data(), entries.size(), &body);
+  wire::FrameHeader h;
+  h.version = static_cast<uint8_t>(wire_version);
+  h.type = r->type;
+  r->head = wire::BuildFrame(h, body);
+}
+
+Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c, const wire::FrameHeader& h,
+                      std::string_view body) {
+  FERRY_ASSIGN_OR_RETURN(CopyHello hello, DecodeCopyHello(body));
+  Status result = stream::CheckHello(cfg.policy, hello.hello);
+  const int pid = c.peer_pid();
+  if (result.ok() && pid == 0) {
+    result = FailedPreconditionError(
+        "same-host transport: engine " + cfg.policy.target->peer_id() +
+        " cannot tell which process this stream comes from (not a unix socket, or a process of "
+        "another pid namespace)");
+  }
+  UniqueFd pidfd;
+  if (result.ok()) {
+    // Taken before the probe, so the probe checks the very process the
+    // pidfd follows (the pid cannot be recycled while the pidfd is open and
+    // the process alive).
+    // (syscall: Debian 12's <sys/pidfd.h> lacks C linkage for C++.)
+    pidfd = UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    if (!pidfd.valid()) {
+      result = FailedPreconditionError("same-host transport: cannot follow process " + std::to_string(pid) +
+                                       " (pidfd_open: " + ErrnoString(errno) + ")");
+    }
+  }
+  if (result.ok()) result = ProbePeer(cfg, pid, hello);
+  std::string reply;
+  wire::EncodeStatus(result, &reply);
+  c.QueueReply(wire::FrameType::kStreamHelloAck, h.seq, std::move(reply));
+  if (result.ok()) {
+    c.Serve(std::make_shared<CopyStreamService>(cfg.policy.target, pid, std::move(pidfd)),
+            hello.hello.wire_version,
+            hello.hello.initiator_peer_id + " (same-host stream " + std::to_string(hello.hello.stream_index) +
+                ", pid " + std::to_string(pid) + ")");
+  }
+  return OkStatus();
+}
+
+bool CopyStreamService::Accepts(wire::FrameType t) const {
+  return t == wire::FrameType::kCopyWrite || t == wire::FrameType::kCopyRead || t == wire::FrameType::kNotify;
+}
+
+Status CopyStreamService::OnFrame(stream::Connection& c, const wire::FrameHeader& h, std::string_view body) {
+  switch (h.type) {
+    case wire::FrameType::kCopyWrite: return ServeCopy(c, h, body, /*write=*/true);
+    case wire::FrameType::kCopyRead: return ServeCopy(c, h, body, /*write=*/false);
+    case wire::FrameType::kNotify: return ServeNotify(c, h, body);
+    default: return DataLossError("unexpected frame on a same-host stream from " + c.peer_name());
+  }
+}
+
+Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHeader& h, std::string_view body,
+                                    bool write) {
+  FERRY_ASSIGN_OR_RETURN(std::vector<CopyEntry> entries, DecodeCopyEntries(body));
+  // The process that said hello must still be the one behind the pid: once
+  // it has exited (its socket may live on in a child), nothing is copied.
+  pollfd exited{pidfd_.get(), POLLIN, 0};
+  if (::poll(&exited, 1, 0) != 0) {
+    return UnavailableError("process " + std::to_string(pid_) + " of " + c.peer_name() +
+                            " has exited; closing its same-host stream");
+  }
+  wire::Reply rep;
+  std::vector<RegionPin> pins;
+  std::vector<uint32_t> run;
+  run.reserve(entries.size());
+  const Region* last = nullptr;
+  for (uint32_t i = 0; i < entries.size(); ++i) {
+    const CopyEntry& e = entries[i];
+    if (!PinEntry(e.addr, e.length, i, &last, &pins, &rep.failures).ok()) continue;
+    if (run.size() == kMaxIov) {  // an entry needs at most one iovec on each side
+      CopyRun(pid_, write, entries, run, c.peer_name(), &rep.failures);
+      run.clear();
+    }
+    run.push_back(i);
+  }
+  CopyRun(pid_, write, entries, run, c.peer_name(), &rep.failures);
+  pins.clear();  // the bytes have moved: release the regions
+  // Validation and copy failures were collected separately: the initiator
+  // expects them in entry order.
+  std::sort(rep.failures.begin(), rep.failures.end(),
+            [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
+  std::string reply;
+  wire::EncodeReply(rep, &reply);
+  c.QueueReply(wire::FrameType::kAck, h.seq, std::move(reply));
+  return OkStatus();
+}
+
+}  // namespace ferry::internal::shm

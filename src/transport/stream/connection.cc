@@ -1,0 +1,491 @@
+#include "transport/stream/connection.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "common/log.h"
+
+namespace ferry::internal::stream {
+
+namespace {
+constexpr int kMaxIov = IOV_MAX < 1024 ? IOV_MAX : 1024;
+// Bytes read per readiness event before yielding to other connections.
+constexpr size_t kReadBudget = 8u << 20;
+constexpr size_t kSeqOffset = 16;  // of the seq field in the frame header
+// Bytes read at once when not reading a long payload straight into place.
+constexpr size_t kReadAhead = 8u << 10;
+// Largest frame (header + entries + payload) a caller sends on its own thread.
+constexpr uint64_t kInlineSendMax = 64u << 10;
+}  // namespace
+
+Connection::Connection(EventLoop* loop, UniqueFd fd, std::string peer_name, uint16_t wire_version)
+    : loop_(loop),
+      fd_(std::move(fd)),
+      role_(Role::kInitiator),
+      peer_name_(std::move(peer_name)),
+      wire_version_(wire_version) {}
+
+Connection::Connection(EventLoop* loop, UniqueFd fd, std::string peer_name,
+                       std::shared_ptr<const FirstFrames> openers, std::chrono::milliseconds hello_timeout)
+    : loop_(loop),
+      fd_(std::move(fd)),
+      role_(Role::kAccepted),
+      peer_name_(std::move(peer_name)),
+      wire_version_(0),
+      openers_(std::move(openers)),
+      hello_deadline_(Clock::now() + hello_timeout) {}
+
+Connection::~Connection() {
+  // Anything still here was never completed (the loop stopped): cancel it.
+  Status why = CancelledError("engine shut down; connection to " + peer_name_ + " closed");
+  for (auto& f : inflight_) FailRequest(f.req, why);
+  for (auto& r : submitted_) FailRequest(r, why);
+}
+
+Status Connection::Attach() {
+  return loop_->Add(fd_.get(), EPOLLIN | EPOLLRDHUP, shared_from_this());
+}
+
+void Connection::Serve(std::shared_ptr<FrameService> service, uint16_t wire_version, std::string peer_name) {
+  role_ = Role::kServed;
+  service_ = std::move(service);
+  wire_version_ = wire_version;
+  peer_name_ = std::move(peer_name);
+}
+
+void Connection::Send(Request r) {
+  // Inline: an idle stream (nothing queued, nothing in flight) sends a small
+  // frame at once from the caller's thread, saving the hand-off to the loop
+  // (and its wake-up if it sleeps). Streams with work in flight leave sending
+  // to the loop, which batches frames into one sendmsg.
+  if (r.bytes + r.head.size() <= kInlineSendMax && !loop_->InLoopThread()) {
+    std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
+    if (io.owns_lock() && role_ == Role::kInitiator && fd_.valid() && out_.empty() &&
+        inflight_.empty()) {
+      bool idle = false;
+      {
+        std::lock_guard<std::mutex> lock(submit_mu_);
+        idle = !closed_ && submitted_.empty() && !drain_scheduled_;
+        if (idle) queued_bytes_.fetch_add(r.bytes, std::memory_order_relaxed);
+      }
+      if (idle) {
+        Enqueue(std::move(r));
+        Flush(/*from_caller=*/true);
+        io.unlock();
+        // A sleeping loop must run a round to see the new deadline.
+        loop_->WakeIfSleeping();
+        return;
+      }
+    }
+  }
+  bool accepted = false, schedule = false;
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    if (!closed_) {
+      accepted = true;
+      queued_bytes_.fetch_add(r.bytes, std::memory_order_relaxed);
+      submitted_.push_back(std::move(r));
+      schedule = !drain_scheduled_;
+      drain_scheduled_ = true;
+    }
+  }
+  if (!accepted) {
+    FailRequest(r, UnavailableError("connection to " + peer_name_ + " is closed"));
+    return;
+  }
+  if (schedule) {
+    std::weak_ptr<Connection> weak = weak_from_this();
+    loop_->RunInLoop([weak] {
+      if (auto self = weak.lock()) {
+        std::lock_guard<std::mutex> io(self->io_mu_);
+        self->DrainSubmissions();
+      }
+    });
+  }
+}
+
+void Connection::DrainSubmissions() {
+  std::vector<Request> batch;
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    batch.swap(submitted_);
+    drain_scheduled_ = false;
+  }
+  for (Request& r : batch) Enqueue(std::move(r));
+  Flush();
+}
+
+void Connection::Enqueue(Request r) {
+  uint64_t seq = next_seq_++;
+  std::memcpy(r.head.data() + kSeqOffset, &seq, sizeof(seq));
+  OutFrame f;
+  f.total = r.head.size();
+  for (const iovec& v : r.payload) f.total += v.iov_len;
+  f.head = std::move(r.head);
+  f.payload = std::move(r.payload);
+  out_.push_back(std::move(f));
+  inflight_.push_back(Inflight{seq, std::move(r)});
+}
+
+void Connection::RetireWhenIdle() {
+  retire_.store(true);
+  std::weak_ptr<Connection> weak = weak_from_this();
+  loop_->RunInLoop([weak] {
+    if (auto self = weak.lock()) {
+      std::lock_guard<std::mutex> io(self->io_mu_);
+      self->CheckIdleRetire();
+    }
+  });
+}
+
+void Connection::CloseAsync(Status why) {
+  std::weak_ptr<Connection> weak = weak_from_this();
+  loop_->RunInLoop([weak, why] {
+    if (auto self = weak.lock()) {
+      std::lock_guard<std::mutex> io(self->io_mu_);
+      self->Close(why);
+    }
+  });
+}
+
+void Connection::CheckIdleRetire() {
+  if (retire_.load() && inflight_.empty() && out_.empty()) {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    if (!submitted_.empty()) return;
+  } else {
+    return;
+  }
+  Close(CancelledError("connection to " + peer_name_ + " retired"));
+}
+
+void Connection::Close(const Status& why) {
+  std::vector<Request> pending;
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    if (closed_) return;
+    closed_ = true;
+    pending.swap(submitted_);
+  }
+  broken_.store(true, std::memory_order_release);
+  if (!why.ok() && why.code() != StatusCode::kCancelled && role_ == Role::kInitiator) {
+    FERRY_LOG(kInfo, "connection to " << peer_name_ << " closed: " << why);
+  }
+  std::shared_ptr<Connection> keep = shared_from_this();  // Remove drops the loop's reference
+  if (fd_.valid()) {
+    loop_->Remove(fd_.get());
+    fd_.Reset();
+  }
+  out_.clear();
+  service_.reset();  // releases the regions a half-received frame had pinned
+  for (auto& f : inflight_) FailRequest(f.req, why);
+  inflight_.clear();
+  for (auto& r : pending) FailRequest(r, why);
+  queued_bytes_.store(0);
+  if (on_progress_) on_progress_();  // the link moves waiting frames to other streams
+}
+
+bool Connection::WantsTick() const {
+  std::lock_guard<std::mutex> io(io_mu_);
+  return role_ == Role::kAccepted || !inflight_.empty() || retire_.load(std::memory_order_relaxed);
+}
+
+void Connection::OnTick(Clock::time_point now) {
+  std::shared_ptr<Connection> keep = shared_from_this();  // Close drops the loop's reference
+  std::lock_guard<std::mutex> io(io_mu_);
+  if (role_ == Role::kAccepted && now > hello_deadline_) {
+    Close(DeadlineExceededError("peer " + peer_name_ + " sent no valid hello in time"));
+    return;
+  }
+  if (!inflight_.empty() && inflight_.front().req.deadline < now) {
+    // The stream is stuck (or the peer is gone without a reset): fail what is
+    // late with kDeadlineExceeded, the rest of the stream with kUnavailable.
+    Status late = DeadlineExceededError("no reply from peer " + peer_name_ +
+                                        " before the transfer deadline");
+    while (!inflight_.empty() && inflight_.front().req.deadline < now) {
+      FailRequest(inflight_.front().req, late);
+      inflight_.pop_front();
+    }
+    Close(UnavailableError("connection to " + peer_name_ + " closed after a request timed out"));
+    return;
+  }
+  CheckIdleRetire();
+}
+
+void Connection::OnEvents(uint32_t events) {
+  std::shared_ptr<Connection> keep = shared_from_this();
+  std::lock_guard<std::mutex> io(io_mu_);
+  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) ReadSome();
+  if (!fd_.valid()) return;
+  if (events & EPOLLOUT) Flush();
+}
+
+void Connection::UpdateInterest() {
+  bool want = !out_.empty();
+  if (want == want_write_ || !fd_.valid()) return;
+  want_write_ = want;
+  loop_->Modify(fd_.get(), EPOLLIN | EPOLLRDHUP | (want ? static_cast<uint32_t>(EPOLLOUT) : 0u));
+}
+
+void Connection::Flush(bool from_caller) {
+  iovec iov[kMaxIov];
+  while (!out_.empty() && fd_.valid()) {
+    int n = 0;
+    for (auto it = out_.begin(); it != out_.end() && n < kMaxIov; ++it) {
+      size_t skip = it->sent;
+      auto add = [&](const void* base, size_t len) {
+        if (n >= kMaxIov) return;
+        if (skip >= len) {
+          skip -= len;
+          return;
+        }
+        iov[n].iov_base = const_cast<char*>(static_cast<const char*>(base)) + skip;
+        iov[n].iov_len = len - skip;
+        skip = 0;
+        ++n;
+      };
+      add(it->head.data(), it->head.size());
+      for (const auto& p : it->payload) add(p.iov_base, p.iov_len);
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t w = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) break;
+      Status failed = UnavailableError("sending to " + peer_name_ + " failed: " + ErrnoString(errno));
+      if (from_caller) {
+        CloseAsync(failed);  // closing unregisters from the loop: the loop does it
+      } else {
+        Close(failed);
+      }
+      return;
+    }
+    size_t left = static_cast<size_t>(w);
+    while (left > 0 && !out_.empty()) {
+      OutFrame& f = out_.front();
+      size_t rest = f.total - f.sent;
+      if (left >= rest) {
+        left -= rest;
+        out_.pop_front();
+      } else {
+        f.sent += left;
+        left = 0;
+      }
+    }
+  }
+  UpdateInterest();
+  if (!from_caller) CheckIdleRetire();  // a caller just added work: not idle
+}
+
+void Connection::QueueReply(wire::FrameType type, uint64_t seq, std::string body,
+                            std::vector<iovec> payload, std::vector<RegionPin> pins) {
+  wire::FrameHeader h;
+  h.version = role_ == Role::kServed ? static_cast<uint8_t>(wire_version_) : 0;
+  h.type = type;
+  h.seq = seq;
+  uint64_t plen = 0;
+  for (const auto& p : payload) plen += p.iov_len;
+  h.payload_len = static_cast<uint32_t>(plen);
+  OutFrame f;
+  f.head = wire::BuildFrame(h, body);
+  f.total = f.head.size() + plen;
+  f.payload = std::move(payload);
+  f.pins = std::move(pins);
+  out_.push_back(std::move(f));
+}
+
+void Connection::ReadSome() {
+  size_t budget = kReadBudget;
+  bool drained = false;
+  while (fd_.valid() && budget > 0 && !drained) {
+    // A long payload is read straight into its destinations; everything else
+    // (headers, bodies, short payloads and the next frames behind them) is
+    // read in one recv into the read-ahead buffer and taken from there, so a
+    // small frame costs one system call instead of three.
+    const bool direct = reader_.InPayload() && reader_.PayloadLeft() >= kReadAhead;
+    size_t asked = 0;
+    ssize_t r;
+    if (direct) {
+      const int n = static_cast<int>(std::min<size_t>(reader_.PayloadIovCount(), kMaxIov));
+      const iovec* iov = reader_.PayloadIov();
+      for (int i = 0; i < n; ++i) asked += iov[i].iov_len;
+      r = ::readv(fd_.get(), iov, n);
+    } else {
+      if (!read_ahead_) read_ahead_ = std::make_unique<char[]>(kReadAhead);
+      asked = kReadAhead;
+      r = ::recv(fd_.get(), read_ahead_.get(), kReadAhead, MSG_DONTWAIT);
+    }
+    if (r == 0) {
+      Close(UnavailableError("connection closed by peer " + peer_name_));
+      return;
+    }
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) break;
+      Close(UnavailableError("receiving from " + peer_name_ + " failed: " + ErrnoString(errno)));
+      return;
+    }
+    const size_t got = static_cast<size_t>(r);
+    budget -= std::min(budget, got);
+    // The epoll registration is level-triggered: after a short recv into
+    // the read-ahead buffer the socket is empty, and the loop hears about
+    // the next bytes (saves the EAGAIN probe per small frame). A long readv
+    // is different: while it copied, the sender kept sending, and reading
+    // on beats a trip through epoll_wait (64 KiB x 32 batches: +15%).
+    drained = !direct && got < asked;
+    Status s = direct ? reader_.Advance(got) : reader_.Consume(read_ahead_.get(), got);
+    if (!s.ok()) {
+      if (!fd_.valid()) return;  // closed while handling a frame (a send failed)
+      FERRY_LOG(kWarning, "closing connection with " << peer_name_ << ": " << s);
+      Close(s);
+      return;
+    }
+  }
+  if (fd_.valid() && !out_.empty()) Flush();
+}
+
+Status Connection::OnHeader(const wire::FrameHeader& h) {
+  if (!fd_.valid()) return CancelledError("connection to " + peer_name_ + " closed");
+  using wire::FrameType;
+  const FrameType t = h.type;
+  bool allowed = false;
+  switch (role_) {
+    case Role::kAccepted:
+      allowed = openers_ != nullptr && openers_->Find(t) != nullptr;
+      break;
+    case Role::kServed:
+      allowed = service_ != nullptr && service_->Accepts(t);
+      break;
+    case Role::kInitiator:
+      allowed = t == FrameType::kAck || t == FrameType::kReadData;
+      break;
+  }
+  if (!allowed) {
+    return DataLossError("unexpected frame type " + std::to_string(static_cast<int>(t)) + " from " +
+                         peer_name_);
+  }
+  if (role_ != Role::kAccepted && h.version != wire_version_) {
+    return DataLossError("frame of wire version " + std::to_string(h.version) + " from " + peer_name_ +
+                         " on a stream that negotiated version " + std::to_string(wire_version_));
+  }
+  return OkStatus();
+}
+
+Status Connection::OnFrame(const wire::FrameHeader& h, std::string_view body) {
+  switch (role_) {
+    case Role::kAccepted: return (*openers_->Find(h.type))(*this, h, body);
+    case Role::kServed:
+      if (!service_) break;
+      return service_->OnFrame(*this, h, body);
+    case Role::kInitiator: return OnReply(h, body);
+  }
+  return CancelledError("connection to " + peer_name_ + " closed");
+}
+
+Status Connection::OnPayload(const wire::FrameHeader& h) {
+  switch (role_) {
+    case Role::kServed:
+      if (!service_) break;
+      return service_->OnPayload(*this, h);
+    case Role::kInitiator: {
+      std::vector<wire::EntryFailure> failures = std::move(reply_failures_);
+      reply_failures_.clear();
+      CompleteFront(failures, OkStatus());
+      return OkStatus();
+    }
+    case Role::kAccepted: break;
+  }
+  return InternalError("payload on a connection that expects none");
+}
+
+// ---- initiator side -----------------------------------------------------------
+
+Status Connection::OnReply(const wire::FrameHeader& h, std::string_view body) {
+  if (inflight_.empty() || inflight_.front().seq != h.seq) {
+    return DataLossError("reply with sequence " + std::to_string(h.seq) + " from " + peer_name_ +
+                         " matches no request in flight");
+  }
+  // DecodeReply refuses failures out of entry order.
+  FERRY_ASSIGN_OR_RETURN(wire::Reply rep, wire::DecodeReply(body));
+  Request& req = inflight_.front().req;
+  const bool is_read = req.type == wire::FrameType::kRead;
+  if ((h.type == wire::FrameType::kReadData) != is_read) {
+    return DataLossError("reply type does not match the request from " + peer_name_);
+  }
+  if (!rep.failures.empty() && rep.failures.back().index >= req.slices.size()) {
+    return DataLossError("reply from " + peer_name_ + " names entry " +
+                         std::to_string(rep.failures.back().index) + " of a frame with " +
+                         std::to_string(req.slices.size()));
+  }
+  if (!is_read || !rep.status.ok()) {
+    if (h.payload_len != 0) return DataLossError("unexpected payload from " + peer_name_);
+    CompleteFront(rep.failures, rep.status);
+    return OkStatus();
+  }
+  // kReadData: the payload carries the entries that did not fail, in order.
+  uint64_t expect = 0;
+  reader_.ExpectPayload();
+  size_t fi = 0;
+  for (size_t i = 0; i < req.slices.size(); ++i) {
+    if (fi < rep.failures.size() && rep.failures[fi].index == i) {
+      ++fi;
+      continue;
+    }
+    reader_.AddDestination(req.slices[i].local, req.slices[i].length);
+    expect += req.slices[i].length;
+  }
+  if (expect != h.payload_len) {
+    return DataLossError("read reply from " + peer_name_ + " carries " + std::to_string(h.payload_len) +
+                         " bytes, expected " + std::to_string(expect));
+  }
+  reply_failures_ = std::move(rep.failures);
+  return OkStatus();
+}
+
+void Connection::CompleteFront(const std::vector<wire::EntryFailure>& failures, const Status& frame_status) {
+  Request req = std::move(inflight_.front().req);
+  inflight_.pop_front();
+  queued_bytes_.fetch_sub(std::min(req.bytes, queued_bytes_.load(std::memory_order_relaxed)),
+                         std::memory_order_relaxed);
+  if (req.notify) req.notify->Set(frame_status);
+  if (req.batch) {
+    BatchState::Completer done(*req.batch);
+    constexpr size_t kAhead = 16;
+    const size_t n = req.slices.size();
+    for (size_t i = 0; i < std::min(n, kAhead); ++i) done.Prefetch(req.slices[i].request);
+    size_t fi = 0;
+    // Failures arrive sorted by index (the target walks entries in order).
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) done.Prefetch(req.slices[i + kAhead].request);
+      Status s = frame_status;
+      while (fi < failures.size() && failures[fi].index < i) ++fi;
+      if (s.ok() && fi < failures.size() && failures[fi].index == i) {
+        s = Status(failures[fi].code, failures[fi].message);
+      }
+      done.Complete(req.slices[i].request, 1, s);
+    }
+  }
+  if (req.tracker && req.ticket) req.tracker->Done(req.ticket);
+  if (on_progress_) {
+    on_progress_();  // room for the link's next frame (before an idle retire)
+    // A frame the link just gave this stream goes out now, not after the
+    // rest of this read loop (8 MiB): a peer serving reads would idle.
+    bool given;
+    {
+      std::lock_guard<std::mutex> lock(submit_mu_);
+      given = !submitted_.empty();
+    }
+    if (given) DrainSubmissions();
+  }
+  CheckIdleRetire();
+}
+
+}  // namespace ferry::internal::stream

@@ -1,0 +1,166 @@
+// Connection: one stream (a TCP or unix-domain socket), driven by one
+// EventLoop.
+//
+// Roles:
+//  - kInitiator: opened by this engine to a peer. Sends request frames and
+//    completes them when the replies arrive (replies come back in request
+//    order on a stream; a reply that matches no request closes the stream).
+//  - kAccepted: accepted on a listening socket, waiting for its first frame,
+//    which an Opener of the listener's FirstFrames answers (a handshake, a
+//    stream hello). Closed if nothing valid arrives within the hello timeout.
+//  - kServed: a peer's stream whose hello was accepted; its frames go to the
+//    FrameService the opener installed (Serve).
+//
+// A caller's request goes out on the caller's own thread when the stream is
+// idle (nothing queued or in flight, the loop not at it) and small; otherwise
+// it is queued for the loop. Payload bytes are sent with sendmsg straight from
+// registered memory; long payloads are read with readv straight into it,
+// while headers, bodies and short payloads arrive through a small read-ahead
+// buffer (one recv for a whole small frame). Frames are parsed by a
+// FrameReader (frame_reader.h).
+// Thread contract: Send, Broken, QueuedBytes, RetireWhenIdle and CloseAsync
+// may be called from any thread; everything else runs on the loop thread,
+// or on a caller's thread inside Send, always under io_mu_.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/net.h"
+#include "core/memory_registry.h"
+#include "transport/stream/event_loop.h"
+#include "transport/stream/frame_reader.h"
+#include "transport/stream/request.h"
+#include "transport/stream/service.h"
+#include "wire/frame.h"
+
+namespace ferry::internal::stream {
+
+class Connection : public EventLoop::Handler,
+                   public FrameReader::Sink,
+                   public std::enable_shared_from_this<Connection> {
+ public:
+  enum class Role { kInitiator, kAccepted, kServed };
+
+  // An initiator stream to `peer_name`, speaking `wire_version`.
+  Connection(EventLoop* loop, UniqueFd fd, std::string peer_name, uint16_t wire_version);
+  // An accepted connection whose first frame `openers` answer within
+  // `hello_timeout`.
+  Connection(EventLoop* loop, UniqueFd fd, std::string peer_name,
+             std::shared_ptr<const FirstFrames> openers, std::chrono::milliseconds hello_timeout);
+  ~Connection() override;
+
+  // Registers with the loop. Loop thread only.
+  Status Attach();
+  // Marks an accepted unix-socket connection as coming from process `pid`
+  // (SO_PEERCRED), for openers that need to know it. Before Attach.
+  void SetPeerProcess(int pid) { peer_pid_ = pid; }
+  // Called on the loop thread, under the connection's lock, whenever this
+  // stream has answered or failed requests (room for more, or closed). Set
+  // before Attach.
+  void SetOnProgress(std::function<void()> f) { on_progress_ = std::move(f); }
+
+  // Queues a request (any thread). If the connection is closed, the request
+  // fails at once with kUnavailable.
+  void Send(Request r);
+  bool Broken() const { return broken_.load(std::memory_order_acquire); }
+  EventLoop* loop() const { return loop_; }
+  // Bytes of requests sent or queued on this stream and not yet answered.
+  uint64_t QueuedBytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
+  // Closes once nothing is in flight (any thread).
+  void RetireWhenIdle();
+  // Closes now, failing everything in flight with `why` (any thread).
+  void CloseAsync(Status why);
+
+  // ---- For openers and services (loop thread, under the connection's lock) --
+  // Makes this accepted connection a served stream whose frames go to
+  // `service`.
+  void Serve(std::shared_ptr<FrameService> service, uint16_t wire_version, std::string peer_name);
+  // Queues a reply frame; `pins` are kept until its payload is sent.
+  void QueueReply(wire::FrameType type, uint64_t seq, std::string body, std::vector<iovec> payload = {},
+                  std::vector<RegionPin> pins = {});
+  // Where the payload of the frame being served goes.
+  FrameReader& reader() { return reader_; }
+  int peer_pid() const { return peer_pid_; }
+  const std::string& peer_name() const { return peer_name_; }
+  uint16_t wire_version() const { return wire_version_; }
+
+  // EventLoop::Handler
+  void OnEvents(uint32_t events) override;
+  void OnTick(Clock::time_point now) override;
+  bool WantsTick() const override;
+
+  // FrameReader::Sink
+  Status OnHeader(const wire::FrameHeader& h) override;
+  Status OnFrame(const wire::FrameHeader& h, std::string_view body) override;
+  Status OnPayload(const wire::FrameHeader& h) override;
+
+ private:
+  struct OutFrame {
+    std::string head;
+    std::vector<iovec> payload;
+    std::vector<RegionPin> pins;  // kept until the bytes are sent
+    size_t sent = 0;
+    size_t total = 0;  // head + payload bytes
+  };
+  struct Inflight {
+    uint64_t seq;
+    Request req;
+  };
+
+  void DrainSubmissions();
+  // Assigns the sequence number and queues the frame for sending.
+  void Enqueue(Request r);
+  void Close(const Status& why);
+  // Sends what is queued. from_caller: on a caller's thread (inline send),
+  // which must not close the connection itself.
+  void Flush(bool from_caller = false);
+  void UpdateInterest();
+  void ReadSome();
+  // Initiator side: a reply (header + body) to the oldest frame in flight.
+  Status OnReply(const wire::FrameHeader& h, std::string_view body);
+  void CompleteFront(const std::vector<wire::EntryFailure>& failures, const Status& frame_status);
+  void CheckIdleRetire();
+
+  EventLoop* const loop_;
+  UniqueFd fd_;
+  Role role_;
+  std::string peer_name_;
+  uint16_t wire_version_;
+  const std::shared_ptr<const FirstFrames> openers_;  // kAccepted
+  std::shared_ptr<FrameService> service_;             // kServed
+  Clock::time_point hello_deadline_;
+  int peer_pid_ = 0;  // accepted unix connections: the peer process
+
+  std::atomic<bool> broken_{false};
+  std::atomic<uint64_t> queued_bytes_{0};
+  std::atomic<bool> retire_{false};
+  std::function<void()> on_progress_;  // set before Attach, then read-only
+
+  // Submissions from other threads.
+  std::mutex submit_mu_;
+  std::vector<Request> submitted_;  // guarded by submit_mu_
+  bool drain_scheduled_ = false;    // guarded by submit_mu_
+  bool closed_ = false;             // guarded by submit_mu_ (written on the loop thread)
+
+  // Below: the loop's state, guarded by io_mu_. The loop holds it while it
+  // handles this connection's events, ticks and tasks; a caller holds it
+  // (try_lock) to send inline.
+  mutable std::mutex io_mu_;
+  uint64_t next_seq_ = 1;
+  std::deque<OutFrame> out_;
+  bool want_write_ = false;
+  std::deque<Inflight> inflight_;
+  FrameReader reader_{this};
+  std::vector<wire::EntryFailure> reply_failures_;  // of a read reply whose payload is arriving
+  std::unique_ptr<char[]> read_ahead_;  // kReadAhead bytes, allocated on first use
+};
+
+}  // namespace ferry::internal::stream

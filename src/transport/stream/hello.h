@@ -1,0 +1,32 @@
+// Opening a stream: the initiator's blocking hello, and the target's check of
+// a hello (instance and wire version), alike for every stream transport.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/target.h"
+#include "ferry/status.h"
+#include "transport/transport.h"
+#include "wire/frame.h"
+
+namespace ferry::internal::stream {
+
+// Sends a stream's first frame (kStreamHello or a transport's own hello) on
+// a blocking socket and returns the peer's answer (kStreamHelloAck): OK, the
+// refusal it sent, or why no answer came.
+Status SayHello(int fd, wire::FrameType type, const std::string& body, Clock::time_point deadline);
+
+// What a target accepts in a hello.
+struct HelloPolicy {
+  std::shared_ptr<EngineTarget> target;
+  uint16_t wire_min = 1;
+  uint16_t wire_max = 1;
+};
+
+// Whether `hello` may open a stream to this engine: it names this instance
+// (not one before a restart) and a wire version this engine speaks.
+Status CheckHello(const HelloPolicy& policy, const wire::StreamHello& hello);
+
+}  // namespace ferry::internal::stream

@@ -1,0 +1,76 @@
+// A request frame on its way from an initiator (one frame: many entries),
+// and the bookkeeping around it: the write tickets a notification waits for,
+// and the waiter of a notification frame.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/batch.h"
+#include "transport/transport.h"
+#include "wire/frame.h"
+
+namespace ferry::internal::stream {
+
+// Tickets of the writes posted to one peer that have not completed yet, so a
+// notification can wait for every earlier write. Thread-safe.
+class WriteTracker {
+ public:
+  uint64_t Issue();
+  void Done(uint64_t ticket);
+  // Ticket the next write will get.
+  uint64_t Next();
+  // Waits until every ticket below `bound` is done.
+  bool WaitBelow(uint64_t bound, Clock::time_point deadline);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<uint64_t> outstanding_;
+  uint64_t next_ = 1;
+};
+
+// Completion of a notification frame. Thread-safe.
+class NotifyWaiter {
+ public:
+  void Set(Status s);
+  Status Wait(Clock::time_point deadline);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+};
+
+// A request frame from the initiator side.
+struct Request {
+  wire::FrameType type = wire::FrameType::kWrite;
+  bool write = false;           // carries a write ticket (kWrite, kCopyWrite)
+  std::string head;             // header + body; the seq is filled in when queued
+  std::vector<iovec> payload;   // kWrite: local source ranges
+  std::shared_ptr<BatchState> batch;
+  std::vector<Slice> slices;    // one per entry, in order
+  std::shared_ptr<NotifyWaiter> notify;
+  std::shared_ptr<WriteTracker> tracker;
+  uint64_t ticket = 0;          // writes only
+  uint64_t bytes = 0;
+  Clock::time_point deadline;
+};
+
+// Completes every slice of `r` (and its notification or write ticket) with
+// `why`.
+void FailRequest(Request& r, const Status& why);
+
+// Appends [addr, addr + length) to `iov`, extending the last iovec when the
+// range continues it: entries in address order are often adjacent (whole
+// pages of a buffer), and fewer iovecs are less for the kernel to walk.
+void AppendRange(std::vector<iovec>* iov, void* addr, size_t length);
+
+}  // namespace ferry::internal::stream

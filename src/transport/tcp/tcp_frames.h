@@ -1,0 +1,41 @@
+// The tcp transport's data frames, both sides: the initiator's encoder
+// (kWrite with the bytes as payload, kRead), and the target's service, which
+// validates and pins every range, then receives a write's payload straight
+// into registered memory (readv) or sends a read's bytes straight from it
+// (sendmsg).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/stream/stream_link.h"
+#include "transport/stream/target_service.h"
+
+namespace ferry::internal::tcp {
+
+class TcpFrameEncoder : public stream::FrameEncoder {
+ public:
+  void Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes, uint16_t wire_version,
+              stream::Request* r) const override;
+};
+
+// The frames of a tcp stream whose hello was accepted: kWrite, kRead, kNotify.
+class TcpStreamService : public stream::TargetService {
+ public:
+  explicit TcpStreamService(std::shared_ptr<EngineTarget> target)
+      : TargetService(std::move(target), "tcp") {}
+  bool Accepts(wire::FrameType t) const override;
+  Status OnFrame(stream::Connection& c, const wire::FrameHeader& h, std::string_view body) override;
+  Status OnPayload(stream::Connection& c, const wire::FrameHeader& h) override;
+
+ private:
+  Status ServeWrite(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
+  Status ServeRead(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
+
+  // The write frame whose payload is arriving.
+  std::vector<RegionPin> pins_;
+  std::vector<wire::EntryFailure> failures_;
+};
+
+}  // namespace ferry::internal::tcp
