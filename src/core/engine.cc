@@ -538,7 +538,8 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   if (requests.empty()) return InvalidArgumentError("no requests to submit");
   // 1. Validate everything before anything moves.
   std::vector<Segment*> segs(requests.size());  // owned by `distinct`
-  std::vector<MemoryKind> local_kinds;          // filled only if some local memory is not cpu
+  std::vector<MemoryKind> local_kinds;          // filled only once some local memory is not cpu
+  bool mixed_kinds = false;
   std::map<uint64_t, std::shared_ptr<Segment>> distinct;
   internal::MemoryRegistry::Found local_region;  // the last local region found; most requests share it
   local_region.length = 0;
@@ -555,9 +556,12 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
           local - local_region.addr <= local_region.length - r.length)) {
       Status s = impl_->target->registry().Check(local, r.length, "local buffer", &local_region);
       if (!s.ok()) return bad(s);
-      if (!local_region.kind.cpu_accessible() && local_kinds.empty()) local_kinds.assign(i, MemoryKind::Cpu());
+      if (!local_region.kind.cpu_accessible() && !mixed_kinds) {
+        mixed_kinds = true;
+        local_kinds.assign(i, MemoryKind::Cpu());
+      }
     }
-    if (!local_kinds.empty()) local_kinds.push_back(local_region.kind);
+    if (mixed_kinds) local_kinds.push_back(local_region.kind);
     if (r.remote_addr + r.length < r.remote_addr) {
       return bad(InvalidArgumentError("remote range " + internal::FormatRange(r.remote_addr, r.length) +
                                       " wraps around the address space"));
@@ -613,7 +617,7 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
         if (region != internal::kNoRegion) last_region = region;
       }
       region_of[i] = region;
-      const internal::RouteKey key{segs[i], local_kinds.empty() ? MemoryKind::Cpu() : local_kinds[i],
+      const internal::RouteKey key{segs[i], mixed_kinds ? local_kinds[i] : MemoryKind::Cpu(),
                                    info->KindOf(region)};
       if (posts.empty() || !(posts[last_post].key == key)) {
         auto it = std::find_if(posts.begin(), posts.end(), [&](const PeerPost& p) { return p.key == key; });
