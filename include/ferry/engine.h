@@ -41,13 +41,27 @@ class Engine {
   const EngineOptions& options() const;
 
   // ---- Memory --------------------------------------------------------------
-  // kInvalidArgument: null address or zero length.
+  // `location` names the memory kind ("cpu", "cpu:N", "*"; see
+  // MemoryRegion). Every transport that needs a per-region key registers the
+  // region too, and peers see it (with its kind and keys) in this engine's
+  // published descriptor from the moment this returns.
+  // kInvalidArgument: null address, zero length or an unknown location.
   // kAlreadyExists: the range overlaps a registered region (named).
+  // kUnimplemented: a memory kind this build cannot register ("cuda:N").
   Status RegisterMemory(void* addr, size_t length, std::string_view location = "*");
   // All or nothing: on failure no region of the list stays registered.
   Status RegisterMemory(std::span<const MemoryRegion> regions);
-  // kNotFound: no region starts at `addr`. Waits for in-flight transfers that
-  // touch the region to finish with it.
+  // kNotFound: no region starts at `addr`.
+  // Guarantee once it returns: no transfer of this engine or of a peer reads
+  // or writes the region any more, and none will. Two-sided transports
+  // (local, shm, tcp: the target validates every range) pin a region while
+  // bytes move, and this waits for the pins; a request arriving later is
+  // refused. A one-sided transport (the peer's NIC writes with a key, no
+  // validation here) gets its key revoked (Transport::UnregisterRegion)
+  // before this returns, after the pins are gone, so later remote accesses
+  // fail at the fabric. What is not guaranteed: a peer's request already
+  // accepted completes into the region before this returns, so its bytes may
+  // still appear there — unregister only memory no peer is writing.
   Status UnregisterMemory(void* addr);
   // Unregisters each; returns the first error (the others are still tried).
   Status UnregisterMemory(std::span<void* const> addrs);
