@@ -1,9 +1,12 @@
 #include "wire/frame.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
+
+#include "tests/testing/status_matchers.h"
 
 namespace ferry::wire {
 namespace {
@@ -102,6 +105,56 @@ TEST(Frame, NotifyAndHelloRoundTrip) {
   EXPECT_EQ(h->stream_index, 3);
   EXPECT_EQ(h->initiator_peer_id, "[::1]:9");
   EXPECT_FALSE(DecodeStreamHello(body.substr(1)).ok());
+}
+
+
+// A reply whose failures name these entries, in this order.
+std::string ReplyNaming(std::vector<uint32_t> indexes) {
+  Reply r;
+  r.status = OkStatus();
+  for (uint32_t i : indexes) r.failures.push_back({i, StatusCode::kInvalidArgument, "entry " + std::to_string(i)});
+  std::string body;
+  EncodeReply(r, &body);
+  return body;
+}
+
+TEST(Frame, ReplyWithFailuresOutOfOrderIsRefused) {
+  using ::ferry::test::StatusIs;
+  using ::testing::HasSubstr;
+  EXPECT_THAT(DecodeReply(ReplyNaming({5, 2})), StatusIs(StatusCode::kDataLoss, HasSubstr("order")));
+  EXPECT_THAT(DecodeReply(ReplyNaming({3, 3})), StatusIs(StatusCode::kDataLoss, HasSubstr("order")));
+  EXPECT_THAT(DecodeReply(ReplyNaming({0, 1, 9, 4})), StatusIs(StatusCode::kDataLoss, HasSubstr("order")));
+  EXPECT_THAT(DecodeReply(ReplyNaming({1, 2, 2})), StatusIs(StatusCode::kDataLoss, HasSubstr("order")));
+  // The message names both entries.
+  auto d = DecodeReply(ReplyNaming({5, 2}));
+  EXPECT_THAT(d, StatusIs(StatusCode::kDataLoss, ::testing::AllOf(HasSubstr("entry 2"), HasSubstr("entry 5"))));
+}
+
+TEST(Frame, ReplyWithFailuresInIncreasingOrderIsAccepted) {
+  for (const std::vector<uint32_t>& idx :
+       {std::vector<uint32_t>{}, {0}, {7}, {2, 5}, {0, 1, 2, 3}, {1, 100, 16383}}) {
+    auto d = DecodeReply(ReplyNaming(idx));
+    ASSERT_THAT(d, ::ferry::test::IsOk()) << ::testing::PrintToString(idx);
+    std::vector<uint32_t> got;
+    for (const auto& f : d->failures) {
+      got.push_back(f.index);
+      EXPECT_EQ(f.code, StatusCode::kInvalidArgument);
+      EXPECT_EQ(f.message, "entry " + std::to_string(f.index));
+    }
+    EXPECT_EQ(got, idx);
+  }
+}
+
+TEST(Frame, HeaderWithOnlyTheMagicWrongIsRefused) {
+  FrameHeader h;
+  h.version = 1;
+  h.type = FrameType::kAck;
+  h.body_len = 8;
+  uint8_t buf[kFrameHeaderSize];
+  EncodeHeader(h, buf);
+  ASSERT_TRUE(DecodeHeader(buf).ok());
+  buf[3] = 'X';  // "FRRX"
+  EXPECT_THAT(DecodeHeader(buf), ::ferry::test::StatusIs(StatusCode::kDataLoss, ::testing::HasSubstr("magic")));
 }
 
 }  // namespace
