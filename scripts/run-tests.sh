@@ -19,7 +19,11 @@ if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
     echo "run-tests: sanitizer pass (${san}): $*"
     cmake -G Ninja -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_BUILD_PYTHON=OFF \
       -DFERRY_SANITIZE="$san" -DFERRY_WERROR=ON >/dev/null || return 1
-    cmake --build "$dir" -j "$(nproc)" --target "$@" ferry_test_peer >/dev/null || return 1
+    if ! cmake --build "$dir" -j "$(nproc)" --target "$@" ferry_test_peer >"$dir.log" 2>&1; then
+      echo "run-tests: sanitizer build (${san}) failed:"
+      grep -E "error|FAILED" "$dir.log" | head -n 20
+      return 1
+    fi
     local rc=0 t
     for t in "$@"; do
       local bin
@@ -32,9 +36,9 @@ if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
     done
     return $rc
   }
-  san_pass build-asan address,undefined common_test wire_test core_test conformance_test \
+  san_pass build-asan address,undefined common_test wire_test core_test transport_test conformance_test \
     integration_test wire_fuzz_replay || san_rc=1
-  san_pass build-tsan thread core_test common_test conformance_test || san_rc=1
+  san_pass build-tsan thread core_test common_test transport_test conformance_test || san_rc=1
   echo "run-tests: sanitizer passes exit ${san_rc} (0 = all passed)"
 fi
 

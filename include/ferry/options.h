@@ -85,6 +85,22 @@ struct EngineOptions {
     // Play a build that reads and writes descriptor formats up to this one
     // (0 = this build's newest).
     uint16_t descriptor_format_max = 0;
+    // Faults injected below the engine into every link of every transport
+    // (src/transport/fault/): each slice posted is, with these chances in
+    // percent, failed at once (kUnavailable), dropped (its reply never comes:
+    // kDeadlineExceeded at its deadline), answered late (`delay`), answered
+    // out of order, or answered with a corrupted status (kDataLoss).
+    // Deterministic: the same seed and the same posts give the same faults.
+    // seed 0: off.
+    struct LinkFaults {
+      uint32_t seed = 0;
+      int fail_percent = 0;
+      int drop_percent = 0;
+      int delay_percent = 0;
+      int reorder_percent = 0;
+      int corrupt_percent = 0;
+      std::chrono::milliseconds delay{5};
+    } link_faults;
   } testing;
 
   // Overlays the FERRY_* variables of OptionTable() (see docs/architecture.md)

@@ -5,7 +5,7 @@
 namespace ferry::internal {
 
 BatchState::BatchState(size_t capacity)
-    : capacity_(capacity), requests_(std::make_unique<Request[]>(capacity)) {}
+    : capacity_(capacity), slots_(std::make_unique<Slot[]>(capacity)) {}
 
 StatusOr<size_t> BatchState::Reserve(size_t n) {
   size_t cur = reserved_.load(std::memory_order_relaxed);
@@ -27,7 +27,7 @@ void BatchState::CompleteSlices(size_t index, uint32_t slices, const Status& sta
 }
 
 void BatchState::Completer::Complete(size_t index, uint32_t slices, const Status& status) {
-  Request& r = batch_.requests_[index];
+  Slot& r = batch_.slots_[index];
   if (!status.ok()) {
     std::lock_guard<std::mutex> lock(batch_.mu_);
     if (!r.failed.load(std::memory_order_relaxed)) {
@@ -73,7 +73,7 @@ bool BatchState::SettleIfFinal() const {
   if (pending() == 0) return true;
   const size_t n = reserved();
   for (size_t i = 0; i < n; ++i) {
-    if (requests_[i].state.load(std::memory_order_acquire) ==
+    if (slots_[i].state.load(std::memory_order_acquire) ==
         static_cast<uint8_t>(TransferState::kPending)) {
       return false;
     }
@@ -86,7 +86,7 @@ bool BatchState::SettleIfFinal() const {
 }
 
 TransferStatus BatchState::Get(size_t index) const {
-  const Request& r = requests_[index];
+  const Slot& r = slots_[index];
   TransferStatus out;
   out.state = static_cast<TransferState>(r.state.load(std::memory_order_acquire));
   if (out.state == TransferState::kFailed) {

@@ -41,7 +41,7 @@ class BatchState {
   template <class SlicesOf>
   void BeginRange(size_t first, size_t n, SlicesOf slices_of) {
     for (size_t i = first; i < first + n; ++i) {
-      Request& r = requests_[i];
+      Slot& r = slots_[i];
       r.remaining.store(slices_of(i), std::memory_order_relaxed);
       r.state.store(static_cast<uint8_t>(TransferState::kPending), std::memory_order_relaxed);
     }
@@ -71,7 +71,7 @@ class BatchState {
     // Starts loading request `index`'s slot. A frame's slices are ordered
     // by address, so their requests are scattered over the batch: without
     // it, each Complete waits for a cache miss.
-    void Prefetch(size_t index) const { __builtin_prefetch(&batch_.requests_[index], 1); }
+    void Prefetch(size_t index) const { __builtin_prefetch(&batch_.slots_[index], 1); }
 
    private:
     BatchState& batch_;
@@ -93,15 +93,16 @@ class BatchState {
   bool WaitIdle(std::chrono::steady_clock::time_point deadline, std::chrono::microseconds spin);
 
  private:
-  // 8 bytes: batches of 100,000s of requests are allocated per transfer.
-  struct Request {
+  // One request's state. 8 bytes: batches of 100,000s of requests are
+  // allocated per transfer.
+  struct Slot {
     std::atomic<uint32_t> remaining{0};
     std::atomic<uint8_t> state{0};  // TransferState
     std::atomic<bool> failed{false};
   };
 
   const size_t capacity_;
-  std::unique_ptr<Request[]> requests_;
+  std::unique_ptr<Slot[]> slots_;
   std::atomic<size_t> reserved_{0};
   std::atomic<size_t> pending_{0};
   std::atomic<size_t> completed_{0};
@@ -111,7 +112,7 @@ class BatchState {
   std::condition_variable idle_cv_;
   Status first_error_;  // guarded by mu_
   // The first failure of each failed request, by index (failures are rare,
-  // so they live here rather than in every Request). Guarded by mu_.
+  // so they live here rather than in every Slot). Guarded by mu_.
   std::unordered_map<size_t, Status> errors_;
 };
 

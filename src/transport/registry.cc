@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "transport/fault/fault_transport.h"
 #include "transport/local/local_transport.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
@@ -58,7 +59,8 @@ Status TransportSet::Start(const TransportContext& given) {
   for (const auto& e : entries_) {
     auto t = e.make(ctx);
     if (t.ok()) {
-      transports_.push_back(std::move(*t));
+      const auto& faults = ctx.options->testing.link_faults;
+      transports_.push_back(faults.seed != 0 ? WithFaults(std::move(*t), faults) : std::move(*t));
       continue;
     }
     const std::string_view name = e.caps().name;

@@ -100,7 +100,7 @@ void CopyRun(int pid, bool write, const std::vector<CopyEntry>& entries,
 }  // namespace
 
 void CopyFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t, uint16_t wire_version,
-                              stream::Request* r) const {
+                              stream::RequestFrame* r) const {
   r->type = op == Opcode::kWrite ? wire::FrameType::kCopyWrite : wire::FrameType::kCopyRead;
   std::string body;
   body.reserve(CopyEntriesSize(n));

@@ -20,7 +20,7 @@ namespace ferry::internal::shm {
 class CopyFrameEncoder : public stream::FrameEncoder {
  public:
   void Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes, uint16_t wire_version,
-              stream::Request* r) const override;
+              stream::RequestFrame* r) const override;
 };
 
 struct CopyOpenerConfig {

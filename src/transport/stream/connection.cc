@@ -45,8 +45,8 @@ Connection::Connection(EventLoop* loop, UniqueFd fd, std::string peer_name,
 Connection::~Connection() {
   // Anything still here was never completed (the loop stopped): cancel it.
   Status why = CancelledError("engine shut down; connection to " + peer_name_ + " closed");
-  for (auto& f : inflight_) FailRequest(f.req, why);
-  for (auto& r : submitted_) FailRequest(r, why);
+  for (auto& f : inflight_) FailFrame(f.req, why);
+  for (auto& r : submitted_) FailFrame(r, why);
 }
 
 Status Connection::Attach() {
@@ -60,7 +60,7 @@ void Connection::Serve(std::shared_ptr<FrameService> service, uint16_t wire_vers
   peer_name_ = std::move(peer_name);
 }
 
-void Connection::Send(Request r) {
+void Connection::Send(RequestFrame r) {
   // Inline: an idle stream (nothing queued, nothing in flight) sends a small
   // frame at once from the caller's thread, saving the hand-off to the loop
   // (and its wake-up if it sleeps). Streams with work in flight leave sending
@@ -97,7 +97,7 @@ void Connection::Send(Request r) {
     }
   }
   if (!accepted) {
-    FailRequest(r, UnavailableError("connection to " + peer_name_ + " is closed"));
+    FailFrame(r, UnavailableError("connection to " + peer_name_ + " is closed"));
     return;
   }
   if (schedule) {
@@ -112,17 +112,17 @@ void Connection::Send(Request r) {
 }
 
 void Connection::DrainSubmissions() {
-  std::vector<Request> batch;
+  std::vector<RequestFrame> batch;
   {
     std::lock_guard<std::mutex> lock(submit_mu_);
     batch.swap(submitted_);
     drain_scheduled_ = false;
   }
-  for (Request& r : batch) Enqueue(std::move(r));
+  for (RequestFrame& r : batch) Enqueue(std::move(r));
   Flush();
 }
 
-void Connection::Enqueue(Request r) {
+void Connection::Enqueue(RequestFrame r) {
   uint64_t seq = next_seq_++;
   std::memcpy(r.head.data() + kSeqOffset, &seq, sizeof(seq));
   OutFrame f;
@@ -166,7 +166,7 @@ void Connection::CheckIdleRetire() {
 }
 
 void Connection::Close(const Status& why) {
-  std::vector<Request> pending;
+  std::vector<RequestFrame> pending;
   {
     std::lock_guard<std::mutex> lock(submit_mu_);
     if (closed_) return;
@@ -184,9 +184,9 @@ void Connection::Close(const Status& why) {
   }
   out_.clear();
   service_.reset();  // releases the regions a half-received frame had pinned
-  for (auto& f : inflight_) FailRequest(f.req, why);
+  for (auto& f : inflight_) FailFrame(f.req, why);
   inflight_.clear();
-  for (auto& r : pending) FailRequest(r, why);
+  for (auto& r : pending) FailFrame(r, why);
   queued_bytes_.store(0);
   if (on_progress_) on_progress_();  // the link moves waiting frames to other streams
 }
@@ -209,7 +209,7 @@ void Connection::OnTick(Clock::time_point now) {
     Status late = DeadlineExceededError("no reply from peer " + peer_name_ +
                                         " before the transfer deadline");
     while (!inflight_.empty() && inflight_.front().req.deadline < now) {
-      FailRequest(inflight_.front().req, late);
+      FailFrame(inflight_.front().req, late);
       inflight_.pop_front();
     }
     Close(UnavailableError("connection to " + peer_name_ + " closed after a request timed out"));
@@ -415,7 +415,7 @@ Status Connection::OnReply(const wire::FrameHeader& h, std::string_view body) {
   }
   // DecodeReply refuses failures out of entry order.
   FERRY_ASSIGN_OR_RETURN(wire::Reply rep, wire::DecodeReply(body));
-  Request& req = inflight_.front().req;
+  RequestFrame& req = inflight_.front().req;
   const bool is_read = req.type == wire::FrameType::kRead;
   if ((h.type == wire::FrameType::kReadData) != is_read) {
     return DataLossError("reply type does not match the request from " + peer_name_);
@@ -451,7 +451,7 @@ Status Connection::OnReply(const wire::FrameHeader& h, std::string_view body) {
 }
 
 void Connection::CompleteFront(const std::vector<wire::EntryFailure>& failures, const Status& frame_status) {
-  Request req = std::move(inflight_.front().req);
+  RequestFrame req = std::move(inflight_.front().req);
   inflight_.pop_front();
   queued_bytes_.fetch_sub(std::min(req.bytes, queued_bytes_.load(std::memory_order_relaxed)),
                          std::memory_order_relaxed);

@@ -69,7 +69,7 @@ class Connection : public EventLoop::Handler,
 
   // Queues a request (any thread). If the connection is closed, the request
   // fails at once with kUnavailable.
-  void Send(Request r);
+  void Send(RequestFrame r);
   bool Broken() const { return broken_.load(std::memory_order_acquire); }
   EventLoop* loop() const { return loop_; }
   // Bytes of requests sent or queued on this stream and not yet answered.
@@ -112,12 +112,12 @@ class Connection : public EventLoop::Handler,
   };
   struct Inflight {
     uint64_t seq;
-    Request req;
+    RequestFrame req;
   };
 
   void DrainSubmissions();
   // Assigns the sequence number and queues the frame for sending.
-  void Enqueue(Request r);
+  void Enqueue(RequestFrame r);
   void Close(const Status& why);
   // Sends what is queued. from_caller: on a caller's thread (inline send),
   // which must not close the connection itself.
@@ -146,7 +146,7 @@ class Connection : public EventLoop::Handler,
 
   // Submissions from other threads.
   std::mutex submit_mu_;
-  std::vector<Request> submitted_;  // guarded by submit_mu_
+  std::vector<RequestFrame> submitted_;  // guarded by submit_mu_
   bool drain_scheduled_ = false;    // guarded by submit_mu_
   bool closed_ = false;             // guarded by submit_mu_ (written on the loop thread)
 

@@ -53,7 +53,7 @@ void AppendRange(std::vector<iovec>* iov, void* addr, size_t length) {
   iov->push_back({addr, length});
 }
 
-void FailRequest(Request& r, const Status& why) {
+void FailFrame(RequestFrame& r, const Status& why) {
   if (r.batch) {
     BatchState::Completer done(*r.batch);
     for (const Slice& s : r.slices) done.Complete(s.request, 1, why);

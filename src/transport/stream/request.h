@@ -49,8 +49,11 @@ class NotifyWaiter {
   Status status_;
 };
 
-// A request frame from the initiator side.
-struct Request {
+// One request frame from the initiator side: the slices (pieces of the
+// batch's TransferRequests) it carries as entries. (In Ferry a "request" is
+// a TransferRequest of the public API; a frame carries slices of many; a
+// BatchState slot holds one request's state.)
+struct RequestFrame {
   wire::FrameType type = wire::FrameType::kWrite;
   bool write = false;           // carries a write ticket (kWrite, kCopyWrite)
   std::string head;             // header + body; the seq is filled in when queued
@@ -66,7 +69,7 @@ struct Request {
 
 // Completes every slice of `r` (and its notification or write ticket) with
 // `why`.
-void FailRequest(Request& r, const Status& why);
+void FailFrame(RequestFrame& r, const Status& why);
 
 // Appends [addr, addr + length) to `iov`, extending the last iovec when the
 // range continues it: entries in address order are often adjacent (whole

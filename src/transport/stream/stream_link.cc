@@ -38,7 +38,7 @@ void StreamLink::WireStreams() {
 }
 
 void StreamLink::Post(const PostContext& ctx, std::vector<Slice> slices) {
-  std::vector<Request> frames;
+  std::vector<RequestFrame> frames;
   size_t i = 0;
   while (i < slices.size()) {
     // Coalesce consecutive slices of one opcode into a frame.
@@ -50,7 +50,7 @@ void StreamLink::Post(const PostContext& ctx, std::vector<Slice> slices) {
       bytes += slices[j].length;
       ++j;
     }
-    Request r;
+    RequestFrame r;
     r.batch = ctx.batch;
     r.deadline = ctx.deadline;
     r.bytes = bytes;
@@ -66,7 +66,7 @@ void StreamLink::Post(const PostContext& ctx, std::vector<Slice> slices) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (Request& r : frames) backlog_.push_back(std::move(r));
+    for (RequestFrame& r : frames) backlog_.push_back(std::move(r));
   }
   Feed();
 }
@@ -77,7 +77,7 @@ Status StreamLink::Notify(const wire::NotifyBody& body, Clock::time_point deadli
     return DeadlineExceededError("earlier writes to " + peer_id_ +
                                  " did not complete before the notification deadline");
   }
-  Request r;
+  RequestFrame r;
   r.type = wire::FrameType::kNotify;
   r.notify = std::make_shared<NotifyWaiter>();
   r.deadline = deadline;
@@ -108,7 +108,7 @@ void StreamLink::Retire() {
 
 void StreamLink::Feed(bool ignore_window) {
   while (true) {
-    Request r;
+    RequestFrame r;
     Connection* to = nullptr;
     bool late = false;
     {
@@ -120,7 +120,7 @@ void StreamLink::Feed(bool ignore_window) {
         const uint64_t q = to->QueuedBytes();
         // Every stream is full: the next answer feeds again. A broken
         // stream (all are) takes the frame and fails it at once.
-        const Request& next = backlog_.front();
+        const RequestFrame& next = backlog_.front();
         if (!ignore_window && Windowed(next) && !to->Broken() && q != 0 &&
             q + next.bytes > stream_window_) {
           return;
@@ -130,7 +130,7 @@ void StreamLink::Feed(bool ignore_window) {
       backlog_.pop_front();
     }
     if (late) {
-      FailRequest(
+      FailFrame(
           r, DeadlineExceededError("no stream to peer " + peer_id_ +
                                    " had room for the request before the transfer deadline"));
     } else {
@@ -139,7 +139,7 @@ void StreamLink::Feed(bool ignore_window) {
   }
 }
 
-bool StreamLink::Windowed(const Request& r) const {
+bool StreamLink::Windowed(const RequestFrame& r) const {
   constexpr uint64_t kMinWindowedEntry = 16u << 10;
   return stream_window_ != 0 && r.write && r.bytes >= kMinWindowedEntry * r.slices.size();
 }

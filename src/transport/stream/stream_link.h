@@ -26,7 +26,7 @@ class FrameEncoder {
   // Fills r->type, r->head (header + body; its seq is set when the frame is
   // queued) and, for frames that carry payload, r->payload.
   virtual void Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes, uint16_t wire_version,
-                      Request* r) const = 0;
+                      RequestFrame* r) const = 0;
 };
 
 struct StreamLinkConfig {
@@ -75,7 +75,7 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   // Write frames of large entries wait for room. Frames of small scattered
   // entries do not: their cost is the sender's scattered loads, which need a
   // deep queue (a 2 MiB window made 2 KiB KV pages ~12% slower, 8 MiB ~8%).
-  bool Windowed(const Request& r) const;
+  bool Windowed(const RequestFrame& r) const;
   // The stream with the fewest bytes queued; ties go to the lowest index, so
   // light traffic stays on one stream (one loop awake on each side) and heavy
   // traffic spreads over all of them. A broken stream only if all are.
@@ -90,7 +90,7 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   std::vector<std::shared_ptr<Connection>> streams_;
   std::shared_ptr<WriteTracker> tracker_;
   std::mutex mu_;
-  std::deque<Request> backlog_;  // guarded by mu_
+  std::deque<RequestFrame> backlog_;  // guarded by mu_
 };
 
 }  // namespace ferry::internal::stream

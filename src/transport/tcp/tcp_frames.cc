@@ -3,7 +3,7 @@
 namespace ferry::internal::tcp {
 
 void TcpFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes, uint16_t wire_version,
-                             stream::Request* r) const {
+                             stream::RequestFrame* r) const {
   r->type = op == Opcode::kWrite ? wire::FrameType::kWrite : wire::FrameType::kRead;
   std::string body;
   body.reserve(wire::EntriesSize(n));

@@ -17,7 +17,7 @@ namespace ferry::internal::tcp {
 class TcpFrameEncoder : public stream::FrameEncoder {
  public:
   void Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes, uint16_t wire_version,
-              stream::Request* r) const override;
+              stream::RequestFrame* r) const override;
 };
 
 // The frames of a tcp stream whose hello was accepted: kWrite, kRead, kNotify.
