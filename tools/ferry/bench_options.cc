@@ -68,6 +68,15 @@ Checks and output:
 Sizes take K, M, G (binary). Exit status: 0 ok, 1 the run failed, 2 bad usage.
 )";
 
+// The upper bound of an engine option, from the engine's option table (so
+// the bench's flags and the engine agree on one range).
+int OptionMax(std::string_view name) {
+  for (const OptionSpec& spec : OptionTable()) {
+    if (spec.name == name) return static_cast<int>(spec.max);
+  }
+  return 0;
+}
+
 int PositiveInt(std::string_view flag, std::string_view text, int max) {
   uint64_t v = cli::ParseUint(flag, text);
   if (v == 0 || v > static_cast<uint64_t>(max)) {
@@ -137,11 +146,14 @@ std::optional<BenchOptions> ParseBenchOptions(const std::vector<std::string>& ar
     }
     o.transport = v;
   });
-  p.Value("--streams", [&](std::string_view v) { o.streams = PositiveInt("--streams", v, 64); });
+  p.Value("--streams", [&](std::string_view v) { o.streams = PositiveInt("--streams", v, OptionMax("tcp_streams"));
+  });
   p.Value("--io-threads", [&](std::string_view v) {
     uint64_t n = cli::ParseUint("--io-threads", v);
-    if (n > 64)
-      throw cli::UsageError("bad value '" + std::string(v) + "' for --io-threads: at most 64");
+    const uint64_t max = static_cast<uint64_t>(OptionMax("io_threads"));
+    if (n > max) {
+      throw cli::UsageError("bad value '" + std::string(v) + "' for --io-threads: at most " + std::to_string(max));
+    }
     o.io_threads = static_cast<int>(n);
   });
   p.Value("--slice-size", [&](std::string_view v) {

@@ -209,7 +209,7 @@ int InfoMain(const std::vector<std::string>& args) {
             << "transports         " << Join(caps.transports) << "   (preferred first)\n"
             << RegistryLines(registry)
             << "features           " << Join(caps.features) << "\n"
-            << "metadata           " << o.metadata << " (metadata server: not available yet)\n"
+            << "metadata           " << o.metadata << " (also memory://NAME within one process; etcd, Redis, HTTP: not yet)\n"
             << "\neffective options (defaults overlaid with FERRY_* from the environment):\n"
             << "  local_name          " << (o.local_name.empty() ? "(the peer id)" : o.local_name)
             << "   [this probe: " << (*engine)->LocalName() << "]\n"
