@@ -577,13 +577,10 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   // 2. Each peer's current descriptor (fetched again if a watch said it
   // changed), then the route of every request: its peer and the memory kinds
   // on both sides. Routes mostly repeat: one lookup per run of them.
-  std::map<Segment*, std::shared_ptr<const PeerInfo>> infos;
-  for (auto& [h, seg] : distinct) {
-    std::lock_guard<std::mutex> lock(seg->mu);
-    Status s = impl_->Refresh(*seg);
-    if (!s.ok()) return s.WithPrefix("peer " + seg->name);
-    infos[seg.get()] = seg->peer;
-  }
+  // 3. Make sure every route is connected (connects lazily). Connecting may
+  // find that a peer restarted (a new descriptor): then the routes are worked
+  // out again against it, so every slice's region index (and so its key)
+  // belongs to the descriptor it is posted with.
   struct PeerPost {
     internal::RouteKey key;
     std::shared_ptr<const PeerInfo> peer;
@@ -592,10 +589,18 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
     internal::SliceOrder order = internal::SliceOrder::kByDestination;
     std::vector<internal::Slice> slices;  // of the chunk being prepared
   };
-  std::vector<PeerPost> posts;        // a handful: one per route
+  std::vector<PeerPost> posts;  // a handful: one per route
   std::vector<uint8_t> post_of(requests.size());
   std::vector<uint32_t> region_of(requests.size());
-  {
+  for (int attempt = 0;; ++attempt) {
+    std::map<Segment*, std::shared_ptr<const PeerInfo>> infos;
+    for (auto& [h, seg] : distinct) {
+      std::lock_guard<std::mutex> lock(seg->mu);
+      Status s = impl_->Refresh(*seg);
+      if (!s.ok()) return s.WithPrefix("peer " + seg->name);
+      infos[seg.get()] = seg->peer;
+    }
+    posts.clear();
     Segment* last_seg = nullptr;
     const PeerInfo* info = nullptr;
     uint32_t last_region = internal::kNoRegion;
@@ -630,14 +635,17 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
       }
       post_of[i] = static_cast<uint8_t>(last_post);
     }
-  }
-  // 3. Make sure every route is connected (connects lazily).
-  for (PeerPost& p : posts) {
-    auto routed = impl_->EnsureRoute(*p.key.seg, p.key.local, p.key.remote);
-    if (!routed.ok()) return routed.status().WithPrefix("peer " + p.key.seg->name);
-    p.link = routed->link;
-    p.max_slice = routed->transport->MaxSlice();
-    p.order = routed->transport->PreferredOrder();
+    bool changed = false;
+    for (PeerPost& p : posts) {
+      auto routed = impl_->EnsureRoute(*p.key.seg, p.key.local, p.key.remote);
+      if (!routed.ok()) return routed.status().WithPrefix("peer " + p.key.seg->name);
+      p.link = routed->link;
+      p.max_slice = routed->transport->MaxSlice();
+      p.order = routed->transport->PreferredOrder();
+      std::lock_guard<std::mutex> lock(p.key.seg->mu);
+      changed = changed || p.key.seg->peer != p.peer;
+    }
+    if (!changed || attempt == 1) break;  // a second restart within one submit: its target validates
   }
   // 4. Reserve, then slice, order and post chunk by chunk: the transport
   // starts sending the first chunk while the next ones are prepared (for

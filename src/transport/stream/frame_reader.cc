@@ -40,6 +40,7 @@ Status FrameReader::Consume(const char* p, size_t n) {
 }
 
 Status FrameReader::Advance(size_t n) {
+  if (phase_ != Phase::kPayload) return InternalError("payload advanced while none is being received");
   if (n > payload_left_) return InternalError("payload advanced past its end");
   payload_left_ -= n;
   while (n > 0) {
@@ -63,6 +64,7 @@ void FrameReader::ExpectPayload() {
 }
 
 void FrameReader::AddDestination(char* addr, size_t length) {
+  if (length == 0) return;  // an empty iovec would never fill
   // Never extends a discard range (scratch_ is reused by each of them).
   if (!recv_iov_.empty() && recv_iov_.back().iov_base == scratch_.get()) {
     recv_iov_.push_back({addr, length});
