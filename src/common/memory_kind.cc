@@ -69,6 +69,16 @@ MemoryKind MemoryKind::FromName(std::string_view name) {
   return MemoryKind(Type::kUnknown, 0);
 }
 
+std::string_view MemoryKind::TypeName(Type t) {
+  switch (t) {
+    case Type::kCpu: return "cpu";
+    case Type::kCuda: return "cuda";
+    case Type::kTestOpaque: return kTestOpaqueName;
+    case Type::kUnknown: break;
+  }
+  return "unknown";
+}
+
 std::string MemoryKind::Name() const {
   switch (type_) {
     case Type::kCpu: return "cpu";

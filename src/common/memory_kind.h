@@ -34,6 +34,9 @@ class MemoryKind {
   // The kind a peer advertised (its Name()); unknown names give kUnknown.
   static MemoryKind FromName(std::string_view name);
 
+  // The name of a kind of that type ("cpu", "cuda", "test-opaque", "unknown").
+  static std::string_view TypeName(Type t);
+
   Type type() const { return type_; }
   int device() const { return device_; }
   // "cpu", "cuda:0", "test-opaque", or the unknown name's "unknown".

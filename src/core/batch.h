@@ -1,5 +1,7 @@
 // BatchState: the requests of one batch and their completion, counted once
-// here for every transport.
+// here for every transport. Published by the core for the transports (with
+// core/memory_registry.h and core/target.h): the only parts of the core they
+// include.
 //
 // Thread contract: Reserve/Begin are called by the submitting thread;
 // CompleteSlice by any transport thread; readers (Get, Summary, Wait) by

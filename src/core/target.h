@@ -1,7 +1,7 @@
 // EngineTarget: the part of an engine that peers act on — its registered
 // memory and its notification inbox. Shared (shared_ptr) between the engine
 // and the transports that serve peers, so a transport never outlives it.
-// Thread-safe.
+// Published by the core for the transports. Thread-safe.
 #pragma once
 
 #include <cstdint>

@@ -113,11 +113,7 @@ std::vector<TransportInfo> ListTransports() {
     TransportInfo t;
     t.name = std::string(caps.name);
     t.reach = std::string(internal::ReachName(caps.reach));
-    for (auto k : caps.memory_kinds) {
-      t.memory_kinds.push_back(k == internal::MemoryKind::Type::kTestOpaque ? "test-opaque"
-                               : k == internal::MemoryKind::Type::kCuda     ? "cuda"
-                                                                            : "cpu");
-    }
+    for (auto k : caps.memory_kinds) t.memory_kinds.emplace_back(internal::MemoryKind::TypeName(k));
     t.needs_region_keys = caps.needs_region_keys;
     t.unavailable = e.availability();
     out.push_back(std::move(t));
