@@ -17,7 +17,9 @@ constexpr size_t kBlock = 4096;
 
 EngineOptions Faulty(const std::string& transport, uint32_t seed) {
   EngineOptions o = ConformanceOptions(transport);
-  o.transfer_timeout = std::chrono::milliseconds(400);  // dropped replies fail by then
+  // Dropped replies fail by then; long enough that no undisturbed request
+  // misses it on a slow (sanitized, loaded) machine.
+  o.transfer_timeout = std::chrono::milliseconds(1500);
   o.testing.link_faults.seed = seed;
   o.testing.link_faults.fail_percent = 8;
   o.testing.link_faults.drop_percent = 4;
