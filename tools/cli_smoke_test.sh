@@ -68,7 +68,51 @@ case "$CASE" in
     check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['transport'] == 'shm'" \
       "$FERRY" bench --transport shm --operation mixed --block-size 64K --batch-size 16 --duration 0.5 --json --verify --no-baseline ;;
   metadata_server)
-    expect_status 1 "$FERRY" metadata-server ;;
+    # The real server on a free port: PUT, GET, DELETE, then SIGTERM -> exit 0.
+    expect_status 2 "$FERRY" metadata-server
+    if ! "$FERRY" metadata-server --help | grep -q -- '--ttl-ms'; then fail "help names no --ttl-ms"; fi
+    log=/tmp/ferry_smoke_ms.$$
+    "$FERRY" metadata-server --port 0 --ttl-ms 0 >"$log" 2>&1 &
+    pid=$!
+    port=""
+    for _ in $(seq 100); do
+      port=$(sed -n 's/^metadata-server listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$log")
+      [ -n "$port" ] && break
+      kill -0 $pid 2>/dev/null || break
+      sleep 0.1
+    done
+    if [ -z "$port" ]; then cat "$log"; kill -9 $pid 2>/dev/null; rm -f "$log"; fail "no 'listening on' line"; fi
+    url="http://127.0.0.1:$port/metadata?key=smoke/k1"
+    $PY - "$url" <<'PYEOF' || { kill -9 $pid 2>/dev/null; rm -f "$log"; fail "HTTP checks failed"; }
+import sys, urllib.request, urllib.error
+url = sys.argv[1]
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy for 127.0.0.1
+def call(method, data=None):
+    req = urllib.request.Request(url, data=data, method=method)
+    try:
+        with opener.open(req, timeout=10) as r:
+            return r.status, r.read(), r.headers.get("X-Ferry-TTL-Ms")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), None
+assert call("GET")[0] == 404, "GET of a missing key"
+s, _, ttl = call("PUT", b"value-1")
+assert s == 200 and ttl == "0", (s, ttl)
+assert call("GET")[:2] == (200, b"value-1")
+assert call("POST", b"x")[0] == 405
+assert call("DELETE")[0] == 200
+assert call("GET")[0] == 404, "GET after DELETE"
+assert call("DELETE")[0] == 404
+print("metadata-server: PUT/GET/DELETE ok")
+PYEOF
+    kill -TERM $pid
+    rc=""
+    for _ in $(seq 100); do
+      kill -0 $pid 2>/dev/null || { wait $pid; rc=$?; break; }
+      sleep 0.1
+    done
+    cat "$log"; rm -f "$log"
+    if [ -z "$rc" ]; then kill -9 $pid 2>/dev/null; fail "server still running 10 s after SIGTERM"; fi
+    [ "$rc" -eq 0 ] || fail "server exited $rc after SIGTERM" ;;
   bench_write_verify)
     # The default run: auto picks shm for the target process it starts (tcp where
     # this machine refuses same-host copies).

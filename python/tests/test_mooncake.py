@@ -145,7 +145,7 @@ def test_initialize_rdma_without_rdma_runs_over_tcp_or_local():
 
 
 @pytest.mark.parametrize("metadata", ["etcd://127.0.0.1:2379", "127.0.0.1:2379",
-                                      "redis://127.0.0.1:6379", "http://127.0.0.1:8080/metadata"])
+                                      "redis://127.0.0.1:6379"])
 def test_metadata_servers_are_not_implemented_yet(metadata):
     e = mc.TransferEngine()
     assert e.initialize("127.0.0.1", metadata, "tcp", "") == -1
@@ -153,6 +153,14 @@ def test_metadata_servers_are_not_implemented_yet(metadata):
     assert e.get_rpc_port() == -1
     assert e.initialize_ext("127.0.0.1", "127.0.0.1:6379", "tcp", "", "redis") == -1
     assert "redis://127.0.0.1:6379" in e.last_error()
+
+
+def test_an_unreachable_http_metadata_server_fails_initialize_with_the_reason():
+    e = mc.TransferEngine()
+    port = free_port()  # nothing listens there
+    assert e.initialize("127.0.0.1", f"http://127.0.0.1:{port}/metadata", "tcp", "") == -1
+    assert "UNAVAILABLE" in e.last_error() and f"127.0.0.1:{port}" in e.last_error()
+    assert e.get_rpc_port() == -1
 
 
 def test_bad_initialize_arguments():

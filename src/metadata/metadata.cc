@@ -12,6 +12,14 @@ StatusOr<std::unique_ptr<MetadataStore>> MakeMetadataStore(std::string_view url,
     }
     return MakeMemoryStore(cluster);
   }
+  if (url.substr(0, 7) == "http://" || url.substr(0, 8) == "https://") {
+#ifdef FERRY_HAVE_HTTP_METADATA
+    return MakeHttpStore(url);
+#else
+    return UnimplementedError("metadata '" + std::string(url) +
+                              "': this build has no HTTP metadata client (install libcpp-httplib-dev)");
+#endif
+  }
   return UnimplementedError("metadata '" + std::string(url) +
                             "' is not supported by this build yet; use \"P2PHANDSHAKE\" (no server)");
 }

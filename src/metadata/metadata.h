@@ -8,7 +8,11 @@
 //  - "memory://CLUSTER" (src/metadata/memory/): engines of one process share
 //    a store by cluster name, with watches — for tests of the seam and for
 //    single-process deployments.
-//  - Services (etcd, Redis, HTTP) implement the same interface in their own
+//  - "http://HOST:PORT/PATH" (src/metadata/http/): a REST key-value service
+//    (`ferry metadata-server`): GET/PUT/DELETE PATH?key=ferry/segments/NAME.
+//    Entries expire unless refreshed, so a crashed engine's name frees
+//    itself; watches poll.
+//  - Other services (etcd, Redis) implement the same interface in their own
 //    folders.
 // Implementations are thread-safe.
 #pragma once
@@ -64,5 +68,9 @@ StatusOr<std::unique_ptr<MetadataStore>> MakeMetadataStore(std::string_view url,
 // Each store's factory (metadata.cc dispatches on the scheme).
 StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(const MetadataContext& ctx);
 StatusOr<std::unique_ptr<MetadataStore>> MakeMemoryStore(std::string_view cluster);
+// `url` is the whole connection string ("http://HOST[:PORT][/PATH]");
+// kInvalidArgument naming it when it is malformed. Only in builds with
+// cpp-httplib (FERRY_HAVE_HTTP_METADATA).
+StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url);
 
 }  // namespace ferry::internal

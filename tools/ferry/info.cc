@@ -1,4 +1,4 @@
-// `ferry info` and `ferry metadata-server`.
+// `ferry info`.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -58,13 +58,6 @@ version, transports, features, wire versions, and every effective option.
 
   --json      one JSON object
   --version   print only the version
-)";
-
-constexpr const char* kMetadataHelp = R"(Usage: ferry metadata-server
-
-A metadata service that lets many engines find each other by name. Not
-available yet: engines meet with the embedded peer-to-peer handshake
-(EngineOptions.metadata = "P2PHANDSHAKE"), which needs no server.
 )";
 
 std::string Join(const std::vector<std::string>& v) {
@@ -209,7 +202,7 @@ int InfoMain(const std::vector<std::string>& args) {
             << "transports         " << Join(caps.transports) << "   (preferred first)\n"
             << RegistryLines(registry)
             << "features           " << Join(caps.features) << "\n"
-            << "metadata           " << o.metadata << " (also memory://NAME within one process; etcd, Redis, HTTP: not yet)\n"
+            << "metadata           " << o.metadata << " (also http://HOST:PORT/PATH with ferry metadata-server, memory://NAME within one process; etcd, Redis: not yet)\n"
             << "\neffective options (defaults overlaid with FERRY_* from the environment):\n"
             << "  local_name          " << (o.local_name.empty() ? "(the peer id)" : o.local_name)
             << "   [this probe: " << (*engine)->LocalName() << "]\n"
@@ -227,18 +220,6 @@ int InfoMain(const std::vector<std::string>& args) {
             << SameHostCopyProbe(registry) << "\n"
             << "  RLIMIT_MEMLOCK      " << MemlockSoft() << " (for pinning transports, later)\n";
   return 0;
-}
-
-int MetadataServerMain(const std::vector<std::string>& args) {
-  FlagParser p("metadata-server");
-  if (p.Parse(args)) {
-    std::cout << kMetadataHelp;
-    return 0;
-  }
-  std::cerr << "ferry metadata-server: not available yet. Engines meet with the embedded "
-               "peer-to-peer handshake (EngineOptions.metadata = \"P2PHANDSHAKE\"); no server "
-               "is needed.\n";
-  return 1;
 }
 
 }  // namespace ferry::cli

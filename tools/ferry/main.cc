@@ -16,7 +16,7 @@ Commands:
   bench             measure Ferry against plain sockets and memcpy (no flags: a
                     short standard run on 127.0.0.1)
   info              version, transports, capabilities, wire versions, settings
-  metadata-server   a metadata service for many engines (not available yet)
+  metadata-server   a small HTTP key-value metadata service for many engines
 
 Run 'ferry COMMAND --help' for the flags of a command.
 )";

@@ -1,0 +1,403 @@
+// "http://HOST[:PORT][/PATH]" (PATH default /metadata): descriptors in a REST
+// key-value service such as `ferry metadata-server`, under the key
+// ferry/segments/<engine name>, as wire::EncodeDescriptor bytes (format 2):
+//
+//   GET    PATH?key=K   200 + value | 404
+//   PUT    PATH?key=K   stores the body; the server may answer with
+//                       X-Ferry-TTL-Ms: T (entries expire T ms after their
+//                       last PUT)
+//   DELETE PATH?key=K   200 | 404
+//
+// Publishing a name the first time checks that no live entry of another
+// instance holds it (there is no compare-and-set in the protocol: two engines
+// claiming one name in the same instant can both win). A refresh thread
+// re-PUTs what this store published every T/3, so a crashed engine's entry
+// expires and its name frees itself. Watches poll every name Fetch returned.
+// Values read from the service are untrusted: anything that does not decode
+// is kDataLoss, never a crash.
+#include <httplib.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+#include "metadata/metadata.h"
+
+namespace ferry::internal {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr size_t kMaxValue = size_t{16} << 20;  // as `ferry metadata-server` accepts
+constexpr milliseconds kWriteTimeout{3000};     // Publish, Remove: no deadline is given
+constexpr milliseconds kPollInterval{500};
+constexpr milliseconds kPollTimeout{1000};
+constexpr milliseconds kMaxRefreshTimeout{2000};
+constexpr std::string_view kKeyPrefix = "ferry/segments/";
+
+struct Url {
+  std::string text;  // as given
+  std::string host;
+  int port = 80;
+  std::string path = "/metadata";
+};
+
+bool AllDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+StatusOr<Url> ParseUrl(std::string_view text) {
+  Url u;
+  u.text = std::string(text);
+  const auto bad = [&](const std::string& why) {
+    return InvalidArgumentError("metadata '" + u.text + "': " + why +
+                                " (expected http://HOST[:PORT][/PATH], e.g. http://10.0.0.1:8080/metadata)");
+  };
+  if (text.substr(0, 8) == "https://") return bad("https is not supported; use http://");
+  if (text.substr(0, 7) != "http://") return bad("not an http:// URL");
+  std::string_view rest = text.substr(7);
+  if (rest.find_first_of("?#") != std::string_view::npos) return bad("a query or fragment is not allowed");
+  const size_t slash = rest.find('/');
+  std::string_view authority = rest.substr(0, slash);
+  if (slash != std::string_view::npos) u.path = std::string(rest.substr(slash));
+  if (u.path.empty()) u.path = "/metadata";
+  if (authority.find('@') != std::string_view::npos) return bad("user information is not supported");
+  std::string_view port;
+  bool has_port = false;
+  if (!authority.empty() && authority.front() == '[') {
+    const size_t close = authority.find(']');
+    if (close == std::string_view::npos) return bad("unterminated [IPv6 address]");
+    u.host = std::string(authority.substr(1, close - 1));
+    std::string_view after = authority.substr(close + 1);
+    if (!after.empty()) {
+      if (after.front() != ':') return bad("junk after ]");
+      port = after.substr(1);
+      has_port = true;
+    }
+  } else {
+    const size_t colon = authority.rfind(':');
+    u.host = std::string(authority.substr(0, colon));
+    if (colon != std::string_view::npos) {
+      port = authority.substr(colon + 1);
+      has_port = true;
+    }
+  }
+  if (u.host.empty()) return bad("no host");
+  if (has_port) {
+    if (!AllDigits(port) || port.size() > 5 || std::atoi(std::string(port).c_str()) < 1 ||
+        std::atoi(std::string(port).c_str()) > 65535) {
+      return bad("bad port '" + std::string(port) + "'");
+    }
+    u.port = std::atoi(std::string(port).c_str());
+  }
+  return u;
+}
+
+std::string QueryEscape(std::string_view s) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
+        c == '_' || c == '~' || c == '/') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+// One answer of the service, or why there was none.
+struct Reply {
+  std::string error;  // non-empty: no answer (unreachable, timed out, too large)
+  int status = 0;
+  std::string body;
+  std::string ttl;  // X-Ferry-TTL-Ms, if any
+};
+
+class HttpStore : public MetadataStore {
+ public:
+  explicit HttpStore(Url url) : url_(std::move(url)) {}
+
+  ~HttpStore() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (refresher_.joinable()) refresher_.join();
+    if (poller_.joinable()) poller_.join();
+  }
+
+  Status Publish(const wire::PeerDescriptor& self) override {
+    std::string bytes;
+    wire::EncodeDescriptor(self, &bytes, wire::kDescriptorFormatMax);
+    const std::string key = Key(self.engine_name);
+    std::lock_guard<std::mutex> write(write_mu_);
+    bool claimed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      claimed = claimed_.count(self.engine_name) > 0;
+    }
+    if (!claimed) {
+      Reply r = Call("GET", key, "", kWriteTimeout);
+      if (!r.error.empty()) return Unreachable("GET", key, r.error);
+      if (r.status == 200) {
+        auto holder = wire::DecodeDescriptor(r.body);
+        if (!holder.ok()) {
+          return AlreadyExistsError("segment name '" + self.engine_name + "' is taken in the metadata service at " +
+                                    url_.text + " by a value that is not a descriptor this build reads (key '" +
+                                    key + "': " + holder.status().message() + ")");
+        }
+        if (holder->instance_id != self.instance_id) {
+          return AlreadyExistsError("segment name '" + self.engine_name + "' is held by engine " + holder->peer_id +
+                                    " (instance " + std::to_string(holder->instance_id) +
+                                    ") in the metadata service at " + url_.text);
+        }
+      } else if (r.status != 404) {
+        return Answered("GET", key, r);
+      }
+    }
+    Reply r = Call("PUT", key, bytes, kWriteTimeout);
+    if (!r.error.empty()) return Unreachable("PUT", key, r.error);
+    if (r.status != 200) return Answered("PUT", key, r);
+    milliseconds ttl{0};
+    if (AllDigits(r.ttl) && r.ttl.size() < 12) ttl = milliseconds(std::strtoull(r.ttl.c_str(), nullptr, 10));
+    std::lock_guard<std::mutex> lock(mu_);
+    claimed_.insert(self.engine_name);
+    published_[self.engine_name] = std::move(bytes);
+    ttl_ = ttl;
+    if (ttl_.count() > 0 && !refresher_.joinable()) refresher_ = std::thread([this] { RefreshLoop(); });
+    cv_.notify_all();  // a changed TTL takes effect now
+    return OkStatus();
+  }
+
+  StatusOr<wire::PeerDescriptor> Fetch(std::string_view name, const wire::PeerDescriptor&,
+                                       Clock::time_point deadline) override {
+    const std::string key = Key(name);
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      return UnavailableError("no time left to ask the metadata service at " + url_.text + " for segment '" +
+                              std::string(name) + "'");
+    }
+    Reply r = Call("GET", key, "", left);
+    if (!r.error.empty()) {
+      return UnavailableError("cannot reach the metadata service at " + url_.text + " for segment '" +
+                              std::string(name) + "': " + r.error);
+    }
+    if (r.status == 404) {
+      return UnavailableError("no segment '" + std::string(name) + "' in the metadata service at " + url_.text);
+    }
+    if (r.status != 200) return Answered("GET", key, r);
+    auto desc = wire::DecodeDescriptor(r.body);
+    if (!desc.ok()) {
+      return DataLossError("the value under key '" + key + "' in the metadata service at " + url_.text +
+                           " is not a descriptor: " + desc.status().message());
+    }
+    if (desc->engine_name != name) {
+      return DataLossError("the value under key '" + key + "' in the metadata service at " + url_.text +
+                           " is the descriptor of engine '" + desc->engine_name + "'");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    watched_[std::string(name)] = std::move(r.body);
+    return desc;
+  }
+
+  Status Remove(std::string_view name) override {
+    const std::string key = Key(name);
+    std::lock_guard<std::mutex> write(write_mu_);  // no refresh PUT overtakes the DELETE
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      claimed_.erase(std::string(name));
+      if (published_.erase(std::string(name)) == 0) {
+        return NotFoundError("this engine published no segment '" + std::string(name) + "'");
+      }
+    }
+    Reply r = Call("DELETE", key, "", kWriteTimeout);
+    if (!r.error.empty()) return Unreachable("DELETE", key, r.error);
+    if (r.status != 200 && r.status != 404) return Answered("DELETE", key, r);
+    return OkStatus();
+  }
+
+  Status Watch(ChangeCallback on_change) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (poller_.joinable()) return FailedPreconditionError("this store is already watched");
+    callback_ = std::move(on_change);
+    poller_ = std::thread([this] { PollLoop(); });
+    return OkStatus();
+  }
+
+ private:
+  static std::string Key(std::string_view name) { return std::string(kKeyPrefix) + std::string(name); }
+
+  Status Unreachable(const char* method, const std::string& key, const std::string& error) const {
+    return UnavailableError("cannot reach the metadata service at " + url_.text + " (" + method + " " + key +
+                            "): " + error);
+  }
+  Status Answered(const char* method, const std::string& key, const Reply& r) const {
+    std::string body = r.body.substr(0, 200);
+    while (!body.empty() && (body.back() == '\n' || body.back() == '\r')) body.pop_back();
+    return UnavailableError("the metadata service at " + url_.text + " answered " + method + " " + key +
+                            " with status " + std::to_string(r.status) + (body.empty() ? "" : ": " + body));
+  }
+
+  // One request on a connection of its own (the store's threads never share
+  // a client), every wait bounded by `timeout`.
+  Reply Call(const std::string& method, const std::string& key, const std::string& body,
+             milliseconds timeout) const {
+    Reply out;
+    try {
+      httplib::Client client(url_.host, url_.port);
+      const auto ms = std::max<int64_t>(timeout.count(), 1);
+      const time_t sec = static_cast<time_t>(ms / 1000);
+      const time_t usec = static_cast<time_t>((ms % 1000) * 1000);
+      client.set_connection_timeout(sec, usec);
+      client.set_read_timeout(sec, usec);
+      client.set_write_timeout(sec, usec);
+      client.set_keep_alive(false);
+      const std::string target = url_.path + "?key=" + QueryEscape(key);
+      httplib::Result res{nullptr, httplib::Error::Unknown};
+      bool too_large = false;
+      if (method == "GET") {
+        res = client.Get(target, httplib::Headers{}, [&](const char* data, size_t n) {
+          if (out.body.size() + n > kMaxValue) {
+            too_large = true;
+            return false;
+          }
+          out.body.append(data, n);
+          return true;
+        });
+      } else if (method == "PUT") {
+        res = client.Put(target, body, "application/octet-stream");
+      } else {
+        res = client.Delete(target);
+      }
+      if (too_large) {
+        out.error = "the value under key '" + key + "' is larger than 16 MiB";
+        return out;
+      }
+      if (!res) {
+        switch (res.error()) {
+          case httplib::Error::Connection: out.error = "cannot connect (refused or unreachable)"; break;
+          case httplib::Error::ConnectionTimeout: out.error = "connect timed out"; break;
+          case httplib::Error::Read: out.error = "no answer in time (read failed or timed out)"; break;
+          default: out.error = "HTTP error " + httplib::to_string(res.error()); break;
+        }
+        return out;
+      }
+      out.status = res->status;
+      if (method != "GET") out.body = res->body;
+      out.ttl = res->get_header_value("X-Ferry-TTL-Ms");
+    } catch (const std::exception& e) {
+      out.error = e.what();
+    }
+    if (out.error.empty() && out.status == 0) out.error = "no answer";
+    return out;
+  }
+
+  void RefreshLoop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    bool failing = false;
+    while (!stopping_) {
+      const milliseconds interval = std::max(ttl_ / 3, milliseconds(10));
+      cv_.wait_for(lock, interval, [&] { return stopping_; });
+      if (stopping_ || ttl_.count() == 0) break;
+      const milliseconds timeout = std::clamp(ttl_ / 3, milliseconds(100), kMaxRefreshTimeout);
+      std::vector<std::string> names;
+      for (const auto& [name, bytes] : published_) names.push_back(name);
+      lock.unlock();
+      {
+        std::lock_guard<std::mutex> write(write_mu_);
+        for (const auto& name : names) {
+          std::string bytes;
+          {
+            std::lock_guard<std::mutex> l(mu_);
+            if (stopping_) break;
+            auto it = published_.find(name);
+            if (it == published_.end()) continue;  // removed meanwhile
+            bytes = it->second;
+          }
+          Reply r = Call("PUT", Key(name), bytes, timeout);
+          const bool ok = r.error.empty() && r.status == 200;
+          if (!ok && !failing) {
+            FERRY_LOG(kWarning, "cannot refresh segment " << name << " in the metadata service at " << url_.text
+                                                          << ": "
+                                                          << (r.error.empty() ? "status " + std::to_string(r.status)
+                                                                              : r.error)
+                                                          << "; it expires unless a refresh gets through");
+          }
+          failing = !ok;
+        }
+      }
+      lock.lock();
+    }
+  }
+
+  void PollLoop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      cv_.wait_for(lock, kPollInterval, [&] { return stopping_; });
+      if (stopping_) break;
+      std::vector<std::pair<std::string, std::optional<std::string>>> seen(watched_.begin(), watched_.end());
+      lock.unlock();
+      std::vector<std::string> changed;
+      for (auto& [name, last] : seen) {
+        if (StopRequested()) break;
+        Reply r = Call("GET", Key(name), "", kPollTimeout);
+        std::optional<std::string> now;
+        if (!r.error.empty()) continue;  // unreachable: nothing known
+        if (r.status == 200) {
+          now = std::move(r.body);
+        } else if (r.status != 404) {
+          continue;
+        }
+        if (now == last) continue;
+        std::lock_guard<std::mutex> l(mu_);
+        auto it = watched_.find(name);
+        if (it == watched_.end() || it->second != last) continue;  // Fetch saw newer bytes meanwhile
+        it->second = std::move(now);
+        changed.push_back(name);
+      }
+      for (const auto& name : changed) {
+        if (StopRequested()) break;
+        callback_(name);  // must not block (the engine only marks the segment)
+      }
+      lock.lock();
+    }
+  }
+
+  bool StopRequested() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopping_;
+  }
+
+  const Url url_;
+  std::mutex write_mu_;  // one PUT or DELETE of this store's entries at a time; taken before mu_
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                                      // guarded by mu_
+  milliseconds ttl_{0};                                        // guarded by mu_
+  std::set<std::string> claimed_;                              // names checked free once; guarded by mu_
+  std::map<std::string, std::string> published_;               // name -> bytes to refresh; guarded by mu_
+  std::map<std::string, std::optional<std::string>> watched_;  // name -> bytes last seen; guarded by mu_
+  ChangeCallback callback_;  // set before poller_ starts
+  std::thread refresher_, poller_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url) {
+  FERRY_ASSIGN_OR_RETURN(Url u, ParseUrl(url));
+  return std::unique_ptr<MetadataStore>(std::make_unique<HttpStore>(std::move(u)));
+}
+
+}  // namespace ferry::internal
