@@ -3,6 +3,7 @@
 
 #include "ferry/engine.h"
 #include "ferry/limits.h"
+#include "ferry/metadata.h"
 #include "ferry/options.h"
 #include "ferry/status.h"
 #include "ferry/transports.h"

@@ -24,9 +24,19 @@ struct EngineOptions {
   // 0 = pick a free port. See Engine::RpcPort().
   uint16_t listen_port = 0;
 
-  // "P2PHANDSHAKE": no metadata server; peers exchange descriptors directly
-  // on the rpc port. Other services come later.
+  // Where engines publish their descriptors and find each other by name:
+  // "P2PHANDSHAKE" (no server: peers are named HOST:PORT and exchange
+  // descriptors on the rpc port), "etcd://H:P[,H:P...]" or a bare "H:P"
+  // (etcd), "redis://[USER:PASS@]H:P[/DB]", "http://H:P[/PATH]" (`ferry
+  // metadata-server`), "memory://NAME" (engines of one process).
+  // ferry::ListMetadataBackends() says which this build has.
   std::string metadata = "P2PHANDSHAKE";
+  // etcd and Redis: this engine's entries live this long unless refreshed
+  // (every third of it), so a crashed engine's name frees itself.
+  std::chrono::milliseconds metadata_ttl{10000};
+  // Keys live under "<metadata_cluster>/segments/<name>": clusters sharing
+  // one service keep apart by this prefix. Letters, digits, '.', '_', '-'.
+  std::string metadata_cluster = "ferry";
 
   // "auto" picks by locality and capability: local within a process, shm
   // for another process on this host (falling back to tcp if it cannot

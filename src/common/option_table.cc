@@ -91,6 +91,22 @@ constexpr Row AtLeastOption(Row r, std::string_view option) {
 
 // In the order of the fields of EngineOptions.
 constexpr Row kRows[] = {
+    {.name = "metadata",
+     .variable = "FERRY_METADATA",
+     .meaning = "where engines publish descriptors and find each other by name",
+     .values = "P2PHANDSHAKE, etcd://H:P[,H:P...] (or H:P), redis://[USER:PASS@]H:P[/DB], http://H:P[/PATH], "
+               "memory://NAME",
+     .get_string = [](const EngineOptions& o) -> const std::string& { return o.metadata; },
+     .set_string = [](EngineOptions& o, std::string_view v) { o.metadata = v; }},
+    Integer<&EngineOptions::metadata_ttl>(
+        "metadata_ttl", "FERRY_METADATA_TTL_MS", "ms", 1000, kDayMs,
+        "etcd and Redis: entries expire this long after their last refresh (refreshed every third of it)"),
+    {.name = "metadata_cluster",
+     .variable = "FERRY_METADATA_CLUSTER",
+     .meaning = "keys live under <metadata_cluster>/segments/<name> in the metadata service",
+     .values = "letters, digits, '.', '_', '-'",
+     .get_string = [](const EngineOptions& o) -> const std::string& { return o.metadata_cluster; },
+     .set_string = [](EngineOptions& o, std::string_view v) { o.metadata_cluster = v; }},
     {.name = "transport",
      .variable = "FERRY_TRANSPORT",
      .meaning = "auto picks by locality and capability: local in this process, shm on this host "

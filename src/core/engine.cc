@@ -397,6 +397,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   internal::MetadataContext mctx;
   mctx.rpc_openers = &impl->transports->rpc_openers();
   mctx.descriptor_format_max = impl->descriptor_format_max;
+  mctx.cluster = options.metadata_cluster;
+  mctx.ttl = options.metadata_ttl;
+  mctx.timeout = options.connect_timeout;
   FERRY_ASSIGN_OR_RETURN(impl->metadata, internal::MakeMetadataStore(options.metadata, mctx));
   FERRY_RETURN_IF_ERROR(impl->Republish());
   Impl* raw = impl.get();  // the store (and its watch) dies in ~Impl before raw

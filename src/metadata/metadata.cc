@@ -1,27 +1,128 @@
+// Picks the store for a connection string. One table says which backends
+// exist, how their strings look and whether this build has them.
 #include "metadata/metadata.h"
 
+#include <algorithm>
+
+#include "ferry/metadata.h"
+#include "metadata/entries.h"
+
 namespace ferry::internal {
+namespace {
+
+bool StartsWith(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+// A bare "HOST:PORT[,HOST:PORT...]" (Mooncake's way of naming etcd): no
+// scheme, and every item ends in ":digits".
+bool IsBareEndpointList(std::string_view url) {
+  if (url.empty() || url.find("://") != std::string_view::npos) return false;
+  size_t start = 0;
+  while (start <= url.size()) {
+    size_t comma = url.find(',', start);
+    if (comma == std::string_view::npos) comma = url.size();
+    const std::string_view item = url.substr(start, comma - start);
+    const size_t colon = item.rfind(':');
+    if (colon == std::string_view::npos || colon == 0 || colon + 1 == item.size()) return false;
+    if (!std::all_of(item.begin() + static_cast<std::ptrdiff_t>(colon) + 1, item.end(),
+                     [](char c) { return c >= '0' && c <= '9'; })) {
+      return false;
+    }
+    start = comma + 1;
+  }
+  return true;
+}
+
+struct Backend {
+  const char* name;
+  const char* form;
+  const char* description;
+  bool built;
+  const char* missing;
+};
+
+constexpr Backend kBackends[] = {
+    {"p2p", "P2PHANDSHAKE", "no server: peers are named HOST:PORT and asked for their descriptor", true, ""},
+    {"memory", "memory://CLUSTER", "engines of one process share a store (tests, single-process use)", true, ""},
+    {"http", "http://HOST:PORT[/PATH]", "a REST key-value service such as `ferry metadata-server`",
+#ifdef FERRY_HAVE_HTTP_METADATA
+     true, ""},
+#else
+     false, "libcpp-httplib-dev"},
+#endif
+    {"etcd", "etcd://HOST:PORT[,HOST:PORT...] or HOST:PORT", "etcd v3 (JSON gateway): leases, watches, fail-over",
+#ifdef FERRY_HAVE_ETCD_METADATA
+     true, ""},
+#else
+     false, "libcpp-httplib-dev and nlohmann-json3-dev"},
+#endif
+    {"redis", "redis://[USER:PASSWORD@]HOST:PORT[/DB]", "Redis: keys with a TTL, change polling",
+#ifdef FERRY_HAVE_REDIS_METADATA
+     true, ""},
+#else
+     false, "libhiredis-dev"},
+#endif
+};
+
+const Backend* Find(std::string_view name) {
+  for (const Backend& b : kBackends) {
+    if (name == b.name) return &b;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string_view MetadataBackendName(std::string_view url) {
+  if (url.empty() || url == "P2PHANDSHAKE") return "p2p";
+  if (StartsWith(url, "memory://")) return "memory";
+  if (StartsWith(url, "http://") || StartsWith(url, "https://")) return "http";
+  if (StartsWith(url, "etcd://") || IsBareEndpointList(url)) return "etcd";
+  if (StartsWith(url, "redis://") || StartsWith(url, "rediss://")) return "redis";
+  return "";
+}
 
 StatusOr<std::unique_ptr<MetadataStore>> MakeMetadataStore(std::string_view url, const MetadataContext& ctx) {
-  if (url.empty() || url == "P2PHANDSHAKE") return MakeP2PStore(ctx);
-  constexpr std::string_view kMemory = "memory://";
-  if (url.substr(0, kMemory.size()) == kMemory) {
-    const std::string_view cluster = url.substr(kMemory.size());
-    if (cluster.empty()) {
-      return InvalidArgumentError("metadata '" + std::string(url) + "' names no cluster (memory://NAME)");
-    }
+  const std::string text(url);
+  const std::string_view name = MetadataBackendName(url);
+  if (name.empty()) {
+    std::string forms;
+    for (const Backend& b : kBackends) forms += std::string(forms.empty() ? "" : ", ") + b.form;
+    return InvalidArgumentError("metadata '" + text + "': unknown kind of connection string (one of: " + forms + ")");
+  }
+  const Backend* backend = Find(name);
+  if (!backend->built) {
+    return UnimplementedError("metadata '" + text + "': this build has no " + backend->name +
+                              " metadata client (install " + backend->missing + " and rebuild)");
+  }
+  if (name == "p2p") return MakeP2PStore(ctx);
+  FERRY_RETURN_IF_ERROR(CheckClusterName(ctx.cluster));
+  if (name == "memory") {
+    const std::string_view cluster = url.substr(std::string_view("memory://").size());
+    if (cluster.empty()) return InvalidArgumentError("metadata '" + text + "' names no cluster (memory://NAME)");
     return MakeMemoryStore(cluster);
   }
-  if (url.substr(0, 7) == "http://" || url.substr(0, 8) == "https://") {
 #ifdef FERRY_HAVE_HTTP_METADATA
-    return MakeHttpStore(url);
-#else
-    return UnimplementedError("metadata '" + std::string(url) +
-                              "': this build has no HTTP metadata client (install libcpp-httplib-dev)");
+  if (name == "http") return MakeHttpStore(url, ctx);
 #endif
-  }
-  return UnimplementedError("metadata '" + std::string(url) +
-                            "' is not supported by this build yet; use \"P2PHANDSHAKE\" (no server)");
+#ifdef FERRY_HAVE_ETCD_METADATA
+  if (name == "etcd") return MakeEtcdStore(url, ctx);
+#endif
+#ifdef FERRY_HAVE_REDIS_METADATA
+  if (name == "redis") return MakeRedisStore(url, ctx);
+#endif
+  return UnimplementedError("metadata '" + text + "': the " + backend->name + " backend is not linked in");
 }
 
 }  // namespace ferry::internal
+
+namespace ferry {
+
+std::vector<MetadataBackendInfo> ListMetadataBackends() {
+  std::vector<MetadataBackendInfo> out;
+  for (const auto& b : internal::kBackends) out.push_back({b.name, b.form, b.description, b.built, b.missing});
+  return out;
+}
+
+std::string MetadataBackendOf(const std::string& url) { return std::string(internal::MetadataBackendName(url)); }
+
+}  // namespace ferry

@@ -12,8 +12,11 @@
 //    (`ferry metadata-server`): GET/PUT/DELETE PATH?key=ferry/segments/NAME.
 //    Entries expire unless refreshed, so a crashed engine's name frees
 //    itself; watches poll.
-//  - Other services (etcd, Redis) implement the same interface in their own
-//    folders.
+//  - "etcd://H:P[,H:P...]" or a bare "H:P" (src/metadata/etcd/): etcd v3
+//    through its JSON gateway; entries under a lease kept alive, a watch
+//    on the prefix, fail-over between endpoints.
+//  - "redis://[USER:PASS@]H:P[/DB]" (src/metadata/redis/): keys with a TTL
+//    the store refreshes; watches poll.
 // Implementations are thread-safe.
 #pragma once
 
@@ -59,11 +62,22 @@ struct MetadataContext {
   stream::FirstFrames* rpc_openers = nullptr;
   // Highest descriptor format this engine writes (tests play older builds).
   uint16_t descriptor_format_max = wire::kDescriptorFormatMax;
+  // Key prefix (metadata/entries.h): EngineOptions::metadata_cluster.
+  std::string cluster = "ferry";
+  // Stores with leases or TTLs (etcd, Redis): EngineOptions::metadata_ttl.
+  std::chrono::milliseconds ttl{10000};
+  // Bounds every call to the service that has no deadline of its own
+  // (Publish, Remove): EngineOptions::connect_timeout.
+  std::chrono::milliseconds timeout{5000};
 };
 
 // kInvalidArgument for a malformed or unknown connection string,
 // kUnimplemented for services this build does not support yet.
 StatusOr<std::unique_ptr<MetadataStore>> MakeMetadataStore(std::string_view url, const MetadataContext& ctx);
+
+// "p2p", "memory", "http", "etcd", "redis", or "" for a string no backend
+// takes (metadata.cc).
+std::string_view MetadataBackendName(std::string_view url);
 
 // Each store's factory (metadata.cc dispatches on the scheme).
 StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(const MetadataContext& ctx);
@@ -71,6 +85,10 @@ StatusOr<std::unique_ptr<MetadataStore>> MakeMemoryStore(std::string_view cluste
 // `url` is the whole connection string ("http://HOST[:PORT][/PATH]");
 // kInvalidArgument naming it when it is malformed. Only in builds with
 // cpp-httplib (FERRY_HAVE_HTTP_METADATA).
-StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url);
+StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url, const MetadataContext& ctx);
+// "etcd://H:P[,H:P...]" or "H:P[,H:P...]" (FERRY_HAVE_ETCD_METADATA).
+StatusOr<std::unique_ptr<MetadataStore>> MakeEtcdStore(std::string_view url, const MetadataContext& ctx);
+// "redis://[USER:PASS@]H:P[/DB]" (FERRY_HAVE_REDIS_METADATA).
+StatusOr<std::unique_ptr<MetadataStore>> MakeRedisStore(std::string_view url, const MetadataContext& ctx);
 
 }  // namespace ferry::internal

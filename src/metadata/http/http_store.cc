@@ -1,6 +1,6 @@
 // "http://HOST[:PORT][/PATH]" (PATH default /metadata): descriptors in a REST
-// key-value service such as `ferry metadata-server`, under the key
-// ferry/segments/<engine name>, as wire::EncodeDescriptor bytes (format 2):
+// key-value service such as `ferry metadata-server`, under the keys of
+// metadata/entries.h (<cluster>/segments/<engine name>):
 //
 //   GET    PATH?key=K   200 + value | 404
 //   PUT    PATH?key=K   stores the body; the server may answer with
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "metadata/entries.h"
 #include "metadata/metadata.h"
 
 namespace ferry::internal {
@@ -36,11 +37,9 @@ namespace {
 using std::chrono::milliseconds;
 
 constexpr size_t kMaxValue = size_t{16} << 20;  // as `ferry metadata-server` accepts
-constexpr milliseconds kWriteTimeout{3000};     // Publish, Remove: no deadline is given
 constexpr milliseconds kPollInterval{500};
 constexpr milliseconds kPollTimeout{1000};
 constexpr milliseconds kMaxRefreshTimeout{2000};
-constexpr std::string_view kKeyPrefix = "ferry/segments/";
 
 struct Url {
   std::string text;  // as given
@@ -126,7 +125,9 @@ struct Reply {
 
 class HttpStore : public MetadataStore {
  public:
-  explicit HttpStore(Url url) : url_(std::move(url)) {}
+  HttpStore(Url url, const MetadataContext& ctx)
+      : url_(std::move(url)), where_("the metadata service at " + url_.text), cluster_(ctx.cluster),
+        write_timeout_(ctx.timeout) {}
 
   ~HttpStore() override {
     {
@@ -149,25 +150,15 @@ class HttpStore : public MetadataStore {
       claimed = claimed_.count(self.engine_name) > 0;
     }
     if (!claimed) {
-      Reply r = Call("GET", key, "", kWriteTimeout);
+      Reply r = Call("GET", key, "", write_timeout_);
       if (!r.error.empty()) return Unreachable("GET", key, r.error);
       if (r.status == 200) {
-        auto holder = wire::DecodeDescriptor(r.body);
-        if (!holder.ok()) {
-          return AlreadyExistsError("segment name '" + self.engine_name + "' is taken in the metadata service at " +
-                                    url_.text + " by a value that is not a descriptor this build reads (key '" +
-                                    key + "': " + holder.status().message() + ")");
-        }
-        if (holder->instance_id != self.instance_id) {
-          return AlreadyExistsError("segment name '" + self.engine_name + "' is held by engine " + holder->peer_id +
-                                    " (instance " + std::to_string(holder->instance_id) +
-                                    ") in the metadata service at " + url_.text);
-        }
+        FERRY_RETURN_IF_ERROR(CheckClaim(self, key, r.body, where_));
       } else if (r.status != 404) {
         return Answered("GET", key, r);
       }
     }
-    Reply r = Call("PUT", key, bytes, kWriteTimeout);
+    Reply r = Call("PUT", key, bytes, write_timeout_);
     if (!r.error.empty()) return Unreachable("PUT", key, r.error);
     if (r.status != 200) return Answered("PUT", key, r);
     milliseconds ttl{0};
@@ -198,15 +189,7 @@ class HttpStore : public MetadataStore {
       return UnavailableError("no segment '" + std::string(name) + "' in the metadata service at " + url_.text);
     }
     if (r.status != 200) return Answered("GET", key, r);
-    auto desc = wire::DecodeDescriptor(r.body);
-    if (!desc.ok()) {
-      return DataLossError("the value under key '" + key + "' in the metadata service at " + url_.text +
-                           " is not a descriptor: " + desc.status().message());
-    }
-    if (desc->engine_name != name) {
-      return DataLossError("the value under key '" + key + "' in the metadata service at " + url_.text +
-                           " is the descriptor of engine '" + desc->engine_name + "'");
-    }
+    FERRY_ASSIGN_OR_RETURN(wire::PeerDescriptor desc, DecodeEntry(name, key, r.body, where_));
     std::lock_guard<std::mutex> lock(mu_);
     watched_[std::string(name)] = std::move(r.body);
     return desc;
@@ -222,7 +205,7 @@ class HttpStore : public MetadataStore {
         return NotFoundError("this engine published no segment '" + std::string(name) + "'");
       }
     }
-    Reply r = Call("DELETE", key, "", kWriteTimeout);
+    Reply r = Call("DELETE", key, "", write_timeout_);
     if (!r.error.empty()) return Unreachable("DELETE", key, r.error);
     if (r.status != 200 && r.status != 404) return Answered("DELETE", key, r);
     return OkStatus();
@@ -237,7 +220,7 @@ class HttpStore : public MetadataStore {
   }
 
  private:
-  static std::string Key(std::string_view name) { return std::string(kKeyPrefix) + std::string(name); }
+  std::string Key(std::string_view name) const { return SegmentKey(cluster_, name); }
 
   Status Unreachable(const char* method, const std::string& key, const std::string& error) const {
     return UnavailableError("cannot reach the metadata service at " + url_.text + " (" + method + " " + key +
@@ -381,6 +364,9 @@ class HttpStore : public MetadataStore {
   }
 
   const Url url_;
+  const std::string where_;
+  const std::string cluster_;
+  const milliseconds write_timeout_;  // Publish, Remove: no deadline is given
   std::mutex write_mu_;  // one PUT or DELETE of this store's entries at a time; taken before mu_
   std::mutex mu_;
   std::condition_variable cv_;
@@ -395,9 +381,9 @@ class HttpStore : public MetadataStore {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url) {
+StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url, const MetadataContext& ctx) {
   FERRY_ASSIGN_OR_RETURN(Url u, ParseUrl(url));
-  return std::unique_ptr<MetadataStore>(std::make_unique<HttpStore>(std::move(u)));
+  return std::unique_ptr<MetadataStore>(std::make_unique<HttpStore>(std::move(u), ctx));
 }
 
 }  // namespace ferry::internal

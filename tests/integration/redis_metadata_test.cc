@@ -1,0 +1,1 @@
+// The Redis store's own tests (placeholder until the store lands).
