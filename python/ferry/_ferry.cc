@@ -425,6 +425,11 @@ PYBIND11_MODULE(_ferry, m) {
       .def_readwrite("listen_host", &ferry::EngineOptions::listen_host)
       .def_readwrite("listen_port", &ferry::EngineOptions::listen_port)
       .def_readwrite("metadata", &ferry::EngineOptions::metadata)
+      .def_property(
+          "metadata_ttl",
+          [](const ferry::EngineOptions& o) { return Seconds(o.metadata_ttl); },
+          [](ferry::EngineOptions& o, double s) { o.metadata_ttl = Millis(s); })
+      .def_readwrite("metadata_cluster", &ferry::EngineOptions::metadata_cluster)
       .def_readwrite("transport", &ferry::EngineOptions::transport)
       .def_property(
           "connect_timeout",

@@ -53,6 +53,56 @@ StatusOr<wire::PeerDescriptor> DecodeEntry(std::string_view name, const std::str
   return desc;
 }
 
+namespace {
+constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+int B64Digit(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+') return 62;
+  if (c == '/') return 63;
+  return -1;
+}
+}  // namespace
+
+std::string Base64(std::string_view in) {
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < in.size(); i += 3) {
+    const size_t n = std::min<size_t>(3, in.size() - i);
+    uint32_t v = uint32_t(uint8_t(in[i])) << 16;
+    if (n > 1) v |= uint32_t(uint8_t(in[i + 1])) << 8;
+    if (n > 2) v |= uint8_t(in[i + 2]);
+    out += kB64[v >> 18];
+    out += kB64[(v >> 12) & 63];
+    out += n > 1 ? kB64[(v >> 6) & 63] : '=';
+    out += n > 2 ? kB64[v & 63] : '=';
+  }
+  return out;
+}
+
+std::optional<std::string> Unbase64(std::string_view in) {
+  if (in.size() % 4 != 0) return std::nullopt;
+  std::string out;
+  out.reserve(in.size() / 4 * 3);
+  for (size_t i = 0; i < in.size(); i += 4) {
+    const bool last = i + 4 == in.size();
+    const int pad = last ? (in[i + 3] == '=') + (in[i + 2] == '=' && in[i + 3] == '=') : 0;
+    uint32_t v = 0;
+    for (size_t j = 0; j < 4; ++j) {
+      const int d = j >= 4 - static_cast<size_t>(pad) ? 0 : B64Digit(in[i + j]);
+      if (d < 0) return std::nullopt;
+      v = (v << 6) | static_cast<uint32_t>(d);
+    }
+    if ((pad == 2 && (v & 0xffff) != 0) || (pad == 1 && (v & 0xff) != 0)) return std::nullopt;  // not canonical
+    out += static_cast<char>(v >> 16);
+    if (pad < 2) out += static_cast<char>((v >> 8) & 255);
+    if (pad < 1) out += static_cast<char>(v & 255);
+  }
+  return out;
+}
+
 std::optional<uint64_t> InstanceOfEntry(const std::string& value) {
   auto desc = wire::DecodeDescriptor(value);
   if (!desc.ok()) return std::nullopt;

@@ -37,6 +37,11 @@ Status CheckClaim(const wire::PeerDescriptor& self, const std::string& key, cons
 StatusOr<wire::PeerDescriptor> DecodeEntry(std::string_view name, const std::string& key, const std::string& value,
                                            const std::string& where);
 
+// Base64 (RFC 4648, padded), as etcd's JSON carries keys and values.
+std::string Base64(std::string_view in);
+// Strict: canonical alphabet, padding only at the end; nullopt otherwise.
+std::optional<std::string> Unbase64(std::string_view in);
+
 // The instance id in an encoded descriptor, or nullopt when it does not
 // decode (watchers compare instances without trusting the bytes).
 std::optional<uint64_t> InstanceOfEntry(const std::string& value);

@@ -37,6 +37,10 @@ std::optional<uint64_t> PeerInfo::KeyOf(uint32_t region, std::string_view transp
   return std::nullopt;
 }
 
+std::string PeerInfo::Label() const {
+  return desc_.peer_id + " (segment '" + desc_.engine_name + "', instance " + std::to_string(desc_.instance_id) + ")";
+}
+
 std::string_view ReachName(Reach r) {
   switch (r) {
     case Reach::kSameProcess: return "same process";

@@ -63,6 +63,9 @@ class PeerInfo {
   MemoryKind KindOf(uint32_t region) const;
   // Its key for `transport`, if the peer published one.
   std::optional<uint64_t> KeyOf(uint32_t region, std::string_view transport) const;
+  // "NAME at HOST:PORT (instance N)": how errors of a link to this peer
+  // name it, so a failure says which incarnation of a restarted peer it hit.
+  std::string Label() const;
 
  private:
   wire::PeerDescriptor desc_;

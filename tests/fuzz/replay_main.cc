@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "transport/shm/copy_frames.h"
+#include "metadata/entries.h"
 #include "wire/descriptor.h"
 #include "wire/frame.h"
 
@@ -86,6 +87,12 @@ std::vector<std::string> Seeds() {
     stream += BuildFrame(a, rep);
     add(9, stream);
   }
+  // A store's value: a descriptor of segment "e", raw and in base64.
+  d.engine_name = "e";
+  s.clear();
+  EncodeDescriptor(d, &s);
+  add(10, s);
+  add(10, ferry::internal::Base64(s));
   return seeds;
 }
 

@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "metadata/entries.h"
 #include "transport/shm/copy_frames.h"
 #include "transport/stream/frame_reader.h"
 #include "wire/descriptor.h"
@@ -59,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ferry::wire;
   if (size == 0) return 0;
   // The first byte picks the decoder, the rest is its input.
-  const uint8_t which = data[0] % 10;
+  const uint8_t which = data[0] % 11;
   std::string_view in(reinterpret_cast<const char*>(data + 1), size - 1);
   switch (which) {
     case 0: {
@@ -152,6 +153,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (!reader.Consume(in.data() + off, n).ok()) break;
         off += n;
       }
+      break;
+    }
+    case 10: {
+      // A value read from a metadata service: raw (Redis, HTTP) and as
+      // etcd's base64. Whatever it is: an error naming the key, or a
+      // descriptor of the segment asked for; base64 round-trips.
+      for (const std::string& value : {std::string(in), ferry::internal::Unbase64(in).value_or("")}) {
+        auto d = ferry::internal::DecodeEntry("e", "ferry/segments/e", value, "fuzz");
+        if (d.ok()) {
+          Check(d->engine_name == "e");
+        } else {
+          Check(d.status().message().find("ferry/segments/e") != std::string::npos);
+        }
+      }
+      if (auto raw = ferry::internal::Unbase64(in)) Check(ferry::internal::Base64(*raw) == in);
+      Check(ferry::internal::Unbase64(ferry::internal::Base64(in)) == std::string(in));
       break;
     }
   }

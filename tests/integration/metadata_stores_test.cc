@@ -458,6 +458,27 @@ TEST_P(MetadataStoreTest, KilledPeerExpiresAndTheRestartedPeerIsReachedAtItsNewI
   EXPECT_OK(ReadUntilPattern(*prefill, seg, second->addr, 2, local.data()));
 }
 
+TEST_P(MetadataStoreTest, TransfersInFlightToAKilledInstanceFailUnavailableNamingIt) {
+  ChildEngine* decode = StartChildEngine("decode-0", 4);
+  ASSERT_TRUE(decode);
+  auto prefill = MakeEngine("prefill-0");
+  ASSERT_TRUE(prefill);
+  AlignedBuffer local(kBufferSize);
+  ASSERT_OK(prefill->RegisterMemory(local.data(), kBufferSize));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, prefill->OpenSegment("decode-0"));
+  ASSERT_OK(prefill->TransferSync({Opcode::kRead, local.data(), seg, decode->addr, 4096}));
+  // The peer stops answering with a read in flight, then dies.
+  ASSERT_TRUE(decode->process.Freeze());
+  Status in_flight;
+  std::thread reader([&] {
+    in_flight = prefill->TransferSync({Opcode::kRead, local.data(), seg, decode->addr, kBufferSize});
+  });
+  std::this_thread::sleep_for(200ms);  // let the request leave (the outcome does not depend on it)
+  decode->process.Kill();
+  reader.join();
+  EXPECT_THAT(in_flight, StatusIs(StatusCode::kUnavailable, HasSubstr("segment 'decode-0', instance ")));
+}
+
 TEST_P(MetadataStoreTest, EngineRestartedRightAfterACrashTakesOverTheNameOfItsPredecessor) {
   if (GetParam() == "http") GTEST_SKIP() << "the HTTP protocol does not say when an entry expires";
   ChildEngine* first = StartChildEngine("decode-0", 1);

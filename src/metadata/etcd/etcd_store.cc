@@ -57,69 +57,6 @@ constexpr milliseconds kWatchRetry{200};
 constexpr milliseconds kClaimReserve{300};  // a claim stops waiting for a dying holder this long before its deadline
 constexpr milliseconds kWatchIdleTimeout{60000};  // a silent stream is re-opened after this
 
-// ---- base64 (etcd's JSON carries bytes so) -----------------------------------
-
-constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-std::string Base64(std::string_view in) {
-  std::string out;
-  out.reserve((in.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 2 < in.size(); i += 3) {
-    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
-    out += kB64[v >> 18];
-    out += kB64[(v >> 12) & 63];
-    out += kB64[(v >> 6) & 63];
-    out += kB64[v & 63];
-  }
-  if (i + 1 == in.size()) {
-    const uint32_t v = uint8_t(in[i]) << 16;
-    out += kB64[v >> 18];
-    out += kB64[(v >> 12) & 63];
-    out += "==";
-  } else if (i + 2 == in.size()) {
-    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8);
-    out += kB64[v >> 18];
-    out += kB64[(v >> 12) & 63];
-    out += kB64[(v >> 6) & 63];
-    out += '=';
-  }
-  return out;
-}
-
-// Strict: padded, canonical alphabet; nullopt otherwise.
-std::optional<std::string> Unbase64(std::string_view in) {
-  if (in.size() % 4 != 0) return std::nullopt;
-  std::string out;
-  out.reserve(in.size() / 4 * 3);
-  for (size_t i = 0; i < in.size(); i += 4) {
-    uint32_t v = 0;
-    int pad = 0;
-    for (size_t j = 0; j < 4; ++j) {
-      const char c = in[i + j];
-      int d;
-      if (c >= 'A' && c <= 'Z') d = c - 'A';
-      else if (c >= 'a' && c <= 'z') d = c - 'a' + 26;
-      else if (c >= '0' && c <= '9') d = c - '0' + 52;
-      else if (c == '+') d = 62;
-      else if (c == '/') d = 63;
-      else if (c == '=' && i + 4 == in.size() && j >= 2) d = -1;
-      else return std::nullopt;
-      if (d < 0) {
-        ++pad;
-        d = 0;
-      } else if (pad > 0) {
-        return std::nullopt;  // data after padding
-      }
-      v = (v << 6) | static_cast<uint32_t>(d);
-    }
-    out += static_cast<char>(v >> 16);
-    if (pad < 2) out += static_cast<char>((v >> 8) & 255);
-    if (pad < 1) out += static_cast<char>(v & 255);
-  }
-  return out;
-}
-
 // The key right after every key with `prefix` (etcd's range_end).
 std::string PrefixEnd(std::string prefix) {
   while (!prefix.empty()) {

@@ -116,9 +116,9 @@ class ShmTransport : public Transport {
       if (!hi.ok()) return ctx(hi);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd->get(), true));
       streams.push_back(std::make_shared<Connection>(pool_->loop(static_cast<size_t>(i)), std::move(*fd),
-                                                     peer.peer_id, version));
+                                                     info->Label(), version));
     }
-    return stream::StreamLink::Open(link_cfg_, peer.peer_id, version, std::move(streams));
+    return stream::StreamLink::Open(link_cfg_, info->Label(), version, std::move(streams));
   }
 
   void Shutdown() override { pool_->Stop(); }

@@ -56,9 +56,9 @@ class TcpTransport : public Transport {
       if (!hi.ok()) return hi.WithPrefix("opening stream " + std::to_string(i) + " to " + peer.peer_id);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd.get(), true));
       streams.push_back(std::make_shared<Connection>(loops_->loop(static_cast<size_t>(i)), std::move(fd),
-                                                     peer.peer_id, version));
+                                                     info->Label(), version));
     }
-    return stream::StreamLink::Open(link_cfg_, peer.peer_id, version, std::move(streams));
+    return stream::StreamLink::Open(link_cfg_, info->Label(), version, std::move(streams));
   }
 
   void Shutdown() override { loops_->Stop(); }
