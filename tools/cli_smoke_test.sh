@@ -24,6 +24,39 @@ expect_status() {
   [ "$got" -eq "$want" ] || fail "'$*' exited $got, expected $want"
 }
 
+# wait_line PID FILE SED_SCRIPT: prints what `sed -n SED_SCRIPT FILE` prints once
+# it prints something; gives up after 10 s, or sooner when process PID exits.
+wait_line() {
+  for _ in $(seq 100); do
+    got=$(sed -n "$3" "$2")
+    [ -n "$got" ] && { echo "$got"; return 0; }
+    kill -0 "$1" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+# stop PID: SIGTERM, then waits up to 10 s; sets rc to its exit status ("" if
+# it is still running).
+stop() {
+  kill -TERM "$1"
+  rc=""
+  for _ in $(seq 100); do
+    kill -0 "$1" 2>/dev/null || { wait "$1"; rc=$?; return 0; }
+    sleep 0.1
+  done
+}
+
+# start_metadata_server LOG ARGS...: a metadata-server on a free port, its output
+# in LOG; sets pid and port (fails if it does not say where it listens).
+start_metadata_server() {
+  log=$1; shift
+  "$FERRY" metadata-server --port 0 "$@" >"$log" 2>&1 &
+  pid=$!
+  port=$(wait_line $pid "$log" 's/^metadata-server listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p') ||
+    { cat "$log"; kill -9 $pid 2>/dev/null; rm -f "$log"; fail "no 'listening on' line"; }
+}
+
 # check_json 'python expression on d' CMD...: CMD must print one JSON object.
 check_json() {
   expr=$1; shift
@@ -71,17 +104,7 @@ case "$CASE" in
     # The real server on a free port: PUT, GET, DELETE, then SIGTERM -> exit 0.
     expect_status 2 "$FERRY" metadata-server
     if ! "$FERRY" metadata-server --help | grep -q -- '--ttl-ms'; then fail "help names no --ttl-ms"; fi
-    log=/tmp/ferry_smoke_ms.$$
-    "$FERRY" metadata-server --port 0 --ttl-ms 0 >"$log" 2>&1 &
-    pid=$!
-    port=""
-    for _ in $(seq 100); do
-      port=$(sed -n 's/^metadata-server listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$log")
-      [ -n "$port" ] && break
-      kill -0 $pid 2>/dev/null || break
-      sleep 0.1
-    done
-    if [ -z "$port" ]; then cat "$log"; kill -9 $pid 2>/dev/null; rm -f "$log"; fail "no 'listening on' line"; fi
+    start_metadata_server /tmp/ferry_smoke_ms.$$ --ttl-ms 0
     url="http://127.0.0.1:$port/metadata?key=smoke/k1"
     $PY - "$url" <<'PYEOF' || { kill -9 $pid 2>/dev/null; rm -f "$log"; fail "HTTP checks failed"; }
 import sys, urllib.request, urllib.error
@@ -104,12 +127,7 @@ assert call("GET")[0] == 404, "GET after DELETE"
 assert call("DELETE")[0] == 404
 print("metadata-server: PUT/GET/DELETE ok")
 PYEOF
-    kill -TERM $pid
-    rc=""
-    for _ in $(seq 100); do
-      kill -0 $pid 2>/dev/null || { wait $pid; rc=$?; break; }
-      sleep 0.1
-    done
+    stop $pid
     cat "$log"; rm -f "$log"
     if [ -z "$rc" ]; then kill -9 $pid 2>/dev/null; fail "server still running 10 s after SIGTERM"; fi
     [ "$rc" -eq 0 ] || fail "server exited $rc after SIGTERM" ;;
@@ -159,6 +177,44 @@ PYEOF
       [ -s "$dir/s.png" ] || fail "matplotlib is installed but no chart was drawn"
     fi
     rm -rf "$dir" ;;
+  bench_metadata_http)
+    # The bench's processes find each other by name through a real
+    # metadata-server: the launcher (its target child publishes as
+    # ferry-bench-target), then a target and an initiator started by hand.
+    # Every wait is bounded; whatever is still running is killed on exit.
+    expect_status 2 "$FERRY" bench --metadata bogus://x
+    expect_status 2 "$FERRY" bench --name t1
+    expect_status 2 "$FERRY" bench --metadata memory://one-process
+    tlog=/tmp/ferry_smoke_mh_target.$$
+    pid=""; tpid=""
+    trap 'for p in $tpid $pid; do kill -9 $p 2>/dev/null; done; rm -f "$log" "$tlog"' EXIT
+    start_metadata_server /tmp/ferry_smoke_mh.$$
+    url="http://127.0.0.1:$port/metadata"
+    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0" \
+      timeout 60 "$FERRY" bench --metadata "$url" --block-size 64K --batch-size 8 --duration 0.3 --json --verify --no-baseline
+    # By hand: the target publishes as smoke-target; the initiator looks it up.
+    "$FERRY" bench --role target --metadata "$url" --name smoke-target --buffer-size 16M >"$tlog" 2>&1 &
+    tpid=$!
+    control=$(wait_line $tpid "$tlog" 's/^control \(.*\)$/\1/p') ||
+      { cat "$tlog"; fail "the target printed no control line"; }
+    $PY - "$url?key=ferry/segments/smoke-target" <<'PYEOF' || fail "the target is not in the metadata service"
+import sys, urllib.request
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy for 127.0.0.1
+with opener.open(sys.argv[1], timeout=10) as r:
+    assert r.status == 200 and len(r.read()) > 0
+print("metadata-server holds ferry/segments/smoke-target")
+PYEOF
+    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0" \
+      timeout 60 "$FERRY" bench --role initiator --metadata "$url" --target smoke-target --control "$control" \
+        --operation read --block-size 64K --batch-size 8 --duration 0.3 --json --verify --no-baseline
+    # Stop both; each must exit 0 within 10 s of SIGTERM.
+    for p in $tpid $pid; do
+      stop $p
+      [ -n "$rc" ] || fail "process $p still running 10 s after SIGTERM"
+      [ "$rc" -eq 0 ] || { cat "$tlog" "$log"; fail "process $p exited $rc after SIGTERM"; }
+    done
+    tpid=""; pid=""
+    cat "$tlog" "$log" ;;
   *)
     fail "unknown case" ;;
 esac

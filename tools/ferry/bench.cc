@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -25,6 +26,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -34,7 +36,6 @@
 #include "commands.h"
 #include "control.h"
 #include "ferry/ferry.h"
-#include "json.h"
 #include "pattern.h"
 #include "stats.h"
 #include "workload.h"
@@ -47,6 +48,7 @@ namespace ferry::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using Json = nlohmann::ordered_json;  // --json keeps the fields in the order written
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr uint64_t kMinBuffer = 64ull << 20;
 constexpr uint64_t kReadSeed = 0x7265616473656564ull;
@@ -125,8 +127,11 @@ int RunTarget(const BenchOptions& o) {
   const std::string control_addr = JoinHostPort(o.listen, control.port());
 
   EngineOptions eo = o.MakeEngineOptions();
-  // Lets an initiator started by hand find the control port (see Session).
-  eo.local_name = "ferry-bench-target,control=" + control_addr;
+  // With a metadata service the initiator looks the target up by its name;
+  // else the name lets an initiator started by hand find the control port
+  // (see OpenSession).
+  eo.local_name =
+      o.ByName() ? o.name : std::string(kDefaultTargetName) + ",control=" + control_addr;
   auto engine = Engine::Create(eo);
   if (!engine.ok()) Fail("cannot start the engine", engine.status());
   Status s = (*engine)->RegisterMemory(buffer.data(), size, "cpu:0");
@@ -889,37 +894,54 @@ void PrintTable(const Report& rep, std::ostream& os) {
   }
 }
 
-void WriteLatency(JsonWriter& j, const Percentiles& p) {
-  j.BeginObject().Field("p50", p.p50).Field("p99", p.p99).Field("p999", p.p999);
-  j.Field("max", p.max).Field("samples", static_cast<uint64_t>(p.count)).EndObject();
+// A measured figure in --json: six significant digits, null when there is
+// none (NaN: not measured).
+Json Figure(double v) {
+  if (!std::isfinite(v)) return nullptr;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return std::strtod(buf, nullptr);
 }
 
-void WriteJsonBody(JsonWriter& j, const Report& rep) {
+Json LatencyJson(const Percentiles& p) {
+  return {{"p50", Figure(p.p50)},
+          {"p99", Figure(p.p99)},
+          {"p999", Figure(p.p999)},
+          {"max", Figure(p.max)},
+          {"samples", static_cast<uint64_t>(p.count)}};
+}
+
+// The fields of one measurement, added to `j` (an object).
+void AddJsonBody(Json& j, const Report& rep) {
   const PhaseResult& f = rep.ferry;
-  j.Field("operation", OperationName(f.op)).Field("workload", f.workload);
-  if (f.block > 0) j.Field("block_size", f.block);
-  j.Field("entries_per_batch", f.entries_per_batch).Field("threads", f.threads);
-  j.Field("streams", rep.streams).Field("sync", f.sync).Field("transport", f.transport);
-  j.Field("seconds", f.seconds).Field("bytes", f.bytes).Field("requests", f.requests);
-  j.Field("batches", f.batches).Field("throughput_gbps", f.gbps()).Field("requests_per_s", f.rps());
-  j.Key("latency_us");
-  WriteLatency(j, f.sync || f.entries_per_batch == 1 ? rep.batch_lat : rep.request_lat);
-  j.Key("batch_latency_us");
-  WriteLatency(j, rep.batch_lat);
-  j.Field("request_latency_sampled_batches", f.sampled_batches);
-  j.Field("verify", f.verify).Field("verified_bytes", f.verified_bytes);
-  j.Field("mismatches", f.mismatches).Field("mismatched_blocks", f.mismatched_blocks);
-  j.Key("cpu_s_per_gb").BeginObject();
-  if (rep.in_process) {
-    j.Field("initiator", kNaN).Field("target", kNaN);
-  } else {
-    j.Field("initiator", f.cpu_per_gb(f.cpu_initiator)).Field("target", f.cpu_per_gb(f.cpu_target));
-  }
+  j["operation"] = OperationName(f.op);
+  j["workload"] = f.workload;
+  if (f.block > 0) j["block_size"] = f.block;
+  j["entries_per_batch"] = f.entries_per_batch;
+  j["threads"] = f.threads;
+  j["streams"] = rep.streams;
+  j["sync"] = f.sync;
+  j["transport"] = f.transport;
+  j["seconds"] = Figure(f.seconds);
+  j["bytes"] = f.bytes;
+  j["requests"] = f.requests;
+  j["batches"] = f.batches;
+  j["throughput_gbps"] = Figure(f.gbps());
+  j["requests_per_s"] = Figure(f.rps());
+  j["latency_us"] =
+      LatencyJson(f.sync || f.entries_per_batch == 1 ? rep.batch_lat : rep.request_lat);
+  j["batch_latency_us"] = LatencyJson(rep.batch_lat);
+  j["request_latency_sampled_batches"] = f.sampled_batches;
+  j["verify"] = f.verify;
+  j["verified_bytes"] = f.verified_bytes;
+  j["mismatches"] = f.mismatches;
+  j["mismatched_blocks"] = f.mismatched_blocks;
   const double ferry_cpu = f.cpu_per_gb(Sum(f.cpu_initiator, f.cpu_target));
-  j.Field("total", ferry_cpu).EndObject();
-  j.Key("baseline");
+  j["cpu_s_per_gb"] = {{"initiator", Figure(rep.in_process ? kNaN : f.cpu_per_gb(f.cpu_initiator))},
+                       {"target", Figure(rep.in_process ? kNaN : f.cpu_per_gb(f.cpu_target))},
+                       {"total", Figure(ferry_cpu)}};
   if (!rep.base || rep.base->single.seconds <= 0) {
-    j.Null();
+    j["baseline"] = nullptr;
     return;
   }
   const Baseline& b = *rep.base;
@@ -927,35 +949,37 @@ void WriteJsonBody(JsonWriter& j, const Report& rep) {
       b.multi.bytes ? Sum(b.cpu_multi_initiator, b.cpu_multi_target) / (b.multi.bytes / 1e9) : kNaN;
   double request_p50 =
       (f.sync || f.entries_per_batch == 1) ? rep.batch_lat.p50 : rep.request_lat.p50;
-  j.BeginObject();
-  j.Field("socket_gbps", b.multi.gbps()).Field("socket_streams", b.multi.streams);
-  j.Field("socket_single_gbps", b.single.gbps());
-  j.Field("socket_rtt_us", rep.rtt.p50);
-  j.Key("socket_rtt_latency_us");
-  WriteLatency(j, rep.rtt);
-  j.Field("scatter_gbps", b.scatter.seconds > 0 ? b.scatter.gbps() : kNaN);
-  j.Field("scatter_streams", b.scatter.streams);
-  j.Field("scatter_cpu_s_per_gb",
-          b.scatter.bytes
-              ? Sum(b.cpu_scatter_initiator, b.cpu_scatter_target) / (b.scatter.bytes / 1e9)
-              : kNaN);
-  j.Field("memcpy_gbps", b.memcpy_gbps);
-  j.Field("stream_seconds", b.stream_seconds);
-  j.Key("cpu_s_per_gb").BeginObject();
-  j.Field("initiator",
-          b.multi.bytes && !rep.in_process ? b.cpu_multi_initiator / (b.multi.bytes / 1e9) : kNaN);
-  j.Field("target",
-          b.multi.bytes && !rep.in_process ? b.cpu_multi_target / (b.multi.bytes / 1e9) : kNaN);
-  j.Field("total", multi_cpu).EndObject();
-  j.Key("ratios").BeginObject();
-  j.Field("vs_socket", Ratio(f.gbps(), b.multi.gbps()));
-  j.Field("vs_single_stream", Ratio(f.gbps(), b.single.gbps()));
-  j.Field("vs_scatter", b.scatter.seconds > 0 ? Ratio(f.gbps(), b.scatter.gbps()) : kNaN);
-  j.Field("vs_memcpy", Ratio(f.gbps(), b.memcpy_gbps));
-  j.Field("p50_vs_rtt", Ratio(request_p50, rep.rtt.p50));
-  j.Field("cpu_vs_socket", Ratio(ferry_cpu, multi_cpu));
-  j.EndObject();
-  j.EndObject();
+  Json base;
+  base["socket_gbps"] = Figure(b.multi.gbps());
+  base["socket_streams"] = b.multi.streams;
+  base["socket_single_gbps"] = Figure(b.single.gbps());
+  base["socket_rtt_us"] = Figure(rep.rtt.p50);
+  base["socket_rtt_latency_us"] = LatencyJson(rep.rtt);
+  base["scatter_gbps"] = Figure(b.scatter.seconds > 0 ? b.scatter.gbps() : kNaN);
+  base["scatter_streams"] = b.scatter.streams;
+  base["scatter_cpu_s_per_gb"] = Figure(
+      b.scatter.bytes ? Sum(b.cpu_scatter_initiator, b.cpu_scatter_target) / (b.scatter.bytes / 1e9)
+                      : kNaN);
+  base["memcpy_gbps"] = Figure(b.memcpy_gbps);
+  base["stream_seconds"] = Figure(b.stream_seconds);
+  const bool split = b.multi.bytes && !rep.in_process;
+  base["cpu_s_per_gb"] = {
+      {"initiator", Figure(split ? b.cpu_multi_initiator / (b.multi.bytes / 1e9) : kNaN)},
+      {"target", Figure(split ? b.cpu_multi_target / (b.multi.bytes / 1e9) : kNaN)},
+      {"total", Figure(multi_cpu)}};
+  base["ratios"] = {
+      {"vs_socket", Figure(Ratio(f.gbps(), b.multi.gbps()))},
+      {"vs_single_stream", Figure(Ratio(f.gbps(), b.single.gbps()))},
+      {"vs_scatter", Figure(b.scatter.seconds > 0 ? Ratio(f.gbps(), b.scatter.gbps()) : kNaN)},
+      {"vs_memcpy", Figure(Ratio(f.gbps(), b.memcpy_gbps))},
+      {"p50_vs_rtt", Figure(Ratio(request_p50, rep.rtt.p50))},
+      {"cpu_vs_socket", Figure(Ratio(ferry_cpu, multi_cpu))}};
+  j["baseline"] = std::move(base);
+}
+
+// One line of JSON on stdout.
+void PrintJson(const Json& j) {
+  std::cout << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;
 }
 
 // ---------------------------------------------------------------------------
@@ -1049,30 +1073,30 @@ int RunSweep(Session& s, const BenchOptions& o) {
   }
   std::string plot_error = Plot(o, csv, png);
   if (o.json) {
-    JsonWriter j;
-    j.BeginObject().Field("ferry_version", Version()).Field("operation", OperationName(o.op));
-    j.Field("streams", streams)
-        .Field("transport", points.empty() ? "" : points[0].rep.ferry.transport);
-    j.Key("points").BeginArray();
+    Json j;
+    j["ferry_version"] = Version();
+    j["operation"] = OperationName(o.op);
+    j["streams"] = streams;
+    j["transport"] = points.empty() ? "" : points[0].rep.ferry.transport;
+    j["points"] = Json::array();
     for (const Point& p : points) {
-      j.BeginObject().Field("batch_size", p.batch);
-      WriteJsonBody(j, p.rep);
-      j.EndObject();
+      Json point;
+      point["batch_size"] = p.batch;
+      AddJsonBody(point, p.rep);
+      j["points"].push_back(std::move(point));
     }
-    j.EndArray();
-    j.Key("baseline");
     if (base) {
-      j.BeginObject()
-          .Field("socket_gbps", base->multi.gbps())
-          .Field("socket_streams", base->multi.streams);
-      j.Field("socket_single_gbps", base->single.gbps()).Field("socket_rtt_us", rtt.p50);
-      j.Field("memcpy_gbps", base->memcpy_gbps).EndObject();
+      j["baseline"] = {{"socket_gbps", Figure(base->multi.gbps())},
+                       {"socket_streams", base->multi.streams},
+                       {"socket_single_gbps", Figure(base->single.gbps())},
+                       {"socket_rtt_us", Figure(rtt.p50)},
+                       {"memcpy_gbps", Figure(base->memcpy_gbps)}};
     } else {
-      j.Null();
+      j["baseline"] = nullptr;
     }
-    j.Field("csv", csv).Field("chart", plot_error.empty() ? png : "");
-    j.EndObject();
-    std::cout << j.str() << std::endl;
+    j["csv"] = csv;
+    j["chart"] = plot_error.empty() ? png : "";
+    PrintJson(j);
   } else {
     std::cout << "ferry bench --sweep: " << OperationName(o.op) << ", " << streams
               << " streams, transport " << (points.empty() ? "" : points[0].rep.ferry.transport)
@@ -1150,11 +1174,10 @@ int RunInitiator(const BenchOptions& o, Session& s) {
   }
   Report rep = MakeReport(std::move(r), std::move(base), streams, s.target_in_process);
   if (o.json) {
-    JsonWriter j;
-    j.BeginObject().Field("ferry_version", Version());
-    WriteJsonBody(j, rep);
-    j.EndObject();
-    std::cout << j.str() << std::endl;
+    Json j;
+    j["ferry_version"] = Version();
+    AddJsonBody(j, rep);
+    PrintJson(j);
   } else {
     PrintTable(rep, std::cout);
   }
@@ -1189,20 +1212,22 @@ int Run(const BenchOptions& o) {
     s.target_buffer = std::make_unique<Buffer>(local_bytes, true, o.hugepages);
     s.target_control =
         std::make_unique<ControlServer>(o.listen, s.target_buffer->data(), local_bytes);
-    auto te = Engine::Create(o.MakeEngineOptions());
+    EngineOptions teo = o.MakeEngineOptions();
+    if (o.ByName()) teo.local_name = o.name;
+    auto te = Engine::Create(teo);
     if (!te.ok()) Fail("cannot start the target engine", te.status());
     s.target_engine = std::move(*te);
     Status st = s.target_engine->RegisterMemory(s.target_buffer->data(), local_bytes, "cpu:0");
     if (!st.ok()) Fail("cannot register the target buffer", st);
-    OpenSession(s, o, s.target_engine->PeerId(), JoinHostPort(o.listen, s.target_control->port()),
-                local_bytes);
+    OpenSession(s, o, o.ByName() ? o.name : s.target_engine->PeerId(),
+                JoinHostPort(o.listen, s.target_control->port()), local_bytes);
     return RunInitiator(o, s);
   }
   TargetChild child(o, local_bytes);
   int rc = 0;
   {
     Session s;
-    OpenSession(s, o, child.peer_id(), child.control(), local_bytes);
+    OpenSession(s, o, o.ByName() ? o.name : child.peer_id(), child.control(), local_bytes);
     rc = RunInitiator(o, s);
   }
   Status st = child.Stop();
@@ -1219,7 +1244,7 @@ int Run(const BenchOptions& o) {
 namespace ferry::cli {
 
 int BenchMain(const std::vector<std::string>& args) {
-  auto o = bench::ParseBenchOptions(args);
+  auto o = bench::BenchOptions::FromCommandLine(args);
   if (!o) return 0;
   return bench::Run(*o);
 }

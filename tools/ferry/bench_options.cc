@@ -1,10 +1,12 @@
 #include "bench_options.h"
 
-#include "ferry/transports.h"
-
+#include <CLI/CLI.hpp>
+#include <functional>
 #include <iostream>
 
 #include "cli.h"
+#include "ferry/metadata.h"
+#include "ferry/transports.h"
 
 namespace ferry::bench {
 namespace {
@@ -22,6 +24,14 @@ Roles:
   --target HOST:PORT        initiator: the target's peer id (its first line of output)
   --control HOST:PORT       initiator: the target's control port (its second line;
                             found automatically from the target's segment name)
+  --metadata URL            how the engines find each other, for every role
+                            (default P2PHANDSHAKE: no server); e.g.
+                            http://HOST:PORT/metadata (ferry metadata-server);
+                            the kinds this build has: ferry info
+  --name NAME               with --metadata: the name the target publishes under
+                            (default ferry-bench-target); the initiator takes
+                            --target NAME (default the same) and, when started
+                            by hand, --control HOST:PORT
 
 Workload:
   --operation write|read|mixed   direction (default write; mixed: alternate entries)
@@ -88,53 +98,83 @@ int PositiveInt(std::string_view flag, std::string_view text, int max) {
 
 }  // namespace
 
-std::optional<BenchOptions> ParseBenchOptions(const std::vector<std::string>& args) {
+std::optional<BenchOptions> BenchOptions::FromCommandLine(const std::vector<std::string>& args) {
   BenchOptions o;
-  cli::FlagParser p("bench");
-  p.Value("--role", [&](std::string_view v) {
+  CLI::App app("ferry bench");
+  cli::PrepareApp(app);
+  o.AddFlags(app);
+  if (cli::ParseFlags(app, args)) {
+    std::cout << kHelp;
+    return std::nullopt;
+  }
+  o.Finish();
+  return o;
+}
+
+bool BenchOptions::ByName() const { return MetadataBackendOf(metadata) != "p2p"; }
+
+void BenchOptions::AddFlags(CLI::App& app) {
+  // Each value flag hands its text to a callback that parses and checks it.
+  const auto value = [&app](const char* flag, std::function<void(const std::string&)> parse) {
+    app.add_option_function<std::string>(flag, std::move(parse));
+  };
+  value("--role", [this](const std::string& v) {
     if (v == "target") {
-      o.role = Role::kTarget;
+      role = Role::kTarget;
     } else if (v == "initiator") {
-      o.role = Role::kInitiator;
+      role = Role::kInitiator;
     } else {
-      throw cli::UsageError("bad value '" + std::string(v) +
-                            "' for --role: expected target or initiator");
+      throw cli::UsageError("bad value '" + v + "' for --role: expected target or initiator");
     }
   });
-  p.Value("--target", [&](std::string_view v) { o.target = v; });
-  p.Value("--control", [&](std::string_view v) { o.control = v; });
-  p.Value("--listen", [&](std::string_view v) {
+  value("--target", [this](const std::string& v) { target = v; });
+  value("--control", [this](const std::string& v) { control = v; });
+  value("--listen", [this](const std::string& v) {
     if (v.empty()) throw cli::UsageError("bad value '' for --listen: expected an address");
-    o.listen = v;
+    listen = v;
   });
-  p.Value("--operation", [&](std::string_view v) {
+  value("--metadata", [this](const std::string& v) {
+    if (v.empty() || MetadataBackendOf(v).empty()) {
+      std::string forms;
+      for (const MetadataBackendInfo& b : ListMetadataBackends()) {
+        forms += (forms.empty() ? "" : ", ") + b.form;
+      }
+      throw cli::UsageError("bad value '" + v + "' for --metadata: expected one of " + forms +
+                            " (see ferry info)");
+    }
+    metadata = v;
+  });
+  value("--name", [this](const std::string& v) {
+    if (v.empty()) throw cli::UsageError("bad value '' for --name: expected a name");
+    name = v;
+  });
+  value("--operation", [this](const std::string& v) {
     if (v == "write") {
-      o.op = Operation::kWrite;
+      op = Operation::kWrite;
     } else if (v == "read") {
-      o.op = Operation::kRead;
+      op = Operation::kRead;
     } else if (v == "mixed") {
-      o.op = Operation::kMixed;
+      op = Operation::kMixed;
     } else {
-      throw cli::UsageError("bad value '" + std::string(v) +
-                            "' for --operation: expected write, read or mixed");
+      throw cli::UsageError("bad value '" + v + "' for --operation: expected write, read or mixed");
     }
   });
-  p.Value("--block-size", [&](std::string_view v) {
-    o.block = cli::ParseSize("--block-size", v);
-    if (o.block == 0) throw cli::UsageError("bad value '0' for --block-size: must be at least 1");
-    o.block_set = true;
+  value("--block-size", [this](const std::string& v) {
+    block = cli::ParseSize("--block-size", v);
+    if (block == 0) throw cli::UsageError("bad value '0' for --block-size: must be at least 1");
+    block_set = true;
   });
-  p.Value("--batch-size", [&](std::string_view v) {
-    o.batch = static_cast<uint64_t>(PositiveInt("--batch-size", v, 1 << 24));
-    o.batch_set = true;
+  value("--batch-size", [this](const std::string& v) {
+    batch = static_cast<uint64_t>(PositiveInt("--batch-size", v, 1 << 24));
+    batch_set = true;
   });
-  p.Value("--threads", [&](std::string_view v) {
-    o.threads = PositiveInt("--threads", v, 256);
-    o.threads_set = true;
+  value("--threads", [this](const std::string& v) {
+    threads = PositiveInt("--threads", v, 256);
+    threads_set = true;
   });
-  p.Value("--workload", [&](std::string_view v) { o.kv = ParseKvPreset(v); });
-  p.Switch("--sync", [&] { o.sync = true; });
-  p.Value("--transport", [&](std::string_view v) {
+  value("--workload", [this](const std::string& v) { kv = ParseKvPreset(v); });
+  app.add_flag("--sync", sync);
+  value("--transport", [this](const std::string& v) {
     std::string names = "auto";
     bool known = v == "auto";
     for (const TransportInfo& t : ListTransports()) {  // the registry's names
@@ -142,70 +182,87 @@ std::optional<BenchOptions> ParseBenchOptions(const std::vector<std::string>& ar
       names += ", " + t.name;
     }
     if (!known) {
-      throw cli::UsageError("bad value '" + std::string(v) + "' for --transport: expected " + names);
+      throw cli::UsageError("bad value '" + v + "' for --transport: expected " + names);
     }
-    o.transport = v;
+    transport = v;
   });
-  p.Value("--streams", [&](std::string_view v) { o.streams = PositiveInt("--streams", v, OptionMax("tcp_streams"));
+  value("--streams", [this](const std::string& v) {
+    streams = PositiveInt("--streams", v, OptionMax("tcp_streams"));
   });
-  p.Value("--io-threads", [&](std::string_view v) {
+  value("--io-threads", [this](const std::string& v) {
     uint64_t n = cli::ParseUint("--io-threads", v);
     const uint64_t max = static_cast<uint64_t>(OptionMax("io_threads"));
     if (n > max) {
-      throw cli::UsageError("bad value '" + std::string(v) + "' for --io-threads: at most " + std::to_string(max));
+      throw cli::UsageError("bad value '" + v + "' for --io-threads: at most " +
+                            std::to_string(max));
     }
-    o.io_threads = static_cast<int>(n);
+    io_threads = static_cast<int>(n);
   });
-  p.Value("--slice-size", [&](std::string_view v) {
-    o.slice_size = cli::ParseSize("--slice-size", v);
-    if (o.slice_size == 0 || o.slice_size > 0xffffffffu) {
-      throw cli::UsageError("bad value '" + std::string(v) + "' for --slice-size: 1..4G-1");
-    }
-  });
-  p.Value("--spin-us", [&](std::string_view v) {
-    o.spin_us = static_cast<int64_t>(cli::ParseUint("--spin-us", v));
-  });
-  p.Value("--wait-spin-us", [&](std::string_view v) {
-    o.wait_spin_us = static_cast<int64_t>(cli::ParseUint("--wait-spin-us", v));
-  });
-  p.Value("--duration",
-          [&](std::string_view v) { o.duration = cli::ParseSeconds("--duration", v); });
-  p.Value("--total-bytes", [&](std::string_view v) {
-    o.total_bytes = cli::ParseSize("--total-bytes", v);
-    if (o.total_bytes == 0) throw cli::UsageError("bad value '0' for --total-bytes");
-  });
-  p.Value("--buffer-size", [&](std::string_view v) {
-    o.buffer_size = cli::ParseSize("--buffer-size", v);
-    if (o.buffer_size == 0) throw cli::UsageError("bad value '0' for --buffer-size");
-  });
-  p.Switch("--hugepages", [&] { o.hugepages = true; });
-  p.Switch("--verify", [&] { o.verify = true; });
-  p.Switch("--inject-mismatch", [&] { o.inject_mismatch = true; });
-  p.Switch("--no-baseline", [&] { o.no_baseline = true; });
-  p.Switch("--json", [&] { o.json = true; });
-  p.Switch("--sweep", [&] { o.sweep = true; });
-  p.Value("--sweep-blocks", [&](std::string_view v) {
-    o.sweep_blocks = cli::ParseSizeList("--sweep-blocks", v);
-    for (uint64_t b : o.sweep_blocks) {
-      if (b == 0) throw cli::UsageError("bad value '" + std::string(v) + "' for --sweep-blocks: 0");
+  value("--slice-size", [this](const std::string& v) {
+    slice_size = cli::ParseSize("--slice-size", v);
+    if (slice_size == 0 || slice_size > 0xffffffffu) {
+      throw cli::UsageError("bad value '" + v + "' for --slice-size: 1..4G-1");
     }
   });
-  p.Value("--sweep-threads", [&](std::string_view v) {
-    o.sweep_threads = cli::ParseUintList("--sweep-threads", v);
-    for (uint64_t t : o.sweep_threads) {
+  value("--spin-us", [this](const std::string& v) {
+    spin_us = static_cast<int64_t>(cli::ParseUint("--spin-us", v));
+  });
+  value("--wait-spin-us", [this](const std::string& v) {
+    wait_spin_us = static_cast<int64_t>(cli::ParseUint("--wait-spin-us", v));
+  });
+  value("--duration",
+        [this](const std::string& v) { duration = cli::ParseSeconds("--duration", v); });
+  value("--total-bytes", [this](const std::string& v) {
+    total_bytes = cli::ParseSize("--total-bytes", v);
+    if (total_bytes == 0) throw cli::UsageError("bad value '0' for --total-bytes");
+  });
+  value("--buffer-size", [this](const std::string& v) {
+    buffer_size = cli::ParseSize("--buffer-size", v);
+    if (buffer_size == 0) throw cli::UsageError("bad value '0' for --buffer-size");
+  });
+  app.add_flag("--hugepages", hugepages);
+  app.add_flag("--verify", verify);
+  app.add_flag("--inject-mismatch", inject_mismatch);
+  app.add_flag("--no-baseline", no_baseline);
+  app.add_flag("--json", json);
+  app.add_flag("--sweep", sweep);
+  value("--sweep-blocks", [this](const std::string& v) {
+    sweep_blocks = cli::ParseSizeList("--sweep-blocks", v);
+    for (uint64_t b : sweep_blocks) {
+      if (b == 0) throw cli::UsageError("bad value '" + v + "' for --sweep-blocks: 0");
+    }
+  });
+  value("--sweep-threads", [this](const std::string& v) {
+    sweep_threads = cli::ParseUintList("--sweep-threads", v);
+    for (uint64_t t : sweep_threads) {
       if (t == 0 || t > 256) {
-        throw cli::UsageError("bad value '" + std::string(v) + "' for --sweep-threads: 1..256");
+        throw cli::UsageError("bad value '" + v + "' for --sweep-threads: 1..256");
       }
     }
   });
-  p.Value("--output", [&](std::string_view v) { o.output = v; });
-  p.Value("--plot-script", [&](std::string_view v) { o.plot_script = v; });
+  value("--output", [this](const std::string& v) { output = v; });
+  value("--plot-script", [this](const std::string& v) { plot_script = v; });
+}
 
-  if (p.Parse(args)) {
-    std::cout << kHelp;
-    return std::nullopt;
+void BenchOptions::Finish() {
+  BenchOptions& o = *this;
+  if (o.ByName()) {
+    if (MetadataBackendOf(o.metadata) == "memory" &&
+        (o.role != Role::kLauncher || o.transport != "local")) {
+      throw cli::UsageError("--metadata " + o.metadata +
+                            " reaches only engines of one process: use it with --transport "
+                            "local (no --role), or give an http:// service");
+    }
+    if (o.role == Role::kInitiator && !o.name.empty()) {
+      throw cli::UsageError(
+          "--name is the target's; the initiator names the target with --target NAME");
+    }
+    if (o.name.empty()) o.name = kDefaultTargetName;
+    if (o.role == Role::kInitiator && o.target.empty()) o.target = o.name;
+  } else if (!o.name.empty()) {
+    throw cli::UsageError(
+        "--name needs --metadata (with P2PHANDSHAKE the target is found by HOST:PORT)");
   }
-
   // Combinations.
   if (o.role == Role::kInitiator && o.target.empty()) {
     throw cli::UsageError("--role initiator needs --target HOST:PORT (the target's peer id)");
@@ -249,9 +306,9 @@ std::optional<BenchOptions> ParseBenchOptions(const std::vector<std::string>& ar
     if (o.json || o.verify || o.sweep || o.sync || o.kv || o.block_set || o.batch_set ||
         o.threads_set || o.duration > 0 || o.total_bytes > 0 || o.no_baseline) {
       throw cli::UsageError(
-          "--role target takes only --listen, --buffer-size, --transport, "
-          "--streams, --io-threads, --slice-size, --spin-us and --wait-spin-us; the initiator "
-          "chooses the workload");
+          "--role target takes only --listen, --metadata, --name, --buffer-size, --hugepages, "
+          "--transport, --streams, --io-threads, --slice-size, --spin-us and --wait-spin-us; the "
+          "initiator chooses the workload");
     }
   }
   if (o.sweep) {
@@ -264,7 +321,6 @@ std::optional<BenchOptions> ParseBenchOptions(const std::vector<std::string>& ar
     }
   }
   if (o.duration == 0 && o.total_bytes == 0) o.duration = o.sweep ? 1.0 : 1.5;
-  return o;
 }
 
 std::vector<std::string> BenchOptions::TargetArgs(uint64_t buffer_size) const {
@@ -275,6 +331,7 @@ std::vector<std::string> BenchOptions::TargetArgs(uint64_t buffer_size) const {
                                 listen,
                                 "--buffer-size",
                                 std::to_string(buffer_size)};
+  if (ByName()) a.insert(a.end(), {"--metadata", metadata, "--name", name});
   if (hugepages) a.push_back("--hugepages");
   if (transport != "auto") a.insert(a.end(), {"--transport", transport});
   if (streams > 0) a.insert(a.end(), {"--streams", std::to_string(streams)});
@@ -288,7 +345,7 @@ std::vector<std::string> BenchOptions::TargetArgs(uint64_t buffer_size) const {
 EngineOptions BenchOptions::MakeEngineOptions() const {
   EngineOptions e = EngineOptions{}.WithEnvironment();
   e.listen_host = listen;
-  e.metadata = "P2PHANDSHAKE";
+  e.metadata = metadata;
   if (transport != "auto") e.transport = transport;
   if (streams > 0) e.tcp_streams = streams;
   if (io_threads >= 0) e.io_threads = io_threads;

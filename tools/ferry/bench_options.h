@@ -1,4 +1,4 @@
-// Options of `ferry bench`, parsed from its command line.
+// Options of `ferry bench`, parsed from its command line (CLI11).
 #pragma once
 
 #include <cstdint>
@@ -9,15 +9,28 @@
 #include "ferry/options.h"
 #include "workload.h"
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace ferry::bench {
 
 enum class Role { kLauncher, kTarget, kInitiator };
 
+// The name a bench target publishes under in a metadata service, unless
+// --name says otherwise.
+inline constexpr const char* kDefaultTargetName = "ferry-bench-target";
+
 struct BenchOptions {
   Role role = Role::kLauncher;
-  std::string target;   // --target HOST:PORT (initiator)
+  std::string target;   // --target HOST:PORT, or NAME with a metadata service (initiator)
   std::string control;  // --control HOST:PORT (initiator; optional)
   std::string listen = "127.0.0.1";
+  // --metadata URL: how the engines find each other (every role).
+  std::string metadata = "P2PHANDSHAKE";
+  // --name NAME: with a metadata service, the name the target publishes
+  // under (default kDefaultTargetName).
+  std::string name;
 
   Operation op = Operation::kWrite;
   uint64_t block = 1u << 20;
@@ -54,13 +67,22 @@ struct BenchOptions {
   std::string output = "ferry-sweep";
   std::string plot_script;  // default: found next to the binary or in the source tree
 
+  // Whether the engines find each other by name through a metadata service
+  // (--metadata other than P2PHANDSHAKE) rather than by HOST:PORT.
+  bool ByName() const;
   // The arguments to hand to a target started by the launcher.
   std::vector<std::string> TargetArgs(uint64_t buffer_size) const;
   // The engine options these flags ask for, over FERRY_* from the environment.
   EngineOptions MakeEngineOptions() const;
-};
 
-// Throws cli::UsageError. Returns nullopt when --help was printed.
-std::optional<BenchOptions> ParseBenchOptions(const std::vector<std::string>& args);
+  // Parses `ferry bench`'s command line and checks the combination. Throws
+  // cli::UsageError. Returns nullopt when --help was printed.
+  static std::optional<BenchOptions> FromCommandLine(const std::vector<std::string>& args);
+
+ private:
+  void AddFlags(CLI::App& app);
+  // Refuses combinations that make no sense and fills in the defaults.
+  void Finish();
+};
 
 }  // namespace ferry::bench

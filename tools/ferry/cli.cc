@@ -1,5 +1,6 @@
 #include "cli.h"
 
+#include <CLI/CLI.hpp>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -109,53 +110,59 @@ std::string FormatSize(uint64_t bytes) {
   return std::to_string(v) + " " + kUnits[unit];
 }
 
-void FlagParser::Value(std::string name, std::function<void(std::string_view)> on_value) {
-  flags_.push_back({std::move(name), true, std::move(on_value), nullptr});
+void PrepareApp(CLI::App& app) {
+  app.set_help_flag();  // no CLI11 help: the commands print their own text
+  app.allow_extras();   // left-overs are reported by ParseFlags, in our words
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_flag("-h,--help");
 }
 
-void FlagParser::Switch(std::string name, std::function<void()> on_set) {
-  flags_.push_back({std::move(name), false, nullptr, std::move(on_set)});
-}
-
-bool FlagParser::Parse(const std::vector<std::string>& args) {
-  bool help = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string_view arg = args[i];
-    if (arg == "--help" || arg == "-h") {
-      help = true;
-      continue;
+bool ParseFlags(CLI::App& app, const std::vector<std::string>& args) {
+  // Before CLI11 sees them: "--switch=..." is refused (CLI11 would take
+  // "--switch=true"), "--name=" hands the flag an empty value (CLI11 would
+  // take the next word), and short options other than -h are not flags of
+  // ours (a negative number stays a value, for the flag to refuse).
+  std::vector<std::string> words;
+  bool options_ended = false;
+  for (const std::string& arg : args) {
+    if (!options_ended && arg.size() > 1 && arg[0] == '-' && arg[1] != '-' && arg != "-h" &&
+        !std::isdigit(static_cast<unsigned char>(arg[1]))) {
+      throw UsageError("unexpected argument '" + arg + "' (flags start with --)");
     }
-    if (!arg.starts_with("--")) {
-      throw UsageError("unexpected argument '" + std::string(arg) + "' (flags start with --)");
+    const size_t eq = arg.find('=');
+    const CLI::Option* flag = options_ended || !arg.starts_with("--") || eq == std::string::npos
+                                  ? nullptr
+                                  : app.get_option_no_throw(arg.substr(0, eq));
+    options_ended = options_ended || arg == "--";
+    if (flag != nullptr && flag->get_items_expected_max() == 0) {
+      throw UsageError(arg.substr(0, eq) + " takes no value");
     }
-    std::string_view name = arg;
-    std::string_view inline_value;
-    bool has_inline = false;
-    if (auto eq = arg.find('='); eq != std::string_view::npos) {
-      name = arg.substr(0, eq);
-      inline_value = arg.substr(eq + 1);
-      has_inline = true;
-    }
-    const Flag* flag = nullptr;
-    for (const Flag& f : flags_) {
-      if (f.name == name) flag = &f;
-    }
-    if (flag == nullptr) {
-      throw UsageError("unknown flag " + std::string(name));
-    }
-    if (!flag->takes_value) {
-      if (has_inline) throw UsageError(std::string(name) + " takes no value");
-      flag->on_set();
-      continue;
-    }
-    if (has_inline) {
-      flag->on_value(inline_value);
+    if (flag != nullptr && eq + 1 == arg.size()) {
+      words.insert(words.end(), {arg.substr(0, eq), ""});
     } else {
-      if (i + 1 >= args.size()) throw UsageError(std::string(name) + " needs a value");
-      flag->on_value(args[++i]);
+      words.push_back(arg);
     }
   }
-  return help;
+  std::vector<std::string> reversed(words.rbegin(), words.rend());  // CLI11 pops from the back
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ArgumentMismatch& e) {
+    // "--name: 1 required TEXT missing".
+    const std::string what = e.what();
+    if (auto colon = what.find(':'); colon != std::string::npos && what.ends_with(" missing")) {
+      throw UsageError(what.substr(0, colon) + " needs a value");
+    }
+    throw UsageError(what);
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+  const std::vector<std::string> extras = app.remaining();
+  if (!extras.empty()) {
+    const std::string& arg = extras.front();
+    if (arg.starts_with("--")) throw UsageError("unknown flag " + arg.substr(0, arg.find('=')));
+    throw UsageError("unexpected argument '" + arg + "' (flags start with --)");
+  }
+  return app.get_option("--help")->count() > 0;
 }
 
 }  // namespace ferry::cli

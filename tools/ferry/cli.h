@@ -1,14 +1,17 @@
-// Small helpers shared by the `ferry` subcommands: flag parsing, number and
-// size parsing, and the two ways a command fails (usage error: exit 2;
-// runtime error: exit 1).
+// Small helpers shared by the `ferry` subcommands: the command line (CLI11,
+// set up the same way for every subcommand), number and size parsing, and
+// the two ways a command fails (usage error: exit 2; runtime error: exit 1).
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
+
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace ferry::cli {
 
@@ -40,27 +43,17 @@ std::vector<uint64_t> ParseUintList(std::string_view flag, std::string_view text
 // "1 MiB", "32 KiB", "1000 B".
 std::string FormatSize(uint64_t bytes);
 
-// Declarative flag table. Each flag is "--name VALUE", "--name=VALUE" or,
-// for switches, "--name".
-class FlagParser {
- public:
-  explicit FlagParser(std::string command) : command_(std::move(command)) {}
-  void Value(std::string name, std::function<void(std::string_view)> on_value);
-  void Switch(std::string name, std::function<void()> on_set);
-  // Parses args (without the command words). Throws UsageError on an unknown
-  // flag, a missing value, or a positional argument. Returns true if --help
-  // (or -h) was given; the other flags are still parsed.
-  bool Parse(const std::vector<std::string>& args);
-
- private:
-  struct Flag {
-    std::string name;
-    bool takes_value;
-    std::function<void(std::string_view)> on_value;
-    std::function<void()> on_set;
-  };
-  std::string command_;
-  std::vector<Flag> flags_;
-};
+// Prepares a CLI11 app for a subcommand's flags: "--name VALUE",
+// "--name=VALUE" and, for switches, "--name". CLI11's own help is off (each
+// command prints its hand-written text); -h/--help is a switch ParseFlags
+// reports; a flag given twice keeps its last value. Declare the flags on the
+// app after this (add_option_function<std::string> whose callbacks parse the
+// value and throw UsageError naming the flag; add_flag for switches).
+void PrepareApp(CLI::App& app);
+// Parses `args` (the words after the command). Throws UsageError on an
+// unknown flag, a missing value, a value given to a switch or a positional
+// argument. Returns true when -h or --help was given (the other flags are
+// still parsed and checked).
+bool ParseFlags(CLI::App& app, const std::vector<std::string>& args);
 
 }  // namespace ferry::cli

@@ -1,19 +1,22 @@
 // `ferry info`.
 #include <sys/resource.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "cli.h"
 #include "commands.h"
 #include "ferry/ferry.h"
-#include "json.h"
 
 namespace ferry::cli {
 namespace {
+
+using Json = nlohmann::ordered_json;  // --json keeps the fields in the order written
 
 std::string MemlockSoft() {
   rlimit r{};
@@ -81,17 +84,9 @@ std::string JsonKey(const OptionSpec& s) {
 }
 
 // The option's value in `o`: a number for integer options, else a string.
-void OptionJsonValue(bench::JsonWriter& j, const OptionSpec& s, const EngineOptions& o) {
-  if (s.integer_value == nullptr) {
-    j.Value(s.Value(o));
-    return;
-  }
-  const int64_t v = s.integer_value(o);
-  if (v >= 0) {
-    j.Value(static_cast<uint64_t>(v));
-  } else {
-    j.Value(static_cast<double>(v));
-  }
+Json OptionJsonValue(const OptionSpec& s, const EngineOptions& o) {
+  if (s.integer_value == nullptr) return s.Value(o);
+  return s.integer_value(o);
 }
 
 // One line per transport of the registry: reach, memory kinds, availability.
@@ -101,6 +96,18 @@ std::string RegistryLines(const std::vector<TransportInfo>& registry) {
     out += "  " + Pad(t.name, 8) + Pad(t.reach, 14) + "memory " + Join(t.memory_kinds) +
            (t.needs_region_keys ? ", per-region keys" : "") + "; " +
            (t.unavailable.empty() ? "available" : "unavailable here: " + t.unavailable) + "\n";
+  }
+  return out;
+}
+
+// Two lines per metadata backend: name, whether this build has it, the form
+// of its connection strings; what it is.
+std::string MetadataLines(const std::vector<MetadataBackendInfo>& backends) {
+  std::string out;
+  for (const auto& b : backends) {
+    out += "  " + Pad(b.name, 8) + Pad(b.built ? "built in" : "not built", 11) + b.form + "\n" +
+           std::string(21, ' ') + b.description +
+           (b.built ? "" : " (install " + b.missing + " and rebuild)") + "\n";
   }
   return out;
 }
@@ -123,10 +130,11 @@ std::string OptionLines(const EngineOptions& o) {
 
 int InfoMain(const std::vector<std::string>& args) {
   bool json = false, version_only = false;
-  FlagParser p("info");
-  p.Switch("--json", [&] { json = true; });
-  p.Switch("--version", [&] { version_only = true; });
-  if (p.Parse(args)) {
+  CLI::App app("ferry info");
+  PrepareApp(app);
+  app.add_flag("--json", json);
+  app.add_flag("--version", version_only);
+  if (ParseFlags(app, args)) {
     std::cout << kInfoHelp;
     return 0;
   }
@@ -142,67 +150,72 @@ int InfoMain(const std::vector<std::string>& args) {
   const Capabilities caps = (*engine)->GetCapabilities();
   const std::vector<TransportInfo> registry = ListTransports();
   const EngineOptions& o = (*engine)->options();
+  const std::vector<MetadataBackendInfo> backends = ListMetadataBackends();
+  const std::string backend = MetadataBackendOf(o.metadata);
   if (json) {
-    bench::JsonWriter j;
-    j.BeginObject().Field("version", Version());
-    j.Key("wire_versions").BeginObject().Field("min", static_cast<int>(caps.wire_version_min));
-    j.Field("max", static_cast<int>(caps.wire_version_max)).EndObject();
-    j.Key("transports").BeginArray();
-    for (const auto& t : caps.transports) j.Value(t);
-    j.EndArray();
-    j.Key("transport_registry").BeginArray();
+    Json j;
+    j["version"] = Version();
+    j["wire_versions"] = {{"min", caps.wire_version_min}, {"max", caps.wire_version_max}};
+    j["transports"] = caps.transports;
+    j["transport_registry"] = Json::array();
     for (const auto& t : registry) {
-      j.BeginObject().Field("name", t.name).Field("reach", t.reach);
-      j.Key("memory_kinds").BeginArray();
-      for (const auto& k : t.memory_kinds) j.Value(k);
-      j.EndArray();
-      j.Field("needs_region_keys", t.needs_region_keys).Field("unavailable", t.unavailable);
-      j.EndObject();
+      j["transport_registry"].push_back({{"name", t.name},
+                                         {"reach", t.reach},
+                                         {"memory_kinds", t.memory_kinds},
+                                         {"needs_region_keys", t.needs_region_keys},
+                                         {"unavailable", t.unavailable}});
     }
-    j.EndArray();
-    j.Key("features").BeginArray();
-    for (const auto& f : caps.features) j.Value(f);
-    j.EndArray();
-    j.Key("options").BeginObject();
-    j.Field("local_name", o.local_name).Field("listen_host", o.listen_host);
-    j.Field("listen_port", static_cast<int>(o.listen_port)).Field("metadata", o.metadata);
-    for (const OptionSpec& s : OptionTable()) {
-      j.Key(JsonKey(s));
-      OptionJsonValue(j, s, o);
+    j["features"] = caps.features;
+    j["metadata_backend"] = backend;
+    j["metadata_backends"] = Json::array();
+    for (const auto& b : backends) {
+      j["metadata_backends"].push_back({{"name", b.name},
+                                        {"form", b.form},
+                                        {"description", b.description},
+                                        {"built", b.built},
+                                        {"missing", b.missing}});
     }
-    j.EndObject();
+    Json& options = j["options"];
+    options["local_name"] = o.local_name;
+    options["listen_host"] = o.listen_host;
+    options["listen_port"] = o.listen_port;
+    options["metadata"] = o.metadata;
+    for (const OptionSpec& s : OptionTable()) options[JsonKey(s)] = OptionJsonValue(s, o);
     // The table itself, with the effective values.
-    j.Key("option_table").BeginArray();
+    j["option_table"] = Json::array();
     for (const OptionSpec& s : OptionTable()) {
-      j.BeginObject().Field("name", s.name).Field("variable", s.variable).Field("unit", s.unit);
-      j.Field("range", s.range).Field("default", s.default_value).Field("meaning", s.meaning);
-      j.Key("value");
-      OptionJsonValue(j, s, o);
-      j.EndObject();
+      j["option_table"].push_back({{"name", s.name},
+                                   {"variable", s.variable},
+                                   {"unit", s.unit},
+                                   {"range", s.range},
+                                   {"default", s.default_value},
+                                   {"meaning", s.meaning},
+                                   {"value", OptionJsonValue(s, o)}});
     }
-    j.EndArray();
-    j.Key("limits").BeginObject();
-    j.Field("max_batch_capacity", static_cast<uint64_t>(kMaxBatchCapacity));
-    j.Field("max_notification_name", static_cast<uint64_t>(kMaxNotificationName));
-    j.Field("max_notification_message", static_cast<uint64_t>(kMaxNotificationMessage));
-    j.Field("registered_memory", "address space (local, shm and tcp do not pin pages)");
-    j.Field("memlock_soft", MemlockSoft());
-    j.Field("yama_ptrace_scope", YamaPtraceScope());
-    j.Field("same_host_access", SameHostAccess());
-    j.Field("same_host_copy", SameHostCopyProbe(registry));
-    j.EndObject();
-    j.Field("peer_id_of_this_probe", (*engine)->PeerId());
-    j.EndObject();
-    std::cout << j.str() << std::endl;
+    j["limits"] = {{"max_batch_capacity", static_cast<uint64_t>(kMaxBatchCapacity)},
+                   {"max_notification_name", static_cast<uint64_t>(kMaxNotificationName)},
+                   {"max_notification_message", static_cast<uint64_t>(kMaxNotificationMessage)},
+                   {"registered_memory", "address space (local, shm and tcp do not pin pages)"},
+                   {"memlock_soft", MemlockSoft()},
+                   {"yama_ptrace_scope", YamaPtraceScope()},
+                   {"same_host_access", SameHostAccess()},
+                   {"same_host_copy", SameHostCopyProbe(registry)}};
+    j["peer_id_of_this_probe"] = (*engine)->PeerId();
+    std::cout << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;
     return 0;
+  }
+  std::string backend_note = backend.empty() ? "no backend takes it" : "backend " + backend;
+  for (const auto& b : backends) {
+    if (b.name == backend && !b.built) backend_note += ", not in this build";
   }
   std::cout << "ferry " << Version() << "\n"
             << "wire versions      " << caps.wire_version_min << ".." << caps.wire_version_max
             << " (this build: " << kWireVersionMin << ".." << kWireVersionMax << ")\n"
             << "transports         " << Join(caps.transports) << "   (preferred first)\n"
-            << RegistryLines(registry)
-            << "features           " << Join(caps.features) << "\n"
-            << "metadata           " << o.metadata << " (also http://HOST:PORT/PATH with ferry metadata-server, memory://NAME within one process; etcd, Redis: not yet)\n"
+            << RegistryLines(registry) << "features           " << Join(caps.features) << "\n"
+            << "metadata           " << o.metadata << "   (" << backend_note
+            << "; ferry bench takes --metadata URL)\n"
+            << MetadataLines(backends)
             << "\neffective options (defaults overlaid with FERRY_* from the environment):\n"
             << "  local_name          " << (o.local_name.empty() ? "(the peer id)" : o.local_name)
             << "   [this probe: " << (*engine)->LocalName() << "]\n"
@@ -210,14 +223,13 @@ int InfoMain(const std::vector<std::string>& args) {
             << "  listen_port         " << o.listen_port
             << (o.listen_port == 0 ? " (any free)" : "")
             << "   [this probe: " << (*engine)->RpcPort() << "]\n"
-            << OptionLines(o)
-            << "\nlimits:\n"
+            << OptionLines(o) << "\nlimits:\n"
             << "  batch capacity      " << kMaxBatchCapacity << " requests\n"
             << "  notification        name " << kMaxNotificationName << " B, message "
             << kMaxNotificationMessage << " B\n"
             << "  registered memory   any amount: local, shm and tcp do not pin pages\n"
-            << "  same-host (shm)     " << SameHostAccess() << "; probe of a child: "
-            << SameHostCopyProbe(registry) << "\n"
+            << "  same-host (shm)     " << SameHostAccess()
+            << "; probe of a child: " << SameHostCopyProbe(registry) << "\n"
             << "  RLIMIT_MEMLOCK      " << MemlockSoft() << " (for pinning transports, later)\n";
   return 0;
 }

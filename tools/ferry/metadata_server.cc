@@ -4,6 +4,7 @@
 // itself.
 #include <signal.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdint>
 #include <iostream>
@@ -121,17 +122,19 @@ bool KeyOf(const httplib::Request& req, httplib::Response& res, std::string* key
 }  // namespace
 
 int MetadataServerMain(const std::vector<std::string>& args) {
-  FlagParser p("metadata-server");
   std::string listen = "127.0.0.1";
   uint64_t port = 0, ttl_ms = 10000;
   bool port_given = false;
-  p.Value("--port", [&](std::string_view v) {
+  CLI::App app("ferry metadata-server");
+  PrepareApp(app);
+  app.add_option_function<std::string>("--port", [&](const std::string& v) {
     port = ParseUint("--port", v);
     port_given = true;
   });
-  p.Value("--listen", [&](std::string_view v) { listen = std::string(v); });
-  p.Value("--ttl-ms", [&](std::string_view v) { ttl_ms = ParseUint("--ttl-ms", v); });
-  if (p.Parse(args)) {
+  app.add_option_function<std::string>("--listen", [&](const std::string& v) { listen = v; });
+  app.add_option_function<std::string>(
+      "--ttl-ms", [&](const std::string& v) { ttl_ms = ParseUint("--ttl-ms", v); });
+  if (ParseFlags(app, args)) {
     std::cout << kMetadataHelp;
     return 0;
   }
