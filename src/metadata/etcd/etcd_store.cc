@@ -553,9 +553,17 @@ class EtcdStore : public MetadataStore {
     }
     if (result.value("created", false)) {
       *created = true;
+      const int64_t now = result.contains("header") ? Int(result["header"], "revision") : 0;
+      if (*next_revision > now + 1) {
+        // A cluster younger than what we saw (its data was lost): events
+        // may be missing; re-read every peer and follow the new history.
+        *resync = true;
+        *next_revision = now + 1;
+        return false;
+      }
       // The first stream's starting point: a stream opened again later
       // resumes here, so changes made while no stream was open are seen.
-      if (*next_revision == 0 && result.contains("header")) *next_revision = Int(result["header"], "revision") + 1;
+      if (*next_revision == 0) *next_revision = now + 1;
     }
     auto events = result.find("events");
     if (events == result.end() || !events->is_array()) return true;
