@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev
-  libcpp-httplib-dev libhiredis-dev libcli11-dev nlohmann-json3-dev
+  libssl-dev libcpp-httplib-dev libhiredis-dev libcli11-dev nlohmann-json3-dev
   etcd-server etcd-client redis-server
   python3 python3-dev pybind11-dev python3-pytest python3-numpy
   python3-torch python3-matplotlib

@@ -45,6 +45,14 @@ struct EngineOptions {
   // the forced transport cannot reach the peer).
   std::string transport = "auto";
 
+  // A file holding the cluster secret (at least 16 bytes; trailing newlines
+  // are not part of it), read by Engine::Create; empty = no secret. With
+  // it, every connection to or from a peer (handshake, tcp and same-host
+  // streams) authenticates with HMAC-SHA256 challenge-response first, and
+  // peers without the same secret are refused (kUnauthenticated). It does
+  // not encrypt: the bytes on the wire stay readable (docs/reliability.md).
+  std::string secret_file;
+
   // Connect + handshake with a peer.
   std::chrono::milliseconds connect_timeout{5000};
   // Deadline of each submitted request, from submission.

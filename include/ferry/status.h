@@ -13,6 +13,8 @@
 //   kCancelled          the operation was cancelled (engine shut down)
 //   kUnimplemented      the feature is not available in this build or peer
 //   kInternal           a bug in Ferry; please report it
+//   kUnauthenticated    the peer and this engine do not share a cluster secret
+//                       (one has none, or they differ): fix the configuration
 // Every non-OK status carries a message that names the object at fault.
 #pragma once
 
@@ -39,6 +41,7 @@ enum class StatusCode : int {
   kInternal = 13,
   kUnavailable = 14,
   kDataLoss = 15,
+  kUnauthenticated = 16,
 };
 
 // "OK", "INVALID_ARGUMENT", ... (stable; used in logs, JSON and Python).
@@ -85,6 +88,7 @@ inline Status DataLossError(std::string m) { return {StatusCode::kDataLoss, std:
 inline Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status UnimplementedError(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 inline Status CancelledError(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
+inline Status UnauthenticatedError(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
 
 // Either a value or a non-OK Status.
 template <typename T>

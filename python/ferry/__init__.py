@@ -37,6 +37,7 @@ from ._errors import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    Unauthenticated,
     Unavailable,
     Unimplemented,
     Unknown,
@@ -50,6 +51,6 @@ __all__ = [
     "AlreadyExists", "Batch", "BatchStatus", "Cancelled", "DataLoss", "DeadlineExceeded",
     "Engine", "FailedPrecondition", "FerryError", "Internal", "InvalidArgument", "NotFound",
     "Notification", "Opcode", "RemoteRegion", "Request", "ResourceExhausted", "Segment",
-    "SegmentInfo", "TransferState", "Unavailable", "Unimplemented", "Unknown",
+    "SegmentInfo", "TransferState", "Unauthenticated", "Unavailable", "Unimplemented", "Unknown",
     "WIRE_VERSION_MAX", "WIRE_VERSION_MIN", "__version__", "resolve_memory",
 ]

@@ -270,7 +270,8 @@ class Engine:
     Keyword arguments set ``EngineOptions`` (durations in seconds):
     local_name, listen_host ("127.0.0.1"), listen_port (0: any), metadata
     ("P2PHANDSHAKE"; or etcd://H:P, redis://H:P, http://H:P/metadata — see
-    ferry info), metadata_ttl (10), metadata_cluster ("ferry"), transport ("auto" | "local" | "shm" | "tcp"), connect_timeout (5),
+    ferry info), metadata_ttl (10), metadata_cluster ("ferry"), secret_file
+    ("": no cluster secret; see docs/reliability.md), transport ("auto" | "local" | "shm" | "tcp"), connect_timeout (5),
     transfer_timeout (30), handshake_timeout (5), tcp_streams (2), io_threads
     (0), slice_size, max_frame_bytes, max_frame_entries, tcp_send_buffer
     (524288 bytes; 0: kernel autotuning), spin (50e-6), wait_spin (200e-6),

@@ -63,12 +63,16 @@ Internal = _define("Internal", 13, "INTERNAL", "A bug in Ferry; please report it
 Unavailable = _define(
     "Unavailable", 14, "UNAVAILABLE", "Transient: the peer is down or unreachable; retry later.")
 DataLoss = _define("DataLoss", 15, "DATA_LOSS", "Bytes were lost or corrupted.")
+Unauthenticated = _define(
+    "Unauthenticated", 16, "UNAUTHENTICATED",
+    "The peer and this engine do not share a cluster secret (FERRY_SECRET_FILE): one has none, "
+    "or they differ.", PermissionError)
 
 _BY_CODE: dict[int, type] = {
     cls.code: cls
     for cls in (Cancelled, Unknown, InvalidArgument, DeadlineExceeded, NotFound, AlreadyExists,
                 ResourceExhausted, FailedPrecondition, Unimplemented, Internal, Unavailable,
-                DataLoss)
+                DataLoss, Unauthenticated)
 }
 
 ALL = tuple(cls.__name__ for cls in _BY_CODE.values())

@@ -431,6 +431,8 @@ PYBIND11_MODULE(_ferry, m) {
           [](ferry::EngineOptions& o, double s) { o.metadata_ttl = Millis(s); })
       .def_readwrite("metadata_cluster", &ferry::EngineOptions::metadata_cluster)
       .def_readwrite("transport", &ferry::EngineOptions::transport)
+      .def_readwrite("secret_file", &ferry::EngineOptions::secret_file,
+                     "Path of the cluster secret file (FERRY_SECRET_FILE); empty = no secret.")
       .def_property(
           "connect_timeout",
           [](const ferry::EngineOptions& o) { return Seconds(o.connect_timeout); },

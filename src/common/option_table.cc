@@ -114,6 +114,13 @@ constexpr Row kRows[] = {
      .values = "auto or a transport name (see ferry info)",
      .get_string = [](const EngineOptions& o) -> const std::string& { return o.transport; },
      .set_string = [](EngineOptions& o, std::string_view v) { o.transport = v; }},
+    {.name = "secret_file",
+     .variable = "FERRY_SECRET_FILE",
+     .meaning = "a file holding the cluster secret (at least 16 bytes): peers must prove they share it "
+                "(HMAC-SHA256 challenge-response on every connection); empty = no secret",
+     .values = "a path, or empty",
+     .get_string = [](const EngineOptions& o) -> const std::string& { return o.secret_file; },
+     .set_string = [](EngineOptions& o, std::string_view v) { o.secret_file = v; }},
     Integer<&EngineOptions::connect_timeout>("connect_timeout", "", "ms", 1, kDayMs,
                                              "connect + handshake with a peer"),
     Integer<&EngineOptions::transfer_timeout>(

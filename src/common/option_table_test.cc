@@ -80,7 +80,8 @@ TEST(OptionTable, CoversEveryVariable) {
             (std::set<std::string_view>{"FERRY_METADATA", "FERRY_METADATA_TTL_MS", "FERRY_METADATA_CLUSTER",
                                         "FERRY_TCP_STREAMS", "FERRY_IO_THREADS", "FERRY_SPIN_US",
                                         "FERRY_WAIT_SPIN_US", "FERRY_TCP_SEND_BUFFER",
-                                        "FERRY_TRANSFER_TIMEOUT_MS", "FERRY_TRANSPORT"}));
+                                        "FERRY_TRANSFER_TIMEOUT_MS", "FERRY_TRANSPORT",
+                                        "FERRY_SECRET_FILE"}));
 }
 
 std::string ConfigurationSection() {

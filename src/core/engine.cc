@@ -17,6 +17,7 @@
 #include <random>
 #include <unordered_map>
 
+#include "common/auth.h"
 #include "common/handle_table.h"
 #include "common/log.h"
 #include "common/memory_kind.h"
@@ -364,6 +365,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
     return InvalidArgumentError("transport must be auto or one of " + names + ", got '" + options.transport +
                                 "'");
   }
+  std::shared_ptr<const internal::ClusterSecret> secret;
+  if (!options.secret_file.empty()) {
+    FERRY_ASSIGN_OR_RETURN(secret, internal::ClusterSecret::Load(options.secret_file));
+  }
   auto impl = std::make_unique<Impl>();
   if (options.testing.wire_version_max != 0) {
     impl->wire_min = options.testing.wire_version_min;
@@ -392,10 +397,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   ctx.instance_id = impl->instance_id;
   ctx.wire_min = impl->wire_min;
   ctx.wire_max = impl->wire_max;
+  ctx.secret = secret;
   FERRY_RETURN_IF_ERROR(impl->transports->Start(ctx));
 
   internal::MetadataContext mctx;
   mctx.rpc_openers = &impl->transports->rpc_openers();
+  mctx.secret = secret;
   mctx.descriptor_format_max = impl->descriptor_format_max;
   mctx.cluster = options.metadata_cluster;
   mctx.ttl = options.metadata_ttl;

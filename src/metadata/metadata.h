@@ -60,6 +60,9 @@ struct MetadataContext {
   // The rpc port's first-frame handlers, for a store that answers peers on
   // it (P2P); filled before the port is served.
   stream::FirstFrames* rpc_openers = nullptr;
+  // The cluster secret (EngineOptions::secret_file) a store that opens
+  // connections to peers' rpc ports (P2P) proves; null = none.
+  std::shared_ptr<const ClusterSecret> secret;
   // Highest descriptor format this engine writes (tests play older builds).
   uint16_t descriptor_format_max = wire::kDescriptorFormatMax;
   // Key prefix (metadata/entries.h): EngineOptions::metadata_cluster.

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "common/auth.h"
 #include "core/target.h"
 #include "ferry/options.h"
 #include "transport/stream/host.h"
@@ -21,8 +22,12 @@ struct TransportContext {
   std::string peer_id;  // "host:port" of the rpc port
   uint64_t instance_id = 0;
   uint16_t wire_min = 1, wire_max = 1;
+  // The cluster secret (EngineOptions::secret_file), or null: proven on
+  // every connection this engine opens and required of every one it accepts.
+  std::shared_ptr<const ClusterSecret> secret;
 
   stream::HelloPolicy hello_policy() const { return {target, wire_min, wire_max}; }
+  stream::Credentials credentials() const { return {secret, peer_id}; }
 };
 
 }  // namespace ferry::internal

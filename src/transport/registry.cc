@@ -56,6 +56,7 @@ StatusOr<std::unique_ptr<TransportSet>> TransportSet::Create(const EngineOptions
 Status TransportSet::Start(const TransportContext& given) {
   TransportContext ctx = given;
   ctx.streams = streams_.get();
+  streams_->SetSecret(ctx.secret);  // every listener of this engine checks it
   for (const auto& e : entries_) {
     auto t = e.make(ctx);
     if (t.ok()) {

@@ -5,11 +5,17 @@
 namespace ferry::wire {
 
 StatusOr<std::string> Exchange(int fd, FrameType type, std::string_view body, FrameType reply_type,
-                               std::chrono::steady_clock::time_point deadline) {
+                               std::chrono::steady_clock::time_point deadline, std::string_view prefix) {
   FrameHeader h;
   h.type = type;
   h.seq = 1;
-  std::string frame = BuildFrame(h, body);
+  std::string frame(prefix);
+  frame += BuildFrame(h, body);
+  return ExchangeFrame(fd, frame, reply_type, deadline);
+}
+
+StatusOr<std::string> ExchangeFrame(int fd, std::string_view frame, FrameType reply_type,
+                                    std::chrono::steady_clock::time_point deadline) {
   FERRY_RETURN_IF_ERROR(internal::SendAll(fd, frame.data(), frame.size(), deadline));
   uint8_t hdr[kFrameHeaderSize];
   FERRY_RETURN_IF_ERROR(internal::RecvAll(fd, hdr, sizeof(hdr), deadline));

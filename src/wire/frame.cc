@@ -14,6 +14,9 @@ bool KnownType(uint8_t t) {
     case FrameType::kStreamHello:
     case FrameType::kStreamHelloAck:
     case FrameType::kCopyHello:
+    case FrameType::kAuthHello:
+    case FrameType::kAuthChallenge:
+    case FrameType::kAuthProof:
     case FrameType::kWrite:
     case FrameType::kRead:
     case FrameType::kNotify:
@@ -41,6 +44,7 @@ bool KnownCode(uint8_t c) {
     case StatusCode::kInternal:
     case StatusCode::kUnavailable:
     case StatusCode::kDataLoss:
+    case StatusCode::kUnauthenticated:
       return true;
   }
   return false;
@@ -57,6 +61,17 @@ bool ReadStatus(ByteReader& r, Status* out) {
   if (!KnownCode(code)) code = static_cast<uint8_t>(StatusCode::kUnknown);
   *out = Status(static_cast<StatusCode>(code), std::move(msg));
   return true;
+}
+
+bool ReadBytes(ByteReader& r, AuthBytes* out) {
+  for (uint8_t& b : *out) {
+    if (!r.U8(&b)) return false;
+  }
+  return true;
+}
+
+void WriteBytes(ByteWriter& w, const AuthBytes& b) {
+  for (uint8_t x : b) w.U8(x);
 }
 
 void WriteStatus(ByteWriter& w, const Status& s) {
@@ -216,6 +231,52 @@ Status DecodeStatus(std::string_view body, Status* out) {
   ByteReader r(body);
   if (!ReadStatus(r, out) || r.remaining() != 0) return Corrupt("status");
   return OkStatus();
+}
+
+void EncodeAuthHello(const AuthHello& h, std::string* out) {
+  ByteWriter w(out);
+  w.U8(h.mode);
+  WriteBytes(w, h.nonce);
+  w.Str(h.peer_id);
+}
+
+StatusOr<AuthHello> DecodeAuthHello(std::string_view body) {
+  ByteReader r(body);
+  AuthHello h;
+  if (!r.U8(&h.mode) || !ReadBytes(r, &h.nonce) || !r.Str(&h.peer_id) || r.remaining() != 0) {
+    return Corrupt("authentication hello");
+  }
+  return h;
+}
+
+void EncodeAuthChallenge(const AuthChallenge& c, std::string* out) {
+  ByteWriter w(out);
+  WriteStatus(w, c.status);
+  w.U8(c.mode);
+  WriteBytes(w, c.nonce);
+  WriteBytes(w, c.mac);
+}
+
+StatusOr<AuthChallenge> DecodeAuthChallenge(std::string_view body) {
+  ByteReader r(body);
+  AuthChallenge c;
+  if (!ReadStatus(r, &c.status) || !r.U8(&c.mode) || !ReadBytes(r, &c.nonce) ||
+      !ReadBytes(r, &c.mac) || r.remaining() != 0) {
+    return Corrupt("authentication challenge");
+  }
+  return c;
+}
+
+void EncodeAuthProof(const AuthProof& p, std::string* out) {
+  ByteWriter w(out);
+  WriteBytes(w, p.mac);
+}
+
+StatusOr<AuthProof> DecodeAuthProof(std::string_view body) {
+  ByteReader r(body);
+  AuthProof p;
+  if (!ReadBytes(r, &p.mac) || r.remaining() != 0) return Corrupt("authentication proof");
+  return p;
 }
 
 std::string BuildFrame(FrameHeader h, std::string_view body) {

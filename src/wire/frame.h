@@ -5,6 +5,7 @@
 // docs/wire-format.md; keep them in sync.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -29,6 +30,9 @@ enum class FrameType : uint8_t {
   kStreamHello = 3,
   kStreamHelloAck = 4,
   kCopyHello = 5,  // same-host stream hello (unix socket), answered by kStreamHelloAck
+  kAuthHello = 6,      // initiator with a cluster secret: before its first frame
+  kAuthChallenge = 7,  // answer to kAuthHello
+  kAuthProof = 8,      // initiator: proves the secret; its first frame follows
   kWrite = 10,
   kRead = 11,
   kNotify = 12,
@@ -106,6 +110,39 @@ StatusOr<StreamHello> DecodeStreamHello(std::string_view body);
 void EncodeStatus(const Status& s, std::string* out);
 // Decodes into *out; the returned Status says whether decoding worked.
 Status DecodeStatus(std::string_view body, Status* out);
+
+// Authentication (docs/wire-format.md, "Authentication"): bodies of fixed
+// layout; the cryptography is in src/common/auth.h.
+inline constexpr uint8_t kAuthModeHmacSha256 = 1;
+inline constexpr size_t kAuthBytes = 32;  // nonces and MACs
+using AuthBytes = std::array<uint8_t, kAuthBytes>;
+
+// kAuthHello body: u8 mode, 32 bytes nonce, str peer_id (claimed, for logs).
+struct AuthHello {
+  uint8_t mode = kAuthModeHmacSha256;
+  AuthBytes nonce{};
+  std::string peer_id;
+};
+void EncodeAuthHello(const AuthHello& h, std::string* out);
+StatusOr<AuthHello> DecodeAuthHello(std::string_view body);
+
+// kAuthChallenge body: Status, u8 mode, 32 bytes nonce, 32 bytes mac (both
+// zero when the status is not OK).
+struct AuthChallenge {
+  Status status;
+  uint8_t mode = kAuthModeHmacSha256;
+  AuthBytes nonce{};
+  AuthBytes mac{};
+};
+void EncodeAuthChallenge(const AuthChallenge& c, std::string* out);
+StatusOr<AuthChallenge> DecodeAuthChallenge(std::string_view body);
+
+// kAuthProof body: 32 bytes mac.
+struct AuthProof {
+  AuthBytes mac{};
+};
+void EncodeAuthProof(const AuthProof& p, std::string* out);
+StatusOr<AuthProof> DecodeAuthProof(std::string_view body);
 
 // Builds header + body into one buffer.
 std::string BuildFrame(FrameHeader h, std::string_view body);

@@ -157,5 +157,46 @@ TEST(Frame, HeaderWithOnlyTheMagicWrongIsRefused) {
   EXPECT_THAT(DecodeHeader(buf), ::ferry::test::StatusIs(StatusCode::kDataLoss, ::testing::HasSubstr("magic")));
 }
 
+TEST(Frame, AuthenticationBodiesRoundTripAndHaveAFixedLayout) {
+  AuthHello hello;
+  hello.nonce.fill(0xab);
+  hello.peer_id = "10.0.0.1:4000";
+  std::string body;
+  EncodeAuthHello(hello, &body);
+  EXPECT_EQ(body.size(), 1u + kAuthBytes + 2 + hello.peer_id.size());
+  auto h = DecodeAuthHello(body);
+  ASSERT_THAT(h, ::ferry::test::IsOk());
+  EXPECT_EQ(h->mode, kAuthModeHmacSha256);
+  EXPECT_EQ(h->nonce, hello.nonce);
+  EXPECT_EQ(h->peer_id, hello.peer_id);
+  EXPECT_THAT(DecodeAuthHello(body + "x"), ::ferry::test::StatusIs(StatusCode::kDataLoss));
+  EXPECT_THAT(DecodeAuthHello(body.substr(0, 20)), ::ferry::test::StatusIs(StatusCode::kDataLoss));
+
+  AuthChallenge challenge;
+  challenge.status = UnauthenticatedError("engine 10.0.0.2:4000 has no cluster secret");
+  challenge.nonce.fill(1);
+  challenge.mac.fill(2);
+  body.clear();
+  EncodeAuthChallenge(challenge, &body);
+  auto c = DecodeAuthChallenge(body);
+  ASSERT_THAT(c, ::ferry::test::IsOk());
+  EXPECT_THAT(c->status, ::ferry::test::StatusIs(StatusCode::kUnauthenticated,
+                                                 ::testing::HasSubstr("no cluster secret")));
+  EXPECT_EQ(c->nonce, challenge.nonce);
+  EXPECT_EQ(c->mac, challenge.mac);
+  EXPECT_THAT(DecodeAuthChallenge(body.substr(0, body.size() - 1)),
+              ::ferry::test::StatusIs(StatusCode::kDataLoss));
+
+  AuthProof proof;
+  proof.mac.fill(3);
+  body.clear();
+  EncodeAuthProof(proof, &body);
+  EXPECT_EQ(body.size(), kAuthBytes);
+  auto p = DecodeAuthProof(body);
+  ASSERT_THAT(p, ::ferry::test::IsOk());
+  EXPECT_EQ(p->mac, proof.mac);
+  EXPECT_THAT(DecodeAuthProof(body + "x"), ::ferry::test::StatusIs(StatusCode::kDataLoss));
+}
+
 }  // namespace
 }  // namespace ferry::wire

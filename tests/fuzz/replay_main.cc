@@ -93,6 +93,28 @@ std::vector<std::string> Seeds() {
   EncodeDescriptor(d, &s);
   add(10, s);
   add(10, ferry::internal::Base64(s));
+  // Authentication bodies: a hello, a challenge (accepted and refused), a proof.
+  AuthHello ah;
+  ah.nonce.fill(0x11);
+  ah.peer_id = "127.0.0.1:5";
+  s.clear();
+  EncodeAuthHello(ah, &s);
+  add(11, s);
+  AuthChallenge ac;
+  ac.nonce.fill(0x22);
+  ac.mac.fill(0x33);
+  s.clear();
+  EncodeAuthChallenge(ac, &s);
+  add(12, s);
+  ac.status = ferry::UnauthenticatedError("engine 127.0.0.1:5 has no cluster secret");
+  s.clear();
+  EncodeAuthChallenge(ac, &s);
+  add(12, s);
+  AuthProof ap;
+  ap.mac.fill(0x44);
+  s.clear();
+  EncodeAuthProof(ap, &s);
+  add(13, s);
   return seeds;
 }
 

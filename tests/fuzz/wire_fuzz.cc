@@ -60,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ferry::wire;
   if (size == 0) return 0;
   // The first byte picks the decoder, the rest is its input.
-  const uint8_t which = data[0] % 11;
+  const uint8_t which = data[0] % 14;
   std::string_view in(reinterpret_cast<const char*>(data + 1), size - 1);
   switch (which) {
     case 0: {
@@ -169,6 +169,36 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       if (auto raw = ferry::internal::Unbase64(in)) Check(ferry::internal::Base64(*raw) == in);
       Check(ferry::internal::Unbase64(ferry::internal::Base64(in)) == std::string(in));
+      break;
+    }
+    case 11: {
+      auto h = DecodeAuthHello(in);
+      if (h.ok()) {
+        std::string out;
+        EncodeAuthHello(*h, &out);
+        Check(out == in);
+      }
+      break;
+    }
+    case 12: {
+      // The status may re-encode differently (unknown codes read as UNKNOWN).
+      auto c = DecodeAuthChallenge(in);
+      if (c.ok()) {
+        std::string out;
+        EncodeAuthChallenge(*c, &out);
+        auto again = DecodeAuthChallenge(out);
+        Check(again.ok() && again->nonce == c->nonce && again->mac == c->mac && again->mode == c->mode &&
+              again->status.code() == c->status.code());
+      }
+      break;
+    }
+    case 13: {
+      auto p = DecodeAuthProof(in);
+      if (p.ok()) {
+        std::string out;
+        EncodeAuthProof(*p, &out);
+        Check(out == in);
+      }
       break;
     }
   }

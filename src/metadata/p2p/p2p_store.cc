@@ -1,12 +1,15 @@
 // The peer-to-peer handshake store: one short connection to the peer's rpc
 // port, one kHandshakeRequest carrying our descriptor, one kHandshakeResponse
 // carrying the peer's (docs/wire-format.md). The responder answers on this
-// engine's rpc port with the descriptor last published.
+// engine's rpc port with the descriptor last published. With a cluster
+// secret the connection authenticates first (transport/stream/auth.h); the
+// rpc port's own authentication guards the responder.
 #include <mutex>
 
 #include "common/log.h"
 #include "common/net.h"
 #include "metadata/metadata.h"
+#include "transport/stream/auth.h"
 #include "transport/stream/connection.h"
 #include "wire/exchange.h"
 
@@ -63,7 +66,8 @@ Status Answer(const Published& published, uint16_t format_max, stream::Connectio
 
 class P2PStore : public MetadataStore {
  public:
-  explicit P2PStore(uint16_t format_max) : format_max_(format_max) {}
+  P2PStore(uint16_t format_max, std::shared_ptr<const ClusterSecret> secret)
+      : format_max_(format_max), secret_(std::move(secret)) {}
 
   Status Publish(const wire::PeerDescriptor& self) override {
     published_->Set(self);
@@ -84,12 +88,13 @@ class P2PStore : public MetadataStore {
     std::string body;
     wire::EncodeDescriptor(self, &body, wire::kDescriptorFormatMin);
     auto ctx = [&](const Status& s) { return s.WithPrefix("handshake with " + peer); };
-    auto resp = wire::Exchange(fd.get(), wire::FrameType::kHandshakeRequest, body,
-                               wire::FrameType::kHandshakeResponse, deadline);
+    const stream::Credentials cred{secret_, self.peer_id};
+    auto resp = stream::AuthenticatedExchange(fd.get(), cred, peer, wire::FrameType::kHandshakeRequest, body,
+                                              wire::FrameType::kHandshakeResponse, deadline);
     if (!resp.ok()) return ctx(resp.status());
     auto decoded = wire::DecodeHandshakeResponse(*resp);
     if (!decoded.ok()) return ctx(decoded.status());
-    if (!decoded->first.ok()) return ctx(decoded->first);
+    if (!decoded->first.ok()) return ctx(stream::ExplainRefusal(decoded->first, cred, peer));
     return std::move(decoded->second);
   }
 
@@ -106,13 +111,14 @@ class P2PStore : public MetadataStore {
 
  private:
   const uint16_t format_max_;
+  const std::shared_ptr<const ClusterSecret> secret_;
   const std::shared_ptr<Published> published_ = std::make_shared<Published>();
 };
 
 }  // namespace
 
 StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(const MetadataContext& ctx) {
-  auto store = std::make_unique<P2PStore>(ctx.descriptor_format_max);
+  auto store = std::make_unique<P2PStore>(ctx.descriptor_format_max, ctx.secret);
   if (ctx.rpc_openers == nullptr) return InternalError("P2PHANDSHAKE needs the rpc port");
   std::shared_ptr<Published> published = store->published();
   const uint16_t format_max = ctx.descriptor_format_max;

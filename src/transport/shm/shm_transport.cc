@@ -40,6 +40,7 @@ class ShmTransport : public Transport {
         streams_(ctx.options->tcp_streams),
         local_peer_id_(ctx.peer_id),
         local_instance_(ctx.instance_id),
+        credentials_(ctx.credentials()),
         pool_(ctx.streams->loops()) {
     std::random_device rd;
     for (char& c : probe_) c = static_cast<char>(rd());
@@ -60,6 +61,9 @@ class ShmTransport : public Transport {
     FERRY_ASSIGN_OR_RETURN(UniqueFd fd, ListenUnix(socket_name_));
     shm::CopyOpenerConfig opener{ctx.hello_policy(), ctx.options->testing.refuse_same_host_copy};
     auto openers = std::make_shared<stream::FirstFrames>();
+    // The same authentication as the rpc port (and the same once-per-peer
+    // log of refusals).
+    openers->SetAuth(ctx.streams->auth());
     auto open = [opener](Connection& c, const wire::FrameHeader& h, std::string_view body) {
       return shm::OpenCopyStream(opener, c, h, body);
     };
@@ -112,7 +116,8 @@ class ShmTransport : public Transport {
       hello.probe.assign(probe_.data(), probe_.size());
       std::string body;
       shm::EncodeCopyHello(hello, &body);
-      Status hi = stream::SayHello(fd->get(), wire::FrameType::kCopyHello, body, deadline);
+      Status hi = stream::SayHello(fd->get(), credentials_, peer.peer_id, wire::FrameType::kCopyHello, body,
+                                   deadline);
       if (!hi.ok()) return ctx(hi);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd->get(), true));
       streams.push_back(std::make_shared<Connection>(pool_->loop(static_cast<size_t>(i)), std::move(*fd),
@@ -127,6 +132,7 @@ class ShmTransport : public Transport {
   const int streams_;
   const std::string local_peer_id_;
   const uint64_t local_instance_;
+  const stream::Credentials credentials_;
   const std::shared_ptr<stream::LoopPool> pool_;
   stream::StreamLinkConfig link_cfg_;
   std::shared_ptr<stream::Listener> listener_;

@@ -191,6 +191,19 @@ void Connection::Close(const Status& why) {
   if (on_progress_) on_progress_();  // the link moves waiting frames to other streams
 }
 
+void Connection::Refuse(const Status& why) {
+  if (fd_.valid() && !out_.empty()) Flush();
+  if (fd_.valid()) {
+    // Half-close after the answer, and read what the peer already sent, so
+    // closing does not reset the connection before the answer is read.
+    ::shutdown(fd_.get(), SHUT_WR);
+    char sink[4096];
+    for (int i = 0; i < 16 && ::recv(fd_.get(), sink, sizeof(sink), MSG_DONTWAIT) > 0; ++i) {
+    }
+  }
+  Close(why);
+}
+
 bool Connection::WantsTick() const {
   std::lock_guard<std::mutex> io(io_mu_);
   return role_ == Role::kAccepted || !inflight_.empty() || retire_.load(std::memory_order_relaxed);
@@ -359,7 +372,8 @@ Status Connection::OnHeader(const wire::FrameHeader& h) {
   bool allowed = false;
   switch (role_) {
     case Role::kAccepted:
-      allowed = openers_ != nullptr && openers_->Find(t) != nullptr;
+      allowed = openers_ != nullptr && (openers_->Find(t) != nullptr || t == FrameType::kAuthHello ||
+                                        t == FrameType::kAuthProof);
       break;
     case Role::kServed:
       allowed = service_ != nullptr && service_->Accepts(t);
@@ -381,7 +395,14 @@ Status Connection::OnHeader(const wire::FrameHeader& h) {
 
 Status Connection::OnFrame(const wire::FrameHeader& h, std::string_view body) {
   switch (role_) {
-    case Role::kAccepted: return (*openers_->Find(h.type))(*this, h, body);
+    case Role::kAccepted: {
+      // Authentication first: the opener sees only what it lets through.
+      FERRY_ASSIGN_OR_RETURN(bool open, openers_->auth().OnFirstFrame(auth_, *this, h, body));
+      if (!open) return OkStatus();
+      const Opener* opener = openers_->Find(h.type);
+      if (opener == nullptr) return DataLossError("unexpected first frame from " + peer_name_);
+      return (*opener)(*this, h, body);
+    }
     case Role::kServed:
       if (!service_) break;
       return service_->OnFrame(*this, h, body);

@@ -62,6 +62,10 @@ class Connection : public EventLoop::Handler,
   // Marks an accepted unix-socket connection as coming from process `pid`
   // (SO_PEERCRED), for openers that need to know it. Before Attach.
   void SetPeerProcess(int pid) { peer_pid_ = pid; }
+  // Where an accepted connection comes from ("10.0.0.2:53412", "process
+  // 812"), for logs. Before Attach.
+  void SetRemote(std::string remote) { remote_ = std::move(remote); }
+  const std::string& remote() const { return remote_; }
   // Called on the loop thread, under the connection's lock, whenever this
   // stream has answered or failed requests (room for more, or closed). Set
   // before Attach.
@@ -86,6 +90,10 @@ class Connection : public EventLoop::Handler,
   // Queues a reply frame; `pins` are kept until its payload is sent.
   void QueueReply(wire::FrameType type, uint64_t seq, std::string body, std::vector<iovec> payload = {},
                   std::vector<RegionPin> pins = {});
+  // Refuses an accepted connection: sends what is queued (the refusal, if
+  // the frame has an answer) as far as the socket takes it now, and closes
+  // with `why`. The frame handler then returns an error.
+  void Refuse(const Status& why);
   // Where the payload of the frame being served goes.
   FrameReader& reader() { return reader_; }
   int peer_pid() const { return peer_pid_; }
@@ -138,6 +146,8 @@ class Connection : public EventLoop::Handler,
   std::shared_ptr<FrameService> service_;             // kServed
   Clock::time_point hello_deadline_;
   int peer_pid_ = 0;  // accepted unix connections: the peer process
+  std::string remote_;  // accepted connections: where from (logs)
+  AuthSession auth_;    // kAccepted: where the authentication stands
 
   std::atomic<bool> broken_{false};
   std::atomic<uint64_t> queued_bytes_{0};

@@ -4,12 +4,13 @@
 
 namespace ferry::internal::stream {
 
-Status SayHello(int fd, wire::FrameType type, const std::string& body, Clock::time_point deadline) {
-  FERRY_ASSIGN_OR_RETURN(std::string ack,
-                         wire::Exchange(fd, type, body, wire::FrameType::kStreamHelloAck, deadline));
+Status SayHello(int fd, const Credentials& cred, std::string_view peer, wire::FrameType type,
+                const std::string& body, Clock::time_point deadline) {
+  FERRY_ASSIGN_OR_RETURN(std::string ack, AuthenticatedExchange(fd, cred, peer, type, body,
+                                                                wire::FrameType::kStreamHelloAck, deadline));
   Status remote;
   FERRY_RETURN_IF_ERROR(wire::DecodeStatus(ack, &remote));
-  return remote;
+  return ExplainRefusal(remote, cred, peer);
 }
 
 Status CheckHello(const HelloPolicy& policy, const wire::StreamHello& hello) {

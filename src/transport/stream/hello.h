@@ -7,16 +7,19 @@
 #include <string>
 
 #include "core/target.h"
+#include "transport/stream/auth.h"
 #include "ferry/status.h"
 #include "transport/transport.h"
 #include "wire/frame.h"
 
 namespace ferry::internal::stream {
 
-// Sends a stream's first frame (kStreamHello or a transport's own hello) on
-// a blocking socket and returns the peer's answer (kStreamHelloAck): OK, the
-// refusal it sent, or why no answer came.
-Status SayHello(int fd, wire::FrameType type, const std::string& body, Clock::time_point deadline);
+// Authenticates (with a secret: auth.h), then sends a stream's first frame
+// (kStreamHello or a transport's own hello) on a blocking socket and returns
+// the peer's answer (kStreamHelloAck): OK, the refusal it sent, or why no
+// answer came. `peer` names the peer in messages.
+Status SayHello(int fd, const Credentials& cred, std::string_view peer, wire::FrameType type,
+                const std::string& body, Clock::time_point deadline);
 
 // What a target accepts in a hello.
 struct HelloPolicy {

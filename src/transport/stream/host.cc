@@ -9,7 +9,13 @@ StatusOr<std::unique_ptr<StreamHost>> StreamHost::Create(const StreamHostOptions
   host->rpc_fd_ = std::move(bound.first);
   host->peer_id_ = FormatPeerId(options.listen_host, bound.second);
   FERRY_ASSIGN_OR_RETURN(host->loops_, LoopPool::Start(options.io_threads, options.spin));
+  host->SetSecret(nullptr);
   return host;
+}
+
+void StreamHost::SetSecret(std::shared_ptr<const ClusterSecret> secret) {
+  auth_ = std::make_shared<const AuthServer>(std::move(secret), peer_id_);
+  rpc_openers_->SetAuth(auth_);
 }
 
 Status StreamHost::Serve() {

@@ -42,6 +42,11 @@ class StreamHost {
   // accepted sockets are tuned.
   FirstFrames& rpc_openers() { return *rpc_openers_; }
   void SetRpcAcceptHook(std::function<int(int fd)> hook) { rpc_on_accept_ = std::move(hook); }
+  // Before Serve: the cluster secret every connection accepted here (and on
+  // the transports' own listeners, which take auth()) must prove; null = none.
+  void SetSecret(std::shared_ptr<const ClusterSecret> secret);
+  // The accepting side of authentication, for every listener of this engine.
+  const std::shared_ptr<const AuthServer>& auth() const { return auth_; }
   // Starts serving the rpc port; fails (and nothing listens) if the loop
   // cannot watch it.
   Status Serve();
@@ -53,6 +58,7 @@ class StreamHost {
   std::string peer_id_;
   UniqueFd rpc_fd_;  // until Serve
   std::shared_ptr<FirstFrames> rpc_openers_ = std::make_shared<FirstFrames>();
+  std::shared_ptr<const AuthServer> auth_;
   std::function<int(int)> rpc_on_accept_;
   std::shared_ptr<LoopPool> loops_;
   std::shared_ptr<Listener> rpc_listener_;

@@ -1,5 +1,7 @@
 #include "transport/stream/listener.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
@@ -10,6 +12,29 @@
 #include "transport/stream/connection.h"
 
 namespace ferry::internal::stream {
+namespace {
+
+// "10.0.0.2:53412" / "[::1]:53412" for an IP peer; "process N" for a unix
+// one whose pid is known; "" otherwise.
+std::string RemoteOf(const sockaddr_storage& ss, int pid) {
+  char host[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    if (::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host)) != nullptr) {
+      return FormatPeerId(host, ntohs(a->sin_port));
+    }
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    if (::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host)) != nullptr) {
+      return FormatPeerId(host, ntohs(a->sin6_port));
+    }
+  } else if (pid != 0) {
+    return "process " + std::to_string(pid);
+  }
+  return "";
+}
+
+}  // namespace
 
 Listener::Listener(UniqueFd fd, ListenerConfig cfg, std::vector<EventLoop*> loops)
     : fd_(std::move(fd)), cfg_(std::move(cfg)), loops_(std::move(loops)) {}
@@ -44,6 +69,7 @@ void Listener::OnEvents(uint32_t) {
                                              "accepted connection " + std::to_string(c) + " on " + cfg_.name,
                                              cfg_.openers, cfg_.hello_timeout);
     if (pid != 0) conn->SetPeerProcess(pid);
+    conn->SetRemote(RemoteOf(ss, pid));
     loop->RunInLoop([conn] {
       Status s = conn->Attach();
       if (!s.ok()) FERRY_LOG(kWarning, "cannot serve accepted connection: " << s);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ferry/status.h"
+#include "transport/stream/auth.h"
 #include "wire/frame.h"
 
 namespace ferry::internal::stream {
@@ -40,11 +41,17 @@ class FrameService {
 // peer closes).
 using Opener = std::function<Status(Connection& stream, const wire::FrameHeader& h, std::string_view body)>;
 
-// The openers of one listening socket, by frame type. Filled before the
-// listener serves (REQUIRES: no Add after Listener::Serve), read-only after.
+// The openers of one listening socket, by frame type, and the authentication
+// every first frame passes before its opener sees it (auth.h). Filled before
+// the listener serves (REQUIRES: no Add or SetAuth after Listener::Serve),
+// read-only after.
 class FirstFrames {
  public:
   void Add(wire::FrameType type, Opener opener) { openers_.emplace_back(type, std::move(opener)); }
+  // Unset: no secret (AuthServer::None()).
+  void SetAuth(std::shared_ptr<const AuthServer> auth) { auth_ = std::move(auth); }
+  const AuthServer& auth() const { return auth_ ? *auth_ : AuthServer::None(); }
+  const std::shared_ptr<const AuthServer>& auth_server() const { return auth_; }
   const Opener* Find(wire::FrameType type) const {
     for (const auto& [t, o] : openers_) {
       if (t == type) return &o;
@@ -54,6 +61,7 @@ class FirstFrames {
 
  private:
   std::vector<std::pair<wire::FrameType, Opener>> openers_;
+  std::shared_ptr<const AuthServer> auth_;
 };
 
 }  // namespace ferry::internal::stream

@@ -83,7 +83,8 @@ class StreamTest : public ::testing::Test {
     wire::StreamHello hello{7, kInstance, 1, 0, "initiator:1"};
     std::string body;
     wire::EncodeStreamHello(hello, &body);
-    ASSERT_THAT(SayHello(fd.get(), wire::FrameType::kStreamHello, body, Clock::now() + std::chrono::seconds(10)),
+    ASSERT_THAT(SayHello(fd.get(), Credentials{}, "target:1", wire::FrameType::kStreamHello, body,
+                         Clock::now() + std::chrono::seconds(10)),
                 test::IsOk());
     ASSERT_TRUE(SetNonBlocking(fd.get(), true).ok());
     StreamLinkConfig cfg;

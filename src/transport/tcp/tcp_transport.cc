@@ -21,6 +21,7 @@ class TcpTransport : public Transport {
         streams_(ctx.options->tcp_streams),
         local_peer_id_(ctx.peer_id),
         local_instance_(ctx.instance_id),
+        credentials_(ctx.credentials()),
         loops_(ctx.streams->loops()),
         encoder_(std::make_shared<tcp::TcpFrameEncoder>()) {
     link_cfg_.max_frame_bytes = ctx.options->max_frame_bytes;
@@ -52,7 +53,8 @@ class TcpTransport : public Transport {
                               local_peer_id_};
       std::string body;
       wire::EncodeStreamHello(hello, &body);
-      Status hi = stream::SayHello(fd.get(), wire::FrameType::kStreamHello, body, deadline);
+      Status hi = stream::SayHello(fd.get(), credentials_, peer.peer_id, wire::FrameType::kStreamHello, body,
+                                   deadline);
       if (!hi.ok()) return hi.WithPrefix("opening stream " + std::to_string(i) + " to " + peer.peer_id);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd.get(), true));
       streams.push_back(std::make_shared<Connection>(loops_->loop(static_cast<size_t>(i)), std::move(fd),
@@ -67,6 +69,7 @@ class TcpTransport : public Transport {
   const int streams_;
   const std::string local_peer_id_;
   const uint64_t local_instance_;
+  const stream::Credentials credentials_;
   const std::shared_ptr<stream::LoopPool> loops_;
   const std::shared_ptr<const tcp::TcpFrameEncoder> encoder_;
   stream::StreamLinkConfig link_cfg_;
