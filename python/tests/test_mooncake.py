@@ -144,15 +144,16 @@ def test_initialize_rdma_without_rdma_runs_over_tcp_or_local():
         e.close()
 
 
-@pytest.mark.parametrize("metadata", ["etcd://127.0.0.1:2379", "127.0.0.1:2379",
-                                      "redis://127.0.0.1:6379"])
-def test_metadata_servers_are_not_implemented_yet(metadata):
+@pytest.mark.parametrize("form", ["etcd://127.0.0.1:{port}", "127.0.0.1:{port}", "redis://127.0.0.1:{port}"])
+def test_an_unreachable_metadata_service_fails_initialize_with_the_reason(form):
     e = mc.TransferEngine()
-    assert e.initialize("127.0.0.1", metadata, "tcp", "") == -1
-    assert "UNIMPLEMENTED" in e.last_error() and "initialize" in e.last_error()
+    port = free_port()  # nothing listens there
+    assert e.initialize("127.0.0.1", form.format(port=port), "tcp", "") == -1
+    assert "UNAVAILABLE" in e.last_error() and f"127.0.0.1:{port}" in e.last_error()
     assert e.get_rpc_port() == -1
-    assert e.initialize_ext("127.0.0.1", "127.0.0.1:6379", "tcp", "", "redis") == -1
-    assert "redis://127.0.0.1:6379" in e.last_error()
+    # initialize_ext's metadata_type names the scheme of a bare HOST:PORT.
+    assert e.initialize_ext("127.0.0.1", f"127.0.0.1:{port}", "tcp", "", "redis") == -1
+    assert f"redis://127.0.0.1:{port}" in e.last_error()
 
 
 def test_an_unreachable_http_metadata_server_fails_initialize_with_the_reason():
