@@ -23,4 +23,8 @@ std::vector<MetadataBackendInfo> ListMetadataBackends();
 // check the rest of the string: Engine::Create does.
 std::string MetadataBackendOf(const std::string& url);
 
+// `url` with any password replaced by "***" ("redis://alice:***@h:6379/2"),
+// for messages, logs and `ferry info`.
+std::string RedactMetadataUrl(const std::string& url);
+
 }  // namespace ferry

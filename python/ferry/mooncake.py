@@ -14,7 +14,15 @@ callers can observe, all on the side of reporting more:
   transport; ``device_name`` and ``transport_hint`` are accepted and ignored.
 * A sync call's deadline is ``MC_TRANSFER_TIMEOUT`` per request (Mooncake adds
   one nanosecond per byte on top).
-* Only the "P2PHANDSHAKE" metadata mode exists so far; others fail with -1.
+* Metadata strings other than "P2PHANDSHAKE" ("etcd://h:p[,h:p]" or a bare
+  "h:p" for etcd, "redis://h:p", "http://h:p/metadata") are passed to the
+  engine; which of those backends exist depends on the build (see
+  ferry::ListMetadataBackends, or ``ferry info``): one it lacks fails
+  initialize() with -1 and the reason. With a metadata server an engine's
+  segment name is ``local_hostname`` as given, and peers are opened by their
+  names. ``MC_REDIS_USERNAME``, ``MC_REDIS_PASSWORD`` and ``MC_REDIS_DB_INDEX``
+  apply to a "redis://h:p" string that carries no credentials (or database)
+  of its own.
 * The MC_* variables are read once, in initialize(). Ferry's own FERRY_*
   variables set the engine's other defaults; what MC_* variables decide
   (transport, timeout, addresses) wins over them.
@@ -47,6 +55,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
+from urllib.parse import quote
 
 from . import _ferry
 from ._engine import Engine, Opcode, Segment, TransferState
@@ -152,6 +161,10 @@ class Settings:
     metadata_server: str | None = None  # MC_METADATA_SERVER: used when the argument is ""
     handshake_port: int | None = None  # MC_HANDSHAKE_PORT: a fixed rpc (handshake) port
     rpc_port_range: tuple[int, int] | None = None  # MC_MIN_RPC_PORT / MC_MAX_RPC_PORT
+    # For a "redis://h:p" metadata string without credentials / database of its own:
+    redis_username: str | None = None  # MC_REDIS_USERNAME (an ACL user; needs the password)
+    redis_password: str | None = None  # MC_REDIS_PASSWORD
+    redis_db_index: int | None = None  # MC_REDIS_DB_INDEX, a database number >= 0
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> "Settings":
@@ -184,6 +197,10 @@ class Settings:
             port_range = (low, high) if 0 < low <= high <= 65535 else None
             if port_range is None:
                 log.warning("ignoring the rpc port range %s-%s", low, high)
+        db_index = number("MC_REDIS_DB_INDEX", int, None)
+        if db_index is not None and db_index < 0:
+            log.warning("ignoring MC_REDIS_DB_INDEX=%s: not a database number", db_index)
+            db_index = None
         return cls(
             force_tcp="MC_FORCE_TCP" in env,
             transfer_timeout=timeout,
@@ -192,6 +209,9 @@ class Settings:
             metadata_server=env.get("MC_METADATA_SERVER") or None,
             handshake_port=number("MC_HANDSHAKE_PORT", int, None),
             rpc_port_range=port_range,
+            redis_username=env.get("MC_REDIS_USERNAME") or None,
+            redis_password=env.get("MC_REDIS_PASSWORD") or None,
+            redis_db_index=db_index,
         )
 
 
@@ -232,10 +252,33 @@ def _peer_id(target_hostname: str) -> str:
     return f"[{ip}]:{int(port)}" if ":" in ip else f"{ip}:{int(port)}"
 
 
-def _metadata_url(metadata_server: str, metadata_type: str = "") -> str:
+def _metadata_url(metadata_server: str, metadata_type: str = "",
+                  settings: Settings | None = None) -> str:
+    """The engine's connection string for Mooncake's metadata argument."""
     if metadata_server == "P2PHANDSHAKE" or "://" in metadata_server:
-        return metadata_server
-    return f"{metadata_type or 'etcd'}://{metadata_server}"
+        url = metadata_server
+    else:
+        url = f"{metadata_type or 'etcd'}://{metadata_server}"
+    if settings is not None and url.startswith("redis://"):
+        url = _redis_url(url, settings)
+    return url
+
+
+def _redis_url(url: str, settings: Settings) -> str:
+    """Adds the MC_REDIS_* credentials and database to "redis://h:p" where the
+    string has none of its own (what the string says wins)."""
+    rest = url[len("redis://"):]
+    authority, slash, db = rest.partition("/")
+    if "@" not in rest:
+        if settings.redis_password:
+            user = quote(settings.redis_username or "", safe="")
+            authority = f"{user}:{quote(settings.redis_password, safe='')}@{authority}"
+        elif settings.redis_username:
+            log.warning("ignoring MC_REDIS_USERNAME=%r: MC_REDIS_PASSWORD is not set",
+                        settings.redis_username)
+    if not db and settings.redis_db_index is not None:
+        slash, db = "/", str(settings.redis_db_index)
+    return f"redis://{authority}{slash}{db}"
 
 
 class TransferEngine:
@@ -251,6 +294,7 @@ class TransferEngine:
         self._pool: ManagedPool | None = None
         self._lock = threading.Lock()
         self._segments: dict[str, Segment] = {}  # target_hostname as given -> segment
+        self._by_name = False  # a metadata server: peers are opened by segment name
         self._batches: dict = {}  # batch id -> ferry.Batch, until its status was collected
         self._local_errors = threading.local()
         self._last_error: str | None = None
@@ -304,7 +348,11 @@ class TransferEngine:
         server = metadata_server or settings.metadata_server
         if not server:
             raise InvalidArgument("no metadata server given (use \"P2PHANDSHAKE\")")
-        metadata = _metadata_url(server, metadata_type)
+        metadata = _metadata_url(server, metadata_type, settings)
+        # P2P names peers "host:rpc_port"; with a metadata server, the segment
+        # name is local_hostname as given (as in Mooncake).
+        by_name = metadata != "P2PHANDSHAKE"
+        naming = {"local_name": local_hostname} if by_name else {}
         transport = _PROTOCOLS.get(protocol)
         if transport is None:
             raise InvalidArgument(f"unknown protocol {protocol!r}; known: {sorted(_PROTOCOLS)}")
@@ -328,7 +376,7 @@ class TransferEngine:
             try:
                 engine = Engine(listen_host=listen_host, listen_port=port,
                                 metadata=metadata, transport=transport,
-                                transfer_timeout=settings.transfer_timeout)
+                                transfer_timeout=settings.transfer_timeout, **naming)
                 break
             except (InvalidArgument, Unimplemented):
                 raise
@@ -337,6 +385,7 @@ class TransferEngine:
         else:
             raise error
         self._pool = ManagedPool(engine)
+        self._by_name = by_name
         self._engine = engine
         log.info("initialized %s (protocol %r over %s, device %r)", engine.peer_id, protocol,
                  transport, device_name)
@@ -420,7 +469,9 @@ class TransferEngine:
         """The segment of a peer, opened (handshake) on first use."""
         segment = self._segments.get(target_hostname)
         if segment is None:
-            segment = self._require().open_segment(_peer_id(target_hostname))
+            engine = self._require()
+            segment = engine.open_segment(target_hostname if self._by_name
+                                          else _peer_id(target_hostname))
             self._segments[target_hostname] = segment
         return segment
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/env.h"
+#include "ferry/metadata.h"
 #include "ferry/options.h"
 
 namespace ferry {
@@ -222,6 +223,8 @@ struct Table {
 
 std::string OptionSpec::Value(const EngineOptions& o) const {
   if (integer_value != nullptr) return std::to_string(integer_value(o));
+  // A metadata URL may carry a password: shown redacted.
+  if (string_value != nullptr && name == "metadata") return RedactMetadataUrl(string_value(o));
   if (string_value != nullptr) return string_value(o);
   return "";
 }

@@ -82,7 +82,7 @@ std::string_view MetadataBackendName(std::string_view url) {
 }
 
 StatusOr<std::unique_ptr<MetadataStore>> MakeMetadataStore(std::string_view url, const MetadataContext& ctx) {
-  const std::string text(url);
+  const std::string text = RedactMetadataUrl(std::string(url));
   const std::string_view name = MetadataBackendName(url);
   if (name.empty()) {
     std::string forms;
@@ -124,5 +124,17 @@ std::vector<MetadataBackendInfo> ListMetadataBackends() {
 }
 
 std::string MetadataBackendOf(const std::string& url) { return std::string(internal::MetadataBackendName(url)); }
+
+std::string RedactMetadataUrl(const std::string& url) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return url;
+  const size_t start = scheme + 3;
+  const size_t end = url.find_first_of("/?#", start);
+  const size_t at = url.rfind('@', end == std::string::npos ? std::string::npos : end);
+  if (at == std::string::npos || at < start) return url;
+  const size_t colon = url.find(':', start);
+  if (colon == std::string::npos || colon > at) return url;  // a user, no password
+  return url.substr(0, colon + 1) + "***" + url.substr(at);
+}
 
 }  // namespace ferry

@@ -179,7 +179,7 @@ int InfoMain(const std::vector<std::string>& args) {
     options["local_name"] = o.local_name;
     options["listen_host"] = o.listen_host;
     options["listen_port"] = o.listen_port;
-    options["metadata"] = o.metadata;
+    options["metadata"] = RedactMetadataUrl(o.metadata);
     for (const OptionSpec& s : OptionTable()) options[JsonKey(s)] = OptionJsonValue(s, o);
     // The table itself, with the effective values.
     j["option_table"] = Json::array();
@@ -213,7 +213,7 @@ int InfoMain(const std::vector<std::string>& args) {
             << " (this build: " << kWireVersionMin << ".." << kWireVersionMax << ")\n"
             << "transports         " << Join(caps.transports) << "   (preferred first)\n"
             << RegistryLines(registry) << "features           " << Join(caps.features) << "\n"
-            << "metadata           " << o.metadata << "   (" << backend_note
+            << "metadata           " << RedactMetadataUrl(o.metadata) << "   (" << backend_note
             << "; ferry bench takes --metadata URL)\n"
             << MetadataLines(backends)
             << "\neffective options (defaults overlaid with FERRY_* from the environment):\n"
