@@ -144,6 +144,21 @@ def spawn():
     assert not failures, f"peers did not exit cleanly: {failures}"
 
 
+@pytest.fixture
+def TransferEngine():
+    """``from mooncake.engine import TransferEngine``, as callers write it
+    (the Mooncake drop-in installed for the test, removed after it)."""
+    import ferry.mooncake as mc
+
+    mc.install()
+    try:
+        from mooncake.engine import TransferEngine
+
+        yield TransferEngine
+    finally:
+        mc.uninstall()
+
+
 def free_port() -> int:
     """A port nothing listens on (bound once, then released)."""
     with socket.socket() as s:

@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-import ferry.mooncake as mc
 from conftest import free_port
 
 SIZE = 1 << 20
@@ -56,18 +55,6 @@ def etcd_endpoint(tmp_path):
         proc.kill()
         proc.wait(timeout=30)
         log.close()
-
-
-@pytest.fixture
-def TransferEngine():
-    """``from mooncake.engine import TransferEngine``, as callers write it."""
-    mc.install()
-    try:
-        from mooncake.engine import TransferEngine
-
-        yield TransferEngine
-    finally:
-        mc.uninstall()
 
 
 def test_engines_find_each_other_through_etcd_and_move_verified_bytes(etcd_endpoint, TransferEngine):

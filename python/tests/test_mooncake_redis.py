@@ -84,18 +84,6 @@ def redis_port(tmp_path):
 
 
 @pytest.fixture
-def TransferEngine():
-    """``from mooncake.engine import TransferEngine``, as callers write it."""
-    mc.install()
-    try:
-        from mooncake.engine import TransferEngine
-
-        yield TransferEngine
-    finally:
-        mc.uninstall()
-
-
-@pytest.fixture
 def engines():
     made = []
     yield made
