@@ -169,6 +169,25 @@ StatusOr<std::pair<wire::Reply, std::string>> ReplyTo(int fd, uint64_t seq) {
   return std::make_pair(std::move(r), std::move(in.payload));
 }
 
+// A copy of `n` bytes the target's event loop may have written before it
+// closed the connection that carried them. The close, seen here as EOF,
+// orders those writes before this read, but ThreadSanitizer does not see
+// that edge (a socket closed, not written), so this copy is not instrumented
+// (and calls no memcpy, which it intercepts), like ferry_test_peer's CHECK.
+__attribute__((no_sanitize("thread"), noinline)) std::string CopyAfterClose(const unsigned char* p,
+                                                                           size_t n) {
+  std::string out(n, '\0');
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>(p[i]);
+  return out;
+}
+
+// Refills `n` bytes of such memory with pattern `seed` (position = offset),
+// likewise uninstrumented.
+__attribute__((no_sanitize("thread"), noinline)) void RefillAfterClose(unsigned char* p, size_t n,
+                                                                      uint64_t seed) {
+  for (size_t i = 0; i < n; ++i) p[i] = PatternByte(seed, i);
+}
+
 // ---- the target and the valid peer ------------------------------------------
 
 // What the target registered for hostile frames to aim at: one buffer of
@@ -529,7 +548,8 @@ TEST_P(HostileInput, TruncatedFramesCloseAndWriteNothing) {
     // Inside the payload: outside [at, at + arrived) nothing may change;
     // inside, each byte is the old one or the one that arrived.
     const size_t arrived = cut - header_and_body;
-    const unsigned char* g = guarded_->buf.data();
+    const std::string snapshot = CopyAfterClose(guarded_->buf.data(), guarded_->buf.size());
+    const unsigned char* g = reinterpret_cast<const unsigned char*>(snapshot.data());
     const size_t at_off = static_cast<size_t>(at - guarded_->addr());
     EXPECT_EQ(DescribePatternMismatch(g, at_off, kGuardSeed), "") << "before the range, cut " << cut;
     EXPECT_EQ(DescribePatternMismatch(g + at_off + arrived, guarded_->buf.size() - at_off - arrived,
@@ -543,7 +563,7 @@ TEST_P(HostileInput, TruncatedFramesCloseAndWriteNothing) {
       EXPECT_TRUE(now == src.data()[i] || now == PatternByte(kGuardSeed, at_off + i)) << "byte " << i;
     }
     if (changed) ++torn;
-    guarded_->Restore();
+    RefillAfterClose(guarded_->buf.data(), guarded_->buf.size(), kGuardSeed);
   }
   RecordProperty("truncated_attempts", attempts);
   RecordProperty("payload_cuts_that_landed_in_part", torn);
