@@ -4,13 +4,18 @@
 #     gtest binary, ThreadSanitizer over the engine's concurrency (core,
 #     conformance); FERRY_SKIP_SANITIZERS=1 skips this pass (it is most of
 #     the run time);
-#  2. every C++ test (ctest), then the Python package (pytest).
+#  2. the libFuzzer targets, each for a bounded time (scripts/fuzz.sh;
+#     FERRY_FUZZ_SECONDS per target, default 20);
+#  3. every C++ test (ctest), then the Python package (pytest).
+# Debug info is line tables only (-g1): enough for sanitizer reports and
+# backtraces, and the builds take much less time than with full -g.
 # Ends with ctest's and pytest's summary lines; exits non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh || exit 1
 
+relflags="-O2 -g1 -DNDEBUG"
 san_rc=0
 if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
   san_pass() {  # build dir, sanitizer, test binaries...
@@ -18,6 +23,7 @@ if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
     shift 2
     echo "run-tests: sanitizer pass (${san}): $*"
     cmake -G Ninja -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_BUILD_PYTHON=OFF \
+      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$relflags" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$relflags" \
       -DFERRY_SANITIZE="$san" -DFERRY_WERROR=ON >/dev/null || return 1
     if ! cmake --build "$dir" -j "$(nproc)" --target "$@" ferry_test_peer >"$dir.log" 2>&1; then
       echo "run-tests: sanitizer build (${san}) failed:"
@@ -42,7 +48,11 @@ if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
   echo "run-tests: sanitizer passes exit ${san_rc} (0 = all passed)"
 fi
 
+fuzz_rc=0
+bash scripts/fuzz.sh || fuzz_rc=1
+
 cmake -G Ninja -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_WERROR=ON \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$relflags" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$relflags" \
   -DPython_EXECUTABLE=/usr/bin/python3 || exit 1
 cmake --build build -j "$(nproc)" || exit 1
 
@@ -55,4 +65,4 @@ if [ -d python/tests ]; then
 fi
 
 # (No output after pytest's summary: the exit status says the rest.)
-[ "$san_rc" -eq 0 ] && [ "$ctest_rc" -eq 0 ] && [ "$pytest_rc" -eq 0 ]
+[ "$san_rc" -eq 0 ] && [ "$fuzz_rc" -eq 0 ] && [ "$ctest_rc" -eq 0 ] && [ "$pytest_rc" -eq 0 ]

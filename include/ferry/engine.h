@@ -44,7 +44,9 @@ class Engine {
   // `location` names the memory kind ("cpu", "cpu:N", "*"; see
   // MemoryRegion). Every transport that needs a per-region key registers the
   // region too, and peers see it (with its kind and keys) in this engine's
-  // published descriptor from the moment this returns.
+  // published descriptor from the moment this returns. A region registered
+  // with MemoryRegion::exported = false is for this engine's own transfers
+  // only: peers do not see it and their requests into it are refused.
   // kInvalidArgument: null address, zero length or an unknown location.
   // kAlreadyExists: the range overlaps a registered region (named).
   // kUnimplemented: a memory kind this build cannot register ("cuda:N").

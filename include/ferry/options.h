@@ -80,6 +80,26 @@ struct EngineOptions {
   // stream carries at most about twice this per round trip. 0 or
   // 64 KiB..256 MiB.
   uint32_t tcp_send_buffer = 512u << 10;
+
+  // Limits (docs/reliability.md, "Limits"). Per peer (and route), the slices
+  // (a request longer than slice_size counts as several) and bytes this
+  // engine has posted and not yet seen answered: past either, Submit waits
+  // for room (back-pressure) until the requests' deadline, then fails the
+  // rest with kResourceExhausted naming the limit. 1..2^30 slices;
+  // 1 MiB..1 TiB.
+  uint32_t peer_max_requests = 1u << 20;
+  uint64_t peer_max_bytes = uint64_t{16} << 30;
+  // Accepted connections from one source (an IP address; on this host's
+  // same-host socket, a user id) that have not yet finished their hello or
+  // authentication (1..65536), and all connections open from one source
+  // (1..1048576). Past either, new connections from that source are closed
+  // at once (logged once per source); other sources are not affected.
+  uint32_t max_handshakes_per_source = 64;
+  uint32_t max_connections_per_source = 4096;
+  // Notifications received and not yet fetched (GetNotifications): past this
+  // many bytes (64 KiB..4 GiB), a peer's next notification is refused with
+  // kResourceExhausted, which its SendNotification returns.
+  uint64_t notify_inbox_bytes = uint64_t{64} << 20;
   // How long an event loop spins after activity before it blocks. Spinning
   // trades CPU for latency; an idle engine never spins.
   std::chrono::microseconds spin{50};

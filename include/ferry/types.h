@@ -70,6 +70,12 @@ struct MemoryRegion {
   // build. Transfers are routed by the kinds of both sides (see
   // docs/architecture.md, "Memory kinds").
   std::string location = "*";
+  // true (the default): peers may read and write it — it is in this engine's
+  // descriptor and its requests are served. false: for this engine's own
+  // transfers only (a source or destination of its requests); peers never
+  // see it, and a peer's request naming it is refused like one outside every
+  // region.
+  bool exported = true;
 };
 
 // A region as advertised by a peer.

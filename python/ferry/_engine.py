@@ -342,24 +342,27 @@ class Engine:
         return {name: getattr(o, name) for name in dir(o) if not name.startswith("_")}
 
     # ---- Memory ---------------------------------------------------------------
-    def register(self, obj: Any, length: int | None = None, location: str = "*") -> int:
+    def register(self, obj: Any, length: int | None = None, location: str = "*",
+                 exported: bool = True) -> int:
         """Registers an address (with ``length``) or an object's memory; returns
-        its address. The object is kept alive until unregistered."""
+        its address. The object is kept alive until unregistered. ``exported``
+        False: for this engine's own transfers only; peers neither see it nor
+        may read or write it."""
         addr, nbytes, keep = resolve_memory(obj, length, writable=True)
-        self._native.register_memory(addr, nbytes, location)
+        self._native.register_memory(addr, nbytes, location, exported)
         with self._lock:
             self._registered[addr] = (nbytes, keep)
         return addr
 
     def register_many(self, objs: Sequence[Any], lengths: Sequence[int] | None = None,
-                      location: str = "*") -> list[int]:
+                      location: str = "*", exported: bool = True) -> list[int]:
         """Registers several; all or nothing. Returns their addresses."""
         if lengths is not None and len(lengths) != len(objs):
             raise InvalidArgument(f"{len(objs)} objects but {len(lengths)} lengths")
         resolved = [resolve_memory(o, None if lengths is None else lengths[i], writable=True)
                     for i, o in enumerate(objs)]
         addrs = [r[0] for r in resolved]
-        self._native.register_memory_list(addrs, [r[1] for r in resolved], [location])
+        self._native.register_memory_list(addrs, [r[1] for r in resolved], [location], exported)
         with self._lock:
             for addr, nbytes, keep in resolved:
                 self._registered[addr] = (nbytes, keep)

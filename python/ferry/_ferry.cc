@@ -191,15 +191,13 @@ class NativeEngine {
     }));
   }
 
-  void RegisterMemory(uint64_t addr, uint64_t length, const std::string& location) {
-    Check(Run([&](ferry::Engine& e) {
-      return e.RegisterMemory(reinterpret_cast<void*>(static_cast<uintptr_t>(addr)), length,
-                              location);
-    }));
+  void RegisterMemory(uint64_t addr, uint64_t length, const std::string& location, bool exported) {
+    ferry::MemoryRegion r{reinterpret_cast<void*>(static_cast<uintptr_t>(addr)), length, location, exported};
+    Check(Run([&](ferry::Engine& e) { return e.RegisterMemory(std::span<const ferry::MemoryRegion>(&r, 1)); }));
   }
 
   void RegisterMemoryList(const std::vector<uint64_t>& addrs, const std::vector<uint64_t>& lengths,
-                          const std::vector<std::string>& locations) {
+                          const std::vector<std::string>& locations, bool exported) {
     if (lengths.size() != addrs.size() ||
         (locations.size() != 1 && locations.size() != addrs.size())) {
       Raise(ferry::InvalidArgumentError(
@@ -212,6 +210,7 @@ class NativeEngine {
       regions[i].addr = reinterpret_cast<void*>(static_cast<uintptr_t>(addrs[i]));
       regions[i].length = lengths[i];
       regions[i].location = locations[locations.size() == 1 ? 0 : i];
+      regions[i].exported = exported;
     }
     Check(Run([&](ferry::Engine& e) {
       return e.RegisterMemory(std::span<const ferry::MemoryRegion>(regions));
@@ -481,8 +480,10 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly("rpc_port", &NativeEngine::rpc_port)
       .def("capabilities", &NativeEngine::Capabilities)
       .def("options", &NativeEngine::Options)
-      .def("register_memory", &NativeEngine::RegisterMemory)
-      .def("register_memory_list", &NativeEngine::RegisterMemoryList)
+      .def("register_memory", &NativeEngine::RegisterMemory, py::arg("addr"), py::arg("length"),
+           py::arg("location") = "*", py::arg("exported") = true)
+      .def("register_memory_list", &NativeEngine::RegisterMemoryList, py::arg("addrs"), py::arg("lengths"),
+           py::arg("locations"), py::arg("exported") = true)
       .def("unregister_memory", &NativeEngine::UnregisterMemory)
       .def("open_segment", &NativeEngine::OpenSegment)
       .def("close_segment", &NativeEngine::CloseSegment)

@@ -150,6 +150,25 @@ constexpr Row kRows[] = {
                "tcp: send buffer (SO_SNDBUF) of the streams this engine serves as a target, which "
                "carry its read replies; 0 = the kernel's autotuning"),
            "kernel autotuning"),
+    Integer<&EngineOptions::peer_max_requests>(
+        "peer_max_requests", "FERRY_PEER_MAX_REQUESTS", "", 1, int64_t{1} << 30,
+        "slices posted to one peer and not yet answered; past it, Submit waits for room until the "
+        "deadline, then fails the rest with RESOURCE_EXHAUSTED"),
+    Integer<&EngineOptions::peer_max_bytes>(
+        "peer_max_bytes", "FERRY_PEER_MAX_BYTES", "B", kMiB, int64_t{1} << 40,
+        "bytes posted to one peer and not yet answered; past it, Submit waits for room until the "
+        "deadline, then fails the rest with RESOURCE_EXHAUSTED"),
+    Integer<&EngineOptions::max_handshakes_per_source>(
+        "max_handshakes_per_source", "", "", 1, 65536,
+        "accepted connections from one source address (or user, same-host) still in their hello; "
+        "more are closed at once"),
+    Integer<&EngineOptions::max_connections_per_source>(
+        "max_connections_per_source", "", "", 1, 1048576,
+        "connections open from one source address (or user, same-host); more are closed at once"),
+    Integer<&EngineOptions::notify_inbox_bytes>(
+        "notify_inbox_bytes", "", "B", 64 * kKiB, int64_t{4} << 30,
+        "notifications received and not yet fetched; past it, peers' notifications are refused with "
+        "RESOURCE_EXHAUSTED"),
     Integer<&EngineOptions::spin>("spin", "FERRY_SPIN_US", "us", 0, kSecondUs,
                                   "how long an event loop spins after activity before it blocks"),
     Integer<&EngineOptions::wait_spin>(

@@ -81,7 +81,8 @@ TEST(OptionTable, CoversEveryVariable) {
                                         "FERRY_TCP_STREAMS", "FERRY_IO_THREADS", "FERRY_SPIN_US",
                                         "FERRY_WAIT_SPIN_US", "FERRY_TCP_SEND_BUFFER",
                                         "FERRY_TRANSFER_TIMEOUT_MS", "FERRY_TRANSPORT",
-                                        "FERRY_SECRET_FILE"}));
+                                        "FERRY_SECRET_FILE", "FERRY_PEER_MAX_REQUESTS",
+                                        "FERRY_PEER_MAX_BYTES"}));
 }
 
 std::string ConfigurationSection() {

@@ -169,7 +169,7 @@ class Engine::Impl {
     transports->Describe(&d);
     d.features = internal::Features();
     d.features.push_back(wire::DescriptorFormatsFeature(wire::kDescriptorFormatMin, descriptor_format_max));
-    d.regions = target->registry().Snapshot();
+    d.regions = target->registry().Snapshot(/*exported_only=*/true);
     if (descriptor_format_max < 2) {
       for (auto& r : d.regions) r = {r.addr, r.length, r.location, "cpu", {}};
     }
@@ -387,7 +387,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
   impl->peer_id = impl->transports->peer_id();
   if (options.local_name.empty()) options.local_name = impl->peer_id;
   impl->instance_id = internal::NewInstanceId();
-  impl->target = std::make_shared<internal::EngineTarget>(impl->instance_id, impl->peer_id);
+  impl->target = std::make_shared<internal::EngineTarget>(impl->instance_id, impl->peer_id,
+                                                          options.notify_inbox_bytes);
   impl->options = options;
 
   internal::TransportContext ctx;

@@ -73,6 +73,7 @@ Status MemoryRegistry::Register(std::span<const MemoryRegion> regions, std::span
     reg->addr = ranges[i].first;
     reg->length = ranges[i].second;
     reg->location = regions[i].location;
+    reg->exported = regions[i].exported;
     reg->kind = kinds.empty() ? MemoryKind::Cpu() : kinds[i];
     if (hooks != nullptr) {
       Status s = hooks->OnRegister(*reg);
@@ -140,21 +141,36 @@ Status MemoryRegistry::Check(uint64_t addr, uint64_t length, std::string_view wh
 }
 
 StatusOr<RegionPin> MemoryRegistry::Pin(uint64_t addr, uint64_t length, std::string_view what) const {
+  return PinImpl(addr, length, what, false);
+}
+
+StatusOr<RegionPin> MemoryRegistry::PinExported(uint64_t addr, uint64_t length, std::string_view what) const {
+  return PinImpl(addr, length, what, true);
+}
+
+StatusOr<RegionPin> MemoryRegistry::PinImpl(uint64_t addr, uint64_t length, std::string_view what,
+                                            bool exported) const {
   std::shared_lock lock(mu_);
   const std::shared_ptr<Region>* r = FindLocked(addr, length);
   if (r == nullptr) {
     return InvalidArgumentError(std::string(what) + " " + FormatRange(addr, length) +
                                 " is not inside a registered memory region");
   }
+  if (exported && !(*r)->exported) {
+    return InvalidArgumentError(std::string(what) + " " + FormatRange(addr, length) +
+                                " is in a region registered for local use only (not exported to peers)");
+  }
   (*r)->pins.fetch_add(1, std::memory_order_relaxed);  // under the lock: Unregister cannot miss it
   return RegionPin(*r);
 }
 
-std::vector<wire::RegionEntry> MemoryRegistry::Snapshot() const {
+std::vector<wire::RegionEntry> MemoryRegistry::Snapshot(bool exported_only) const {
   std::shared_lock lock(mu_);
   std::vector<const Region*> by_order;
   by_order.reserve(regions_.size());
-  for (const auto& [a, r] : regions_) by_order.push_back(r.get());
+  for (const auto& [a, r] : regions_) {
+    if (!exported_only || r->exported) by_order.push_back(r.get());
+  }
   std::sort(by_order.begin(), by_order.end(),
             [](const Region* x, const Region* y) { return x->order < y->order; });
   std::vector<wire::RegionEntry> out;

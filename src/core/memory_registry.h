@@ -29,6 +29,7 @@ struct Region {
   uint64_t length = 0;
   std::string location;
   MemoryKind kind;
+  bool exported = true;  // peers may reach it (MemoryRegion::exported)
   // What peers need to reach it through transports with per-region keys
   // (filled by RegionHooks::OnRegister before the region is visible).
   std::vector<wire::RegionKey> keys;
@@ -96,10 +97,14 @@ class MemoryRegistry {
   Status Check(uint64_t addr, uint64_t length, std::string_view what, Found* found) const;
   // Like Check, and pins the region for the caller.
   StatusOr<RegionPin> Pin(uint64_t addr, uint64_t length, std::string_view what) const;
+  // Pin for a peer's request: also kInvalidArgument if the region is not
+  // exported (registered for local use only).
+  StatusOr<RegionPin> PinExported(uint64_t addr, uint64_t length, std::string_view what) const;
 
-  // Every region, in registration order (callers such as Mooncake's
-  // get_first_buffer_address mean "the first one registered").
-  std::vector<wire::RegionEntry> Snapshot() const;
+  // Every region (exported_only: only those peers may see), in registration
+  // order (callers such as Mooncake's get_first_buffer_address mean "the
+  // first one registered").
+  std::vector<wire::RegionEntry> Snapshot(bool exported_only = false) const;
   size_t size() const;
   // Whether a region of a kind other than cpu was ever registered (lets the
   // local transport skip looking up the kind of its own buffers).
@@ -108,6 +113,7 @@ class MemoryRegistry {
  private:
   // REQUIRES: mu_ held. The region containing the range, or nullptr.
   const std::shared_ptr<Region>* FindLocked(uint64_t addr, uint64_t length) const;
+  StatusOr<RegionPin> PinImpl(uint64_t addr, uint64_t length, std::string_view what, bool exported) const;
 
   mutable std::shared_mutex mu_;
   std::map<uint64_t, std::shared_ptr<Region>> regions_;  // by start address

@@ -20,32 +20,49 @@ namespace ferry::internal {
 
 class EngineTarget {
  public:
-  EngineTarget(uint64_t instance_id, std::string peer_id)
-      : instance_id_(instance_id), peer_id_(std::move(peer_id)) {}
+  // `inbox_limit`: most bytes of notifications held until drained
+  // (EngineOptions::notify_inbox_bytes).
+  EngineTarget(uint64_t instance_id, std::string peer_id, uint64_t inbox_limit = uint64_t{64} << 20)
+      : instance_id_(instance_id), peer_id_(std::move(peer_id)), inbox_limit_(inbox_limit) {}
 
   uint64_t instance_id() const { return instance_id_; }
   const std::string& peer_id() const { return peer_id_; }
   MemoryRegistry& registry() { return registry_; }
   const MemoryRegistry& registry() const { return registry_; }
 
-  void Deliver(Notification n) {
+  // kResourceExhausted (the sender's SendNotification returns it) while the
+  // notifications not yet drained hold more than the limit.
+  Status Deliver(Notification n) {
+    const uint64_t size = n.sender.size() + n.name.size() + n.message.size();
     std::lock_guard<std::mutex> lock(mu_);
+    if (!inbox_.empty() && inbox_bytes_ + size > inbox_limit_) {
+      return ResourceExhaustedError("the notification inbox of " + peer_id_ + " is full: " +
+                                    std::to_string(inbox_.size()) + " notifications (" +
+                                    std::to_string(inbox_bytes_) +
+                                    " bytes) not yet fetched by its application (limit notify_inbox_bytes = " +
+                                    std::to_string(inbox_limit_) + ")");
+    }
+    inbox_bytes_ += size;
     inbox_.push_back(std::move(n));
+    return OkStatus();
   }
   std::vector<Notification> Drain() {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<Notification> out(std::make_move_iterator(inbox_.begin()),
                                   std::make_move_iterator(inbox_.end()));
     inbox_.clear();
+    inbox_bytes_ = 0;
     return out;
   }
 
  private:
   const uint64_t instance_id_;
   const std::string peer_id_;
+  const uint64_t inbox_limit_;
   MemoryRegistry registry_;
   std::mutex mu_;
-  std::deque<Notification> inbox_;
+  std::deque<Notification> inbox_;  // guarded by mu_
+  uint64_t inbox_bytes_ = 0;        // guarded by mu_
 };
 
 // Identifies this process among engines (equal for all engines in it).

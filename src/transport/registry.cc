@@ -49,6 +49,8 @@ StatusOr<std::unique_ptr<TransportSet>> TransportSet::Create(const EngineOptions
   so.io_threads = options.io_threads;
   so.spin = options.spin;
   so.hello_timeout = options.handshake_timeout;
+  so.max_handshakes_per_source = options.max_handshakes_per_source;
+  so.max_connections_per_source = options.max_connections_per_source;
   FERRY_ASSIGN_OR_RETURN(set->streams_, stream::StreamHost::Create(so));
   return set;
 }

@@ -1021,6 +1021,51 @@ TEST_P(TransportConformanceTest, RegionRegisteredAfterOpenIsWritable) {
   EXPECT_TRUE(found);
 }
 
+// A region registered for local use only (MemoryRegion::exported = false) is
+// missing from the descriptor peers see and refused to their requests, with
+// the reason; its owner uses it as the source and destination of its own
+// transfers as usual.
+TEST_P(TransportConformanceTest, LocalOnlyRegionIsHiddenFromPeersAndRefused) {
+  constexpr uint64_t kLen = 16 * kKiB;
+  unsigned char* exported = Alloc(kLen, &target());
+  unsigned char* hidden = Alloc(kLen, nullptr);
+  unsigned char* mine = Alloc(kLen, nullptr);  // the initiator's, local-only
+  ASSERT_NE(exported, nullptr);
+  ASSERT_NE(hidden, nullptr);
+  ASSERT_NE(mine, nullptr);
+  ASSERT_OK(target().RegisterMemory(std::vector<MemoryRegion>{{hidden, kLen, "*", false}}));
+  ASSERT_OK(initiator().RegisterMemory(std::vector<MemoryRegion>{{mine, kLen, "cpu", false}}));
+  const uint64_t hidden_addr = reinterpret_cast<uintptr_t>(hidden);
+  const uint64_t exported_addr = reinterpret_cast<uintptr_t>(exported);
+
+  ASSERT_OK_AND_ASSIGN(SegmentInfo info, initiator().QuerySegment(segment()));
+  bool saw_exported = false;
+  for (const RemoteRegion& r : info.regions) {
+    EXPECT_FALSE(r.addr == hidden_addr) << "a local-only region is in the peer's descriptor";
+    saw_exported = saw_exported || r.addr == exported_addr;
+  }
+  EXPECT_TRUE(saw_exported);
+
+  // The owner's own memory works both ways: write from it, read into it.
+  FillPattern(mine, kLen, Mix64(61));
+  ASSERT_OK(initiator().TransferSync(TransferRequest{Opcode::kWrite, mine, segment(), exported_addr, kLen}));
+  EXPECT_TRUE(CheckLayout(exported, kLen, {{0, kLen, Mix64(61), 0}}, 0));
+  FillPattern(exported, kLen, Mix64(62));
+  ASSERT_OK(initiator().TransferSync(TransferRequest{Opcode::kRead, mine, segment(), exported_addr, kLen}));
+  EXPECT_TRUE(CheckLayout(mine, kLen, {{0, kLen, Mix64(62), 0}}, 0));
+
+  // Peers' requests into the hidden region: refused, nothing moved.
+  FillPattern(hidden, kLen, Mix64(63));
+  FillPattern(mine, kLen, Mix64(64));
+  for (Opcode op : {Opcode::kWrite, Opcode::kRead}) {
+    Status s = initiator().TransferSync(TransferRequest{op, mine, segment(), hidden_addr + 4096, 4096});
+    EXPECT_THAT(s, IsError(HasSubstr("not exported"))) << static_cast<int>(op);
+    EXPECT_THAT(s, IsError(MentionsNumber(hidden_addr + 4096)));
+  }
+  EXPECT_TRUE(CheckLayout(hidden, kLen, {}, Mix64(63)));
+  EXPECT_TRUE(CheckLayout(mine, kLen, {}, Mix64(64)));
+}
+
 // ---------------------------------------------------------------------------
 // Notifications
 

@@ -88,6 +88,14 @@ std::string Str(const Json& j, const char* field) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
+// True only for a present JSON `true` (json::value would throw on another type,
+// and the bytes come from the network).
+bool Bool(const Json& j, const char* field) {
+  if (!j.is_object()) return false;
+  auto it = j.find(field);
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
 // ---- the connection string ---------------------------------------------------
 
 struct Endpoint {
@@ -375,7 +383,7 @@ class EtcdStore : public MetadataStore {
                {"success", Json::array({put})},
                {"failure", Json::array({Json{{"request_range", Json{{"key", key}}}}})}};
       FERRY_ASSIGN_OR_RETURN(Json body, Call("/v3/kv/txn", txn, deadline, doing));
-      if (body.value("succeeded", false)) return OkStatus();
+      if (Bool(body, "succeeded")) return OkStatus();
       // Someone holds the key: whose is it?
       std::optional<Json> kv;
       if (auto r = body.find("responses"); r != body.end() && r->is_array() && !r->empty()) {
@@ -544,14 +552,14 @@ class EtcdStore : public MetadataStore {
     if (msg.is_discarded() || !msg.is_object()) return true;  // not ours to judge; keep reading
     const Json& result = msg.contains("result") ? msg["result"] : msg;
     if (!result.is_object()) return true;
-    if (Int(result, "compact_revision") > 0 || result.value("canceled", false)) {
+    if (Int(result, "compact_revision") > 0 || Bool(result, "canceled")) {
       // etcd no longer has the events since next_revision: start afresh and
       // let the engine re-read every peer it knows.
       *next_revision = 0;
       *resync = true;
       return false;
     }
-    if (result.value("created", false)) {
+    if (Bool(result, "created")) {
       *created = true;
       const int64_t now = result.contains("header") ? Int(result["header"], "revision") : 0;
       if (*next_revision > now + 1) {

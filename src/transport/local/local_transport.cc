@@ -49,7 +49,7 @@ class LocalLink : public PeerLink {
         done.Complete(s.request, 1, UnavailableError("peer engine " + peer_id_ + " was shut down"));
         continue;
       }
-      auto pin = target->registry().Pin(s.remote, s.length, "remote range");
+      auto pin = target->registry().PinExported(s.remote, s.length, "remote range");
       if (!pin.ok()) {
         done.Complete(s.request, 1, pin.status().WithPrefix("peer " + peer_id_ + " refused"));
         continue;
@@ -83,8 +83,7 @@ class LocalLink : public PeerLink {
     // Writes complete synchronously in Post, so every earlier write is done.
     std::shared_ptr<EngineTarget> target = target_.lock();
     if (!target) return UnavailableError("peer engine " + peer_id_ + " was shut down");
-    target->Deliver({body.sender, body.name, body.message});
-    return OkStatus();
+    return target->Deliver({body.sender, body.name, body.message}).WithPrefix("peer " + peer_id_ + " refused");
   }
 
   bool Healthy() const override { return !target_.expired(); }

@@ -52,6 +52,8 @@ class ShmTransport : public Transport {
     link_cfg_.max_frame_entries = ctx.options->max_frame_entries;
     link_cfg_.stream_window = 0;  // copies leave no bytes in socket buffers
     link_cfg_.encoder = std::make_shared<shm::CopyFrameEncoder>();
+    link_cfg_.max_outstanding_slices = ctx.options->peer_max_requests;
+    link_cfg_.max_outstanding_bytes = ctx.options->peer_max_bytes;
   }
 
   ~ShmTransport() override { Shutdown(); }
@@ -76,6 +78,7 @@ class ShmTransport : public Transport {
     cfg.openers = std::move(openers);
     cfg.hello_timeout = ctx.streams->hello_timeout();
     cfg.on_accept = [](int fd) { return PeerPid(fd); };
+    cfg.admission = ctx.streams->admission();
     FERRY_ASSIGN_OR_RETURN(listener_, stream::Listener::Serve(std::move(fd), std::move(cfg), *pool_));
     return OkStatus();
   }

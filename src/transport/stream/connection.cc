@@ -23,6 +23,14 @@ constexpr size_t kSeqOffset = 16;  // of the seq field in the frame header
 constexpr size_t kReadAhead = 8u << 10;
 // Largest frame (header + entries + payload) a caller sends on its own thread.
 constexpr uint64_t kInlineSendMax = 64u << 10;
+// A served stream stops reading requests while its unsent replies hold more
+// than this many bytes or frames, and reads again below half of it: a peer
+// that sends requests but does not read the answers (full socket buffers)
+// is held back by TCP's flow control instead of growing this engine's
+// memory. Far above what a reader keeps in flight (its window and the
+// target's small send buffer keep queues at a few MiB).
+constexpr uint64_t kReplyQueueHighBytes = 256u << 20;
+constexpr size_t kReplyQueueHighFrames = 16384;
 }  // namespace
 
 Connection::Connection(EventLoop* loop, UniqueFd fd, std::string peer_name, uint16_t wire_version)
@@ -55,6 +63,7 @@ Status Connection::Attach() {
 
 void Connection::Serve(std::shared_ptr<FrameService> service, uint16_t wire_version, std::string peer_name) {
   role_ = Role::kServed;
+  if (admission_) admission_->Opened();
   service_ = std::move(service);
   wire_version_ = wire_version;
   peer_name_ = std::move(peer_name);
@@ -183,6 +192,8 @@ void Connection::Close(const Status& why) {
     fd_.Reset();
   }
   out_.clear();
+  out_bytes_ = 0;
+  admission_.reset();
   service_.reset();  // releases the regions a half-received frame had pinned
   for (auto& f : inflight_) FailFrame(f.req, why);
   inflight_.clear();
@@ -234,16 +245,35 @@ void Connection::OnTick(Clock::time_point now) {
 void Connection::OnEvents(uint32_t events) {
   std::shared_ptr<Connection> keep = shared_from_this();
   std::lock_guard<std::mutex> io(io_mu_);
-  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) ReadSome();
+  if (read_paused_ && (events & (EPOLLHUP | EPOLLERR))) {
+    Close(UnavailableError("connection closed by peer " + peer_name_));
+    return;
+  }
+  if (!read_paused_ && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) ReadSome();
   if (!fd_.valid()) return;
   if (events & EPOLLOUT) Flush();
 }
 
+bool Connection::ReplyQueueFull() const {
+  if (role_ != Role::kServed) return false;
+  if (read_paused_) return out_bytes_ > kReplyQueueHighBytes / 2 || out_.size() > kReplyQueueHighFrames / 2;
+  return out_bytes_ > kReplyQueueHighBytes || out_.size() > kReplyQueueHighFrames;
+}
+
 void Connection::UpdateInterest() {
-  bool want = !out_.empty();
-  if (want == want_write_ || !fd_.valid()) return;
+  const bool want = !out_.empty();
+  const bool pause = ReplyQueueFull();
+  if ((want == want_write_ && pause == read_paused_) || !fd_.valid()) return;
+  if (pause && !read_paused_) {
+    FERRY_LOG(kDebug, "pausing requests from " << peer_name_ << ": " << out_.size() << " replies ("
+                                               << out_bytes_ << " bytes) not yet read by the peer");
+  }
   want_write_ = want;
-  loop_->Modify(fd_.get(), EPOLLIN | EPOLLRDHUP | (want ? static_cast<uint32_t>(EPOLLOUT) : 0u));
+  read_paused_ = pause;
+  // Paused: no EPOLLIN and no EPOLLRDHUP (which would fire on and on while
+  // nothing reads); a peer that goes away shows as a failed send or HUP.
+  const uint32_t read = pause ? 0u : static_cast<uint32_t>(EPOLLIN | EPOLLRDHUP);
+  loop_->Modify(fd_.get(), read | (want ? static_cast<uint32_t>(EPOLLOUT) : 0u));
 }
 
 void Connection::Flush(bool from_caller) {
@@ -282,6 +312,7 @@ void Connection::Flush(bool from_caller) {
       return;
     }
     size_t left = static_cast<size_t>(w);
+    out_bytes_ -= std::min<uint64_t>(out_bytes_, left);
     while (left > 0 && !out_.empty()) {
       OutFrame& f = out_.front();
       size_t rest = f.total - f.sent;
@@ -312,13 +343,14 @@ void Connection::QueueReply(wire::FrameType type, uint64_t seq, std::string body
   f.total = f.head.size() + plen;
   f.payload = std::move(payload);
   f.pins = std::move(pins);
+  out_bytes_ += f.total;
   out_.push_back(std::move(f));
 }
 
 void Connection::ReadSome() {
   size_t budget = kReadBudget;
   bool drained = false;
-  while (fd_.valid() && budget > 0 && !drained) {
+  while (fd_.valid() && budget > 0 && !drained && !ReplyQueueFull()) {
     // A long payload is read straight into its destinations; everything else
     // (headers, bodies, short payloads and the next frames behind them) is
     // read in one recv into the read-ahead buffer and taken from there, so a
@@ -494,7 +526,7 @@ void Connection::CompleteFront(const std::vector<wire::EntryFailure>& failures, 
       done.Complete(req.slices[i].request, 1, s);
     }
   }
-  if (req.tracker && req.ticket) req.tracker->Done(req.ticket);
+  SettleFrame(req);
   if (on_progress_) {
     on_progress_();  // room for the link's next frame (before an idle retire)
     // A frame the link just gave this stream goes out now, not after the

@@ -35,6 +35,7 @@
 
 #include "common/net.h"
 #include "core/memory_registry.h"
+#include "transport/stream/admission.h"
 #include "transport/stream/event_loop.h"
 #include "transport/stream/frame_reader.h"
 #include "transport/stream/request.h"
@@ -65,6 +66,9 @@ class Connection : public EventLoop::Handler,
   // Where an accepted connection comes from ("10.0.0.2:53412", "process
   // 812"), for logs. Before Attach.
   void SetRemote(std::string remote) { remote_ = std::move(remote); }
+  // The accepted connection's place among its source's connections
+  // (given back when it closes; no longer pending once served). Before Attach.
+  void SetAdmission(std::unique_ptr<Admission::Ticket> t) { admission_ = std::move(t); }
   const std::string& remote() const { return remote_; }
   // Called on the loop thread, under the connection's lock, whenever this
   // stream has answered or failed requests (room for more, or closed). Set
@@ -131,6 +135,8 @@ class Connection : public EventLoop::Handler,
   // which must not close the connection itself.
   void Flush(bool from_caller = false);
   void UpdateInterest();
+  // Served streams: too many unsent replies to read more requests.
+  bool ReplyQueueFull() const;
   void ReadSome();
   // Initiator side: a reply (header + body) to the oldest frame in flight.
   Status OnReply(const wire::FrameHeader& h, std::string_view body);
@@ -148,6 +154,7 @@ class Connection : public EventLoop::Handler,
   int peer_pid_ = 0;  // accepted unix connections: the peer process
   std::string remote_;  // accepted connections: where from (logs)
   AuthSession auth_;    // kAccepted: where the authentication stands
+  std::unique_ptr<Admission::Ticket> admission_;  // accepted connections; loop thread
 
   std::atomic<bool> broken_{false};
   std::atomic<uint64_t> queued_bytes_{0};
@@ -166,7 +173,9 @@ class Connection : public EventLoop::Handler,
   mutable std::mutex io_mu_;
   uint64_t next_seq_ = 1;
   std::deque<OutFrame> out_;
+  uint64_t out_bytes_ = 0;    // unsent bytes of out_ (kServed: the pause rule)
   bool want_write_ = false;
+  bool read_paused_ = false;  // EPOLLIN off: see ReplyQueueFull
   std::deque<Inflight> inflight_;
   FrameReader reader_{this};
   std::vector<wire::EntryFailure> reply_failures_;  // of a read reply whose payload is arriving

@@ -25,6 +25,9 @@ struct StreamHostOptions {
   int io_threads = 1;
   std::chrono::microseconds spin{50};
   std::chrono::milliseconds hello_timeout{5000};
+  // EngineOptions::max_handshakes_per_source / max_connections_per_source.
+  uint32_t max_handshakes_per_source = 64;
+  uint32_t max_connections_per_source = 4096;
 };
 
 class StreamHost {
@@ -37,6 +40,8 @@ class StreamHost {
   const std::string& peer_id() const { return peer_id_; }
   const std::shared_ptr<LoopPool>& loops() const { return loops_; }
   std::chrono::milliseconds hello_timeout() const { return options_.hello_timeout; }
+  // The per-source connection limits every listener of this engine applies.
+  const std::shared_ptr<Admission>& admission() const { return admission_; }
 
   // Before Serve: the openers of the rpc port's first frames, and how its
   // accepted sockets are tuned.
@@ -62,6 +67,7 @@ class StreamHost {
   std::function<int(int)> rpc_on_accept_;
   std::shared_ptr<LoopPool> loops_;
   std::shared_ptr<Listener> rpc_listener_;
+  std::shared_ptr<Admission> admission_;
 };
 
 }  // namespace ferry::internal::stream

@@ -5,6 +5,9 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <future>
 
@@ -34,10 +37,31 @@ std::string RemoteOf(const sockaddr_storage& ss, int pid) {
   return "";
 }
 
+// Whom an accepted connection counts against (Admission): its IP address
+// without the port; on a unix socket, the connecting process's user.
+std::string SourceOf(const sockaddr_storage& ss, int fd) {
+  char host[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    if (::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host)) != nullptr) return host;
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    if (::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host)) != nullptr) return host;
+  } else if (ss.ss_family == AF_UNIX) {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) return "uid " + std::to_string(cred.uid);
+  }
+  return "unknown source";
+}
+
 }  // namespace
 
 Listener::Listener(UniqueFd fd, ListenerConfig cfg, std::vector<EventLoop*> loops)
-    : fd_(std::move(fd)), cfg_(std::move(cfg)), loops_(std::move(loops)) {}
+    : fd_(std::move(fd)),
+      cfg_(std::move(cfg)),
+      loops_(std::move(loops)),
+      spare_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
 
 StatusOr<std::shared_ptr<Listener>> Listener::Serve(UniqueFd fd, ListenerConfig cfg, const LoopPool& pool) {
   auto listener = std::make_shared<Listener>(std::move(fd), std::move(cfg), pool.loops());
@@ -59,16 +83,37 @@ void Listener::OnEvents(uint32_t) {
     int c = ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (c < 0) {
       if (errno == EINTR) continue;
+      if ((errno == EMFILE || errno == ENFILE) && spare_.valid()) {
+        // Out of descriptors: take the connection with the spare one and
+        // close it, or the level-triggered loop wakes for it forever.
+        if (!out_of_fds_logged_) {
+          FERRY_LOG(kWarning, cfg_.name << ": out of file descriptors (" << ErrnoString(errno)
+                                        << "); closing new connections until some are freed");
+          out_of_fds_logged_ = true;
+        }
+        spare_.Reset();
+        const int drop = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (drop >= 0) ::close(drop);
+        spare_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+        continue;
+      }
       if (errno != EAGAIN) FERRY_LOG(kWarning, cfg_.name << ": accept: " << ErrnoString(errno));
       return;
     }
+    out_of_fds_logged_ = false;
     UniqueFd accepted(c);
+    std::unique_ptr<Admission::Ticket> ticket;
+    if (cfg_.admission) {
+      ticket = cfg_.admission->Admit(SourceOf(ss, c), cfg_.name);
+      if (!ticket) continue;  // over its source's limits: closed now
+    }
     const int pid = cfg_.on_accept ? cfg_.on_accept(c) : 0;
     EventLoop* loop = loops_[next_++ % loops_.size()];
     auto conn = std::make_shared<Connection>(loop, std::move(accepted),
                                              "accepted connection " + std::to_string(c) + " on " + cfg_.name,
                                              cfg_.openers, cfg_.hello_timeout);
     if (pid != 0) conn->SetPeerProcess(pid);
+    conn->SetAdmission(std::move(ticket));
     conn->SetRemote(RemoteOf(ss, pid));
     loop->RunInLoop([conn] {
       Status s = conn->Attach();

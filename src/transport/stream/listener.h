@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/net.h"
+#include "transport/stream/admission.h"
 #include "transport/stream/event_loop.h"
 #include "transport/stream/service.h"
 
@@ -23,6 +24,9 @@ struct ListenerConfig {
   // process id if the socket tells it (unix: SO_PEERCRED), else 0. May be
   // empty.
   std::function<int(int fd)> on_accept;
+  // Connections per source and hellos in progress per source; null = no
+  // limit (unit tests).
+  std::shared_ptr<Admission> admission;
 };
 
 class Listener : public EventLoop::Handler {
@@ -44,6 +48,10 @@ class Listener : public EventLoop::Handler {
   const ListenerConfig cfg_;
   std::vector<EventLoop*> loops_;
   size_t next_ = 0;  // loop thread only
+  // Held open so that, out of file descriptors, a pending connection can
+  // still be accepted and closed instead of waking the loop forever.
+  UniqueFd spare_;
+  bool out_of_fds_logged_ = false;  // loop thread only
 };
 
 }  // namespace ferry::internal::stream

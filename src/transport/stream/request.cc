@@ -26,6 +26,47 @@ bool WriteTracker::WaitBelow(uint64_t bound, Clock::time_point deadline) {
                         [&] { return outstanding_.empty() || *outstanding_.begin() >= bound; });
 }
 
+bool PeerBudget::TryAcquire(uint64_t slices, uint64_t bytes) {
+  const uint64_t s0 = slices_.fetch_add(slices, std::memory_order_acq_rel);
+  const uint64_t b0 = bytes_.fetch_add(bytes, std::memory_order_acq_rel);
+  if ((s0 == 0 && b0 == 0) || (s0 + slices <= max_slices_ && b0 + bytes <= max_bytes_)) return true;
+  // Undone without a wake-up (the caller may hold mu_): a waiter that failed
+  // because of this brief excess retries within its 10 ms timed wait.
+  slices_.fetch_sub(slices, std::memory_order_acq_rel);
+  bytes_.fetch_sub(bytes, std::memory_order_acq_rel);
+  return false;
+}
+
+bool PeerBudget::Acquire(uint64_t slices, uint64_t bytes, Clock::time_point deadline) {
+  if (TryAcquire(slices, bytes)) return true;
+  std::unique_lock<std::mutex> lock(mu_);
+  waiters_.fetch_add(1, std::memory_order_acq_rel);
+  bool got = false;
+  // Release notifies under mu_ when it sees a waiter, so no wake-up is lost
+  // between a failed try and the wait; the timed wait is a second guard.
+  while (!(got = TryAcquire(slices, bytes)) && Clock::now() < deadline) {
+    cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(10)));
+  }
+  waiters_.fetch_sub(1, std::memory_order_acq_rel);
+  return got;
+}
+
+void PeerBudget::Release(uint64_t slices, uint64_t bytes) {
+  slices_.fetch_sub(slices, std::memory_order_acq_rel);
+  bytes_.fetch_sub(bytes, std::memory_order_acq_rel);
+  if (waiters_.load(std::memory_order_acquire) > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+  }
+}
+
+std::string PeerBudget::Describe() const {
+  return "limits peer_max_requests = " + std::to_string(max_slices_) + " slices (" +
+         std::to_string(slices_.load(std::memory_order_relaxed)) + " outstanding), peer_max_bytes = " +
+         std::to_string(max_bytes_) + " bytes (" + std::to_string(bytes_.load(std::memory_order_relaxed)) +
+         " outstanding)";
+}
+
 void NotifyWaiter::Set(Status s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (done_) return;
@@ -60,8 +101,14 @@ void FailFrame(RequestFrame& r, const Status& why) {
   }
   r.batch.reset();
   if (r.notify) r.notify->Set(why);
+  SettleFrame(r);
+}
+
+void SettleFrame(RequestFrame& r) {
   if (r.tracker && r.ticket) r.tracker->Done(r.ticket);
   r.tracker.reset();
+  if (r.budget) r.budget->Release(r.slices.size(), r.bytes);
+  r.budget.reset();
 }
 
 }  // namespace ferry::internal::stream

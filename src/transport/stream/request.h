@@ -5,6 +5,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,33 @@ class WriteTracker {
   uint64_t next_ = 1;
 };
 
+// The slices and bytes posted to one peer (one link) and not answered yet,
+// bounded by EngineOptions::peer_max_requests and peer_max_bytes. Frames
+// take room before they queue and give it back when they complete (answered
+// or failed). Thread-safe; the fast path is two atomic additions.
+class PeerBudget {
+ public:
+  PeerBudget(uint64_t max_slices, uint64_t max_bytes) : max_slices_(max_slices), max_bytes_(max_bytes) {}
+  // Takes room for a frame, waiting for earlier frames to complete until
+  // `deadline`; false if there was none by then. A frame always fits when
+  // nothing else is outstanding (a limit below one frame only serialises).
+  bool Acquire(uint64_t slices, uint64_t bytes, Clock::time_point deadline);
+  void Release(uint64_t slices, uint64_t bytes);
+  // "limit peer_max_requests = N (N slices outstanding) ..." for errors.
+  std::string Describe() const;
+
+ private:
+  bool TryAcquire(uint64_t slices, uint64_t bytes);
+
+  const uint64_t max_slices_;
+  const uint64_t max_bytes_;
+  std::atomic<uint64_t> slices_{0};
+  std::atomic<uint64_t> bytes_{0};
+  std::atomic<int> waiters_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
 // Completion of a notification frame. Thread-safe.
 class NotifyWaiter {
  public:
@@ -63,6 +91,7 @@ struct RequestFrame {
   std::shared_ptr<NotifyWaiter> notify;
   std::shared_ptr<WriteTracker> tracker;
   uint64_t ticket = 0;          // writes only
+  std::shared_ptr<PeerBudget> budget;  // given back (slices.size(), bytes) on completion
   uint64_t bytes = 0;
   Clock::time_point deadline;
 };
@@ -70,6 +99,9 @@ struct RequestFrame {
 // Completes every slice of `r` (and its notification or write ticket) with
 // `why`.
 void FailFrame(RequestFrame& r, const Status& why);
+// The bookkeeping of a frame that has completed (either way): its write
+// ticket and its room in the peer's budget.
+void SettleFrame(RequestFrame& r);
 
 // Appends [addr, addr + length) to `iov`, extending the last iovec when the
 // range continues it: entries in address order are often adjacent (whole

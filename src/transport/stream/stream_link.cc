@@ -13,7 +13,8 @@ StreamLink::StreamLink(const StreamLinkConfig& cfg, std::string peer_id, uint16_
       peer_id_(std::move(peer_id)),
       version_(version),
       streams_(std::move(streams)),
-      tracker_(std::make_shared<WriteTracker>()) {}
+      tracker_(std::make_shared<WriteTracker>()),
+      budget_(std::make_shared<PeerBudget>(cfg.max_outstanding_slices, cfg.max_outstanding_bytes)) {}
 
 std::shared_ptr<PeerLink> StreamLink::Open(const StreamLinkConfig& cfg, std::string peer_id, uint16_t version,
                                            std::vector<std::shared_ptr<Connection>> streams) {
@@ -40,6 +41,15 @@ void StreamLink::WireStreams() {
 void StreamLink::Post(const PostContext& ctx, std::vector<Slice> slices) {
   std::vector<RequestFrame> frames;
   size_t i = 0;
+  bool exhausted = false;
+  auto queue = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (RequestFrame& r : frames) backlog_.push_back(std::move(r));
+    }
+    frames.clear();
+    Feed();
+  };
   while (i < slices.size()) {
     // Coalesce consecutive slices of one opcode into a frame.
     const Opcode op = slices[i].opcode;
@@ -56,19 +66,27 @@ void StreamLink::Post(const PostContext& ctx, std::vector<Slice> slices) {
     r.bytes = bytes;
     r.write = op == Opcode::kWrite;
     r.slices.assign(slices.begin() + i, slices.begin() + j);
-    encoder_->Encode(op, slices.data() + i, j - i, bytes, version_, &r);
+    i = j;
+    if (!exhausted && !budget_->Acquire(r.slices.size(), bytes, Clock::time_point::min())) {
+      // No room now: what is built goes out first, then wait for answers.
+      queue();
+      exhausted = !budget_->Acquire(r.slices.size(), bytes, ctx.deadline);
+    }
+    if (exhausted) {
+      FailFrame(r, ResourceExhaustedError("peer " + peer_id_ +
+                                          " had no room for more requests before the transfer deadline (" +
+                                          budget_->Describe() + ")"));
+      continue;
+    }
+    r.budget = budget_;
+    encoder_->Encode(op, r.slices.data(), r.slices.size(), bytes, version_, &r);
     if (r.write) {
       r.tracker = tracker_;
       r.ticket = tracker_->Issue();
     }
     frames.push_back(std::move(r));
-    i = j;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (RequestFrame& r : frames) backlog_.push_back(std::move(r));
-  }
-  Feed();
+  queue();
 }
 
 Status StreamLink::Notify(const wire::NotifyBody& body, Clock::time_point deadline) {

@@ -35,6 +35,10 @@ struct StreamLinkConfig {
   // Bytes a stream may have unanswered before write frames of large entries
   // wait for whichever stream has room first; 0: no window.
   uint64_t stream_window = 2u << 20;
+  // Slices and bytes posted and not answered yet (EngineOptions::
+  // peer_max_requests / peer_max_bytes); Post waits for room.
+  uint64_t max_outstanding_slices = 1u << 20;
+  uint64_t max_outstanding_bytes = uint64_t{16} << 30;
   std::shared_ptr<const FrameEncoder> encoder;
 };
 
@@ -60,6 +64,9 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   static std::shared_ptr<PeerLink> Open(const StreamLinkConfig& cfg, std::string peer_id, uint16_t version,
                                         std::vector<std::shared_ptr<Connection>> streams);
 
+  // Waits (back-pressure) while the peer has peer_max_requests slices or
+  // peer_max_bytes bytes outstanding; frames that find no room before their
+  // deadline fail with kResourceExhausted naming the limit.
   void Post(const PostContext& ctx, std::vector<Slice> slices) override;
   Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) override;
   bool Healthy() const override;
@@ -89,6 +96,7 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   const uint16_t version_;
   std::vector<std::shared_ptr<Connection>> streams_;
   std::shared_ptr<WriteTracker> tracker_;
+  const std::shared_ptr<PeerBudget> budget_;
   std::mutex mu_;
   std::deque<RequestFrame> backlog_;  // guarded by mu_
 };

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -54,7 +55,8 @@ class StreamTest : public ::testing::Test {
   }
 
   // A served stream and an initiator link to it through a FaultLink.
-  void Open(FaultLink::Plan plan) {
+  // `tune` adjusts the link's configuration (limits).
+  void Open(FaultLink::Plan plan, std::function<void(StreamLinkConfig&)> tune = {}) {
     int to_init[2], to_target[2];
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, to_init), 0);
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, to_target), 0);
@@ -90,6 +92,7 @@ class StreamTest : public ::testing::Test {
     StreamLinkConfig cfg;
     cfg.encoder = std::make_shared<tcp::TcpFrameEncoder>();
     cfg.max_frame_entries = 4;
+    if (tune) tune(cfg);
     link_ = StreamLink::Open(cfg, "target:1", 1,
                              {std::make_shared<Connection>(pool_->loop(0), std::move(fd), "target:1", 1)});
   }
@@ -231,6 +234,90 @@ TEST_F(StreamTest, RandomFaultsBySeedAreRepeatableAndNothingIsLost) {
   // The first actions (before a fault closes the stream) repeat exactly.
   ASSERT_FALSE(runs[0].empty());
   EXPECT_EQ(runs[0].front(), runs[1].front());
+}
+
+// peer_max_requests: with room for one frame (4 slices) at a time, Post
+// waits for each answer before the next frame goes out, and every write
+// still lands.
+TEST_F(StreamTest, PeerBudgetHoldsFramesBackAndEverythingLands) {
+  Open({}, [](StreamLinkConfig& c) { c.max_outstanding_slices = 4; });
+  auto batch = Write(40);
+  EXPECT_EQ(batch->Summary().completed, 160u);
+  for (size_t i = 0; i < 160; ++i) EXPECT_TRUE(Landed(i)) << i;
+}
+
+TEST_F(StreamTest, PeerBudgetByBytesHoldsFramesBackAndEverythingLands) {
+  Open({}, [](StreamLinkConfig& c) { c.max_outstanding_bytes = 6 * 1024; });  // one frame (4 KiB)
+  auto batch = Write(20);
+  EXPECT_EQ(batch->Summary().completed, 80u);
+  for (size_t i = 0; i < 80; ++i) EXPECT_TRUE(Landed(i)) << i;
+}
+
+// A peer that answers nothing: the frames that got room fail at their
+// deadline; the ones still waiting for room fail kResourceExhausted naming
+// the limit — none is left pending, none reported done.
+TEST_F(StreamTest, PeerBudgetExhaustedUntilTheDeadlineFailsTheRestNamingTheLimit) {
+  Open(Replies(std::vector<Action>(64, Action::kDrop)),
+       [](StreamLinkConfig& c) { c.max_outstanding_slices = 8; });
+  auto batch = Write(10, {}, std::chrono::milliseconds(400));
+  const BatchStatus s = batch->Summary();
+  EXPECT_EQ(s.failed, 40u);
+  size_t exhausted = 0;
+  for (size_t i = 0; i < 40; ++i) {
+    const TransferStatus t = batch->Get(i);
+    if (t.status.code() == StatusCode::kResourceExhausted) {
+      ++exhausted;
+      EXPECT_NE(t.status.message().find("peer_max_requests = 8"), std::string::npos) << t.status;
+    } else {
+      EXPECT_THAT(t.status, test::StatusIs(StatusCode::kDeadlineExceeded)) << i;
+    }
+  }
+  EXPECT_GE(exhausted, 32u);  // at most two frames (8 slices) had room
+}
+
+// A peer that sends read requests and never reads the answers: the served
+// stream stops reading its requests once the unsent replies pass the bound
+// (so TCP's flow control stops the peer), instead of queueing replies
+// without end. Without that rule every request below would be read.
+TEST_F(StreamTest, ServedStreamStopsReadingFromAPeerThatReadsNoReplies) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd client(sv[0]);
+  auto service = std::make_shared<tcp::TcpStreamService>(target_);
+  auto served = std::make_shared<Connection>(pool_->loop(0), UniqueFd(sv[1]), "served",
+                                             std::make_shared<FirstFrames>(), std::chrono::milliseconds(60000));
+  ASSERT_TRUE(SetNonBlocking(sv[1], true).ok());
+  pool_->loop(0)->RunInLoop([served, service] {
+    served->Serve(service, 1, "reader");
+    ASSERT_TRUE(served->Attach().ok());
+  });
+  // One read request frame of one 4 KiB entry, sent again and again.
+  tcp::TcpFrameEncoder enc;
+  Slice one{.opcode = Opcode::kRead, .local = local_.data(),
+            .remote = reinterpret_cast<uint64_t>(remote_.data()), .length = 4096, .request = 0};
+  RequestFrame r;
+  enc.Encode(Opcode::kRead, &one, 1, 4096, 1, &r);
+  ASSERT_TRUE(SetNonBlocking(client.get(), true).ok());
+  constexpr size_t kCap = 400000;  // far above what the bound lets in
+  size_t sent = 0;
+  auto stalled_since = Clock::now();
+  std::string pending = r.head;
+  size_t off = 0;
+  while (sent < kCap && Clock::now() - stalled_since < std::chrono::seconds(2)) {
+    ssize_t w = ::send(client.get(), pending.data() + off, pending.size() - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w > 0) {
+      off += static_cast<size_t>(w);
+      if (off == pending.size()) {
+        ++sent;
+        off = 0;
+      }
+      stalled_since = Clock::now();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  EXPECT_LT(sent, kCap) << "the served stream kept reading requests whose replies nobody read";
+  pool_->loop(0)->RunInLoop([served] { served->CloseAsync(CancelledError("test over")); });
 }
 
 TEST(Listener, ServeFailsWhenTheLoopCannotWatchTheSocket) {

@@ -12,7 +12,7 @@ Status TargetService::PinEntry(uint64_t addr, uint32_t length, uint32_t index, c
   } else if (r != nullptr && addr >= r->addr && length <= r->length && addr - r->addr <= r->length - length) {
     return OkStatus();  // inside the region pinned for an earlier entry
   } else {
-    auto pin = target_->registry().Pin(addr, length, "remote range");
+    auto pin = target_->registry().PinExported(addr, length, "remote range");
     if (pin.ok() && !pin->region()->kind.cpu_accessible()) {
       s = InvalidArgumentError("remote range " + FormatRange(addr, length) + " is in " +
                                pin->region()->kind.Name() + " memory, which transport " + transport_ +
@@ -32,9 +32,9 @@ Status TargetService::PinEntry(uint64_t addr, uint32_t length, uint32_t index, c
 
 Status TargetService::ServeNotify(Connection& stream, const wire::FrameHeader& h, std::string_view body) const {
   FERRY_ASSIGN_OR_RETURN(wire::NotifyBody n, wire::DecodeNotify(body));
-  target_->Deliver({std::move(n.sender), std::move(n.name), std::move(n.message)});
+  Status delivered = target_->Deliver({std::move(n.sender), std::move(n.name), std::move(n.message)});
   std::string reply;
-  wire::EncodeReply({}, &reply);
+  wire::EncodeReply({delivered.WithPrefix("peer " + target_->peer_id() + " refused"), {}}, &reply);
   stream.QueueReply(wire::FrameType::kAck, h.seq, std::move(reply));
   return OkStatus();
 }
