@@ -32,7 +32,8 @@ EngineOptions Faulty(const std::string& transport, uint32_t seed) {
 class FaultsTest : public ::testing::TestWithParam<std::string> {
  protected:
   // One batch of writes under faults; returns each request's final state.
-  std::vector<TransferState> RunOnce(uint32_t seed) {
+  // (Reads: the target's bytes into the initiator's memory.)
+  std::vector<TransferState> RunOnce(uint32_t seed, Opcode op = Opcode::kWrite) {
     if (GetParam() == "shm") {
       const std::string& why = SameHostCopyRefusal();
       if (!why.empty()) return {};
@@ -43,10 +44,13 @@ class FaultsTest : public ::testing::TestWithParam<std::string> {
     unsigned char* src = pair.Alloc(kRequests * kBlock, &pair.initiator());
     unsigned char* dst = pair.Alloc(kRequests * kBlock, &pair.target());
     if (src == nullptr || dst == nullptr) return {};
-    for (size_t i = 0; i < kRequests * kBlock; ++i) src[i] = static_cast<unsigned char>(i * 31 + 7);
+    // `from` holds the bytes, `to` receives them.
+    unsigned char* from = op == Opcode::kWrite ? src : dst;
+    unsigned char* to = op == Opcode::kWrite ? dst : src;
+    for (size_t i = 0; i < kRequests * kBlock; ++i) from[i] = static_cast<unsigned char>(i * 31 + 7);
     std::vector<TransferRequest> reqs;
     for (size_t i = 0; i < kRequests; ++i) {
-      reqs.push_back({Opcode::kWrite, src + i * kBlock, pair.segment(),
+      reqs.push_back({op, src + i * kBlock, pair.segment(),
                       reinterpret_cast<uintptr_t>(dst) + i * kBlock, kBlock});
     }
     auto batch = pair.initiator().AllocateBatch(kRequests);
@@ -63,7 +67,7 @@ class FaultsTest : public ::testing::TestWithParam<std::string> {
       if (ts->state == TransferState::kCompleted) {
         // A success means the bytes are there (a corrupted status never
         // reports success for bytes that did not land).
-        EXPECT_EQ(std::memcmp(dst + i * kBlock, src + i * kBlock, kBlock), 0) << "request " << i;
+        EXPECT_EQ(std::memcmp(to + i * kBlock, from + i * kBlock, kBlock), 0) << "request " << i;
       } else if (ts->state == TransferState::kFailed) {
         ++failed;
         EXPECT_NE(ts->status.message().find("fault injected"), std::string::npos) << ts->status;
@@ -86,6 +90,11 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, FaultsTest, ::testing::ValuesIn(kTranspo
 TEST_P(FaultsTest, EveryRequestEndsWithItsBytesOrAClearFault) {
   if (GetParam() == "shm") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
   RunOnce(11);
+}
+
+TEST_P(FaultsTest, EveryReadEndsWithItsBytesOrAClearFault) {
+  if (GetParam() == "shm") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
+  RunOnce(13, Opcode::kRead);
 }
 
 TEST_P(FaultsTest, TheSameSeedGivesTheSameOutcomes) {
