@@ -54,6 +54,9 @@ StatusOr<HostPort> ParsePeerId(std::string_view id) {
     }
     port_str = id.substr(colon + 1);
   }
+  if (hp.host.find_first_of("[]") != std::string::npos) {
+    return InvalidArgumentError("peer id '" + std::string(id) + "' has a bracket inside its host");
+  }
   unsigned port = 0;
   auto [ptr, ec] = std::from_chars(port_str.data(), port_str.data() + port_str.size(), port);
   if (ec != std::errc() || ptr != port_str.data() + port_str.size() || port == 0 || port > 65535 ||

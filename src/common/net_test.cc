@@ -5,6 +5,16 @@
 namespace ferry::internal {
 namespace {
 
+TEST(ParsePeerId, BracketsInsideAHostAreRefused) {
+  for (const char* id : {"[[x]:1", "[a[b]:80", "a]b:80", "[::1]]:80"}) {
+    auto hp = ParsePeerId(id);
+    EXPECT_FALSE(hp.ok()) << id;
+  }
+  auto ok = ParsePeerId("[::1]:80");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->host, "::1");
+}
+
 TEST(ParsePeerId, Ipv4AndNames) {
   auto hp = ParsePeerId("127.0.0.1:15000");
   ASSERT_TRUE(hp.ok()) << hp.status();
