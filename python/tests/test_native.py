@@ -394,6 +394,28 @@ def test_several_engines_in_one_process():
             e.close()
 
 
+def test_local_only_region_is_hidden_from_peers_and_refused():
+    with ferry.Engine() as owner, ferry.Engine(transport="tcp") as peer:
+        shared, private = np.zeros(1 << 16, np.uint8), np.zeros(1 << 16, np.uint8)
+        mine = np.zeros(1 << 16, np.uint8)
+        shared_addr = owner.register(shared)
+        private_addr = owner.register(private, exported=False)
+        peer.register(mine)
+        regions = [r.addr for r in peer.query_segment(owner.peer_id).regions]
+        assert shared_addr in regions and private_addr not in regions
+        mine[:] = pattern(3, mine.size)
+        with pytest.raises(ferry.InvalidArgument, match="not exported"):
+            peer.write(owner.peer_id, mine, private_addr)
+        assert not private.any()
+        peer.write(owner.peer_id, mine, shared_addr)
+        assert np.array_equal(shared, mine)
+        # The owner moves bytes out of its local-only region as usual.
+        private[:] = pattern(4, private.size)
+        dest = np.zeros(1 << 16, np.uint8)
+        owner.write(peer.peer_id, private, peer.register(dest))
+        assert np.array_equal(dest, private)
+
+
 def test_blocking_calls_release_the_gil():
     """A thread blocked in a handshake must let this thread run. A silent peer,
     served here in Python, accepts the connection and closes it: the handshake
