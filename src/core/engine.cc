@@ -61,7 +61,9 @@ std::string Hostname() {
 }
 
 const std::vector<std::string>& Features() {
-  static const std::vector<std::string> f = {"read", "write", "notify", "batch", "p2p-handshake"};
+  static const std::vector<std::string> f = {"read", "write", "notify", "batch", "p2p-handshake",
+                                              // shm targets answer kCopyLendRead (the initiator copies)
+                                              "shm-lend-reads"};
   return f;
 }
 

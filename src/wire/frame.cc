@@ -22,6 +22,8 @@ bool KnownType(uint8_t t) {
     case FrameType::kNotify:
     case FrameType::kCopyWrite:
     case FrameType::kCopyRead:
+    case FrameType::kCopyLendRead:
+    case FrameType::kCopyReturn:
     case FrameType::kAck:
     case FrameType::kReadData:
       return true;

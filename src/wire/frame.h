@@ -38,6 +38,9 @@ enum class FrameType : uint8_t {
   kNotify = 12,
   kCopyWrite = 13,  // same-host: the target copies from the initiator's memory; kAck
   kCopyRead = 14,   // same-host: the target copies into the initiator's memory; kAck
+  kCopyLendRead = 15,  // same-host: the target pins its ranges and answers (kAck); the
+                       // initiator copies them out itself, then sends kCopyReturn
+  kCopyReturn = 16,    // same-host: the ranges of a kCopyLendRead may be released; kAck
   kAck = 20,       // reply to kWrite and kNotify
   kReadData = 21,  // reply to kRead
 };

@@ -169,6 +169,9 @@ std::vector<std::string> CopyFrameSeeds() {
   s.clear();
   shm::EncodeCopyHello({{1, 2, 1, 0, "127.0.0.1:5"}, 0x7fff0000, "0123456789abcdef"}, &s);
   seeds.push_back(Pick(1, s));
+  s.clear();
+  shm::EncodeCopyReturn(7, &s);
+  seeds.push_back(Pick(2, s));
   return seeds;
 }
 

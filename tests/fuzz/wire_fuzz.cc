@@ -301,7 +301,7 @@ void FuzzAuth(std::string_view input) {
 }
 
 void FuzzCopyFrames(std::string_view input) {
-  const Pick p = PickOf(input, 2);
+  const Pick p = PickOf(input, 3);
   const std::string_view in = p.rest;
   switch (p.which) {
     case 0: {
@@ -318,6 +318,15 @@ void FuzzCopyFrames(std::string_view input) {
       if (h.ok()) {
         std::string out;
         ferry::internal::shm::EncodeCopyHello(*h, &out);
+        Check(out == in);
+      }
+      break;
+    }
+    case 2: {
+      auto seq = ferry::internal::shm::DecodeCopyReturn(in);
+      if (seq.ok()) {
+        std::string out;
+        ferry::internal::shm::EncodeCopyReturn(*seq, &out);
         Check(out == in);
       }
       break;

@@ -31,6 +31,20 @@ StatusOr<std::vector<CopyEntry>> DecodeCopyEntries(std::string_view body) {
   return out;
 }
 
+void EncodeCopyReturn(uint64_t lend_seq, std::string* out) {
+  wire::ByteWriter w(out);
+  w.U64(lend_seq);
+}
+
+StatusOr<uint64_t> DecodeCopyReturn(std::string_view body) {
+  wire::ByteReader r(body);
+  uint64_t seq = 0;
+  if (!r.U64(&seq) || r.remaining() != 0) {
+    return DataLossError("malformed copy return (" + std::to_string(body.size()) + " bytes) from peer");
+  }
+  return seq;
+}
+
 void EncodeCopyHello(const CopyHello& h, std::string* out) {
   wire::EncodeStreamHello(h.hello, out);
   wire::ByteWriter w(out);

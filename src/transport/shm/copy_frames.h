@@ -29,6 +29,11 @@ void EncodeCopyEntries(const CopyEntry* entries, size_t count, std::string* out)
 StatusOr<std::vector<CopyEntry>> DecodeCopyEntries(std::string_view body);
 inline size_t CopyEntriesSize(size_t count) { return 4 + count * 20; }
 
+// kCopyReturn body: u64 seq, the sequence number of the kCopyLendRead frame
+// whose ranges the initiator has copied (or given up on).
+void EncodeCopyReturn(uint64_t lend_seq, std::string* out);
+StatusOr<uint64_t> DecodeCopyReturn(std::string_view body);
+
 // kCopyHello body: a kStreamHello body, then u64 probe_addr and str probe:
 // bytes the target must find at probe_addr in the initiator's memory,
 // proving it can reach that process before any transfer relies on it.

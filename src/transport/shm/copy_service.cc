@@ -1,5 +1,6 @@
 #include "transport/shm/copy_service.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -99,9 +100,58 @@ void CopyRun(int pid, bool write, const std::vector<CopyEntry>& entries,
 
 }  // namespace
 
+bool CanReadProcess(int pid) {
+  // Opening /proc/PID/mem takes the same ptrace access check
+  // (PTRACE_MODE_ATTACH) as process_vm_readv, and reads nothing.
+  UniqueFd mem(::open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDONLY | O_CLOEXEC));
+  return mem.valid();
+}
+
+std::optional<stream::RequestFrame> LendReadHook::OnReply(const stream::RequestFrame& r, uint64_t seq,
+                                                          std::vector<wire::EntryFailure>* failures) const {
+  // The entries the target lent: those it did not refuse.
+  std::vector<bool> refused(r.slices.size(), false);
+  for (const auto& f : *failures) {
+    if (f.index < refused.size()) refused[f.index] = true;
+  }
+  std::vector<CopyEntry> entries(r.slices.size());
+  std::vector<uint32_t> run;
+  run.reserve(r.slices.size());
+  for (uint32_t i = 0; i < r.slices.size(); ++i) {
+    const Slice& s = r.slices[i];
+    entries[i] = {reinterpret_cast<uint64_t>(s.local), s.length, s.remote};
+    if (!refused[i]) run.push_back(i);
+  }
+  pollfd exited{pidfd_.get(), POLLIN, 0};
+  if (::poll(&exited, 1, 0) != 0) {
+    for (uint32_t i : run) {
+      failures->push_back({i, StatusCode::kUnavailable, "process " + std::to_string(pid_) + " of " + peer_ +
+                                                            " has exited; nothing was copied"});
+    }
+  } else {
+    for (size_t first = 0; first < run.size(); first += kMaxIov) {
+      std::vector<uint32_t> part(run.begin() + static_cast<std::ptrdiff_t>(first),
+                                 run.begin() + static_cast<std::ptrdiff_t>(std::min(run.size(), first + kMaxIov)));
+      CopyRun(pid_, /*from_peer=*/true, entries, part, peer_, failures);
+    }
+  }
+  stream::RequestFrame back;
+  back.type = wire::FrameType::kCopyReturn;
+  std::string body;
+  EncodeCopyReturn(seq, &body);
+  wire::FrameHeader h;
+  h.version = static_cast<uint8_t>(wire_version_);
+  h.type = back.type;
+  back.head = wire::BuildFrame(h, body);
+  back.deadline = r.deadline;
+  return back;
+}
+
 void CopyFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t, uint16_t wire_version,
                               stream::RequestFrame* r) const {
-  r->type = op == Opcode::kWrite ? wire::FrameType::kCopyWrite : wire::FrameType::kCopyRead;
+  r->type = op == Opcode::kWrite ? wire::FrameType::kCopyWrite
+                                 : (lend_ ? wire::FrameType::kCopyLendRead : wire::FrameType::kCopyRead);
+  if (op == Opcode::kRead && lend_) r->hook = lend_;
   std::string body;
   body.reserve(CopyEntriesSize(n));
   std::vector<CopyEntry> entries(n);
@@ -152,20 +202,24 @@ Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c, const 
 }
 
 bool CopyStreamService::Accepts(wire::FrameType t) const {
-  return t == wire::FrameType::kCopyWrite || t == wire::FrameType::kCopyRead || t == wire::FrameType::kNotify;
+  return t == wire::FrameType::kCopyWrite || t == wire::FrameType::kCopyRead ||
+         t == wire::FrameType::kCopyLendRead || t == wire::FrameType::kCopyReturn ||
+         t == wire::FrameType::kNotify;
 }
 
 Status CopyStreamService::OnFrame(stream::Connection& c, const wire::FrameHeader& h, std::string_view body) {
   switch (h.type) {
     case wire::FrameType::kCopyWrite: return ServeCopy(c, h, body, /*write=*/true);
     case wire::FrameType::kCopyRead: return ServeCopy(c, h, body, /*write=*/false);
+    case wire::FrameType::kCopyLendRead: return ServeCopy(c, h, body, /*write=*/false, /*lend=*/true);
+    case wire::FrameType::kCopyReturn: return ServeReturn(c, h, body);
     case wire::FrameType::kNotify: return ServeNotify(c, h, body);
     default: return DataLossError("unexpected frame on a same-host stream from " + c.peer_name());
   }
 }
 
 Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHeader& h, std::string_view body,
-                                    bool write) {
+                                    bool write, bool lend) {
   FERRY_ASSIGN_OR_RETURN(std::vector<CopyEntry> entries, DecodeCopyEntries(body));
   // The process that said hello must still be the one behind the pid: once
   // it has exited (its socket may live on in a child), nothing is copied.
@@ -182,20 +236,42 @@ Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHead
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const CopyEntry& e = entries[i];
     if (!PinEntry(e.addr, e.length, i, &last, &pins, &rep.failures).ok()) continue;
+    if (lend) continue;  // the initiator copies
     if (run.size() == kMaxIov) {  // an entry needs at most one iovec on each side
       CopyRun(pid_, write, entries, run, c.peer_name(), &rep.failures);
       run.clear();
     }
     run.push_back(i);
   }
-  CopyRun(pid_, write, entries, run, c.peer_name(), &rep.failures);
-  pins.clear();  // the bytes have moved: release the regions
+  if (lend) {
+    // Bounded: an initiator returns each lend as soon as it has copied.
+    constexpr size_t kMaxLent = 65536;
+    if (lent_.size() >= kMaxLent) {
+      return ResourceExhaustedError(c.peer_name() + " holds " + std::to_string(lent_.size()) +
+                                    " lent reads it never returned; closing its same-host stream");
+    }
+    lent_.emplace_back(h.seq, std::move(pins));
+  } else {
+    CopyRun(pid_, write, entries, run, c.peer_name(), &rep.failures);
+  }
+  pins.clear();  // the bytes have moved (or are lent): release what this frame holds
   // Validation and copy failures were collected separately: the initiator
   // expects them in entry order.
   std::sort(rep.failures.begin(), rep.failures.end(),
             [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
   std::string reply;
   wire::EncodeReply(rep, &reply);
+  c.QueueReply(wire::FrameType::kAck, h.seq, std::move(reply));
+  return OkStatus();
+}
+
+Status CopyStreamService::ServeReturn(stream::Connection& c, const wire::FrameHeader& h, std::string_view body) {
+  FERRY_ASSIGN_OR_RETURN(uint64_t seq, DecodeCopyReturn(body));
+  // Returns come in lending order; anything older than `seq` was already
+  // returned or is abandoned with it.
+  while (!lent_.empty() && lent_.front().first <= seq) lent_.pop_front();
+  std::string reply;
+  wire::EncodeReply({}, &reply);
   c.QueueReply(wire::FrameType::kAck, h.seq, std::move(reply));
   return OkStatus();
 }

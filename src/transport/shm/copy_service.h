@@ -6,7 +6,9 @@
 // and then moves the bytes with process_vm_readv / process_vm_writev.
 #pragma once
 
+#include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,10 +19,43 @@
 
 namespace ferry::internal::shm {
 
+// Reads where the initiator copies (kCopyLendRead): on the target's answer
+// it copies the ranges out of the target process with process_vm_readv,
+// on the stream's loop thread, then returns them (kCopyReturn). A read that
+// fails (its deadline, a closed stream) therefore never lands later: the
+// only copy into this process's memory is this one, and it runs before or
+// instead of the failure, never after it. Used when this process may read
+// the target's memory and the target lends (feature "shm-lend-reads").
+class LendReadHook : public stream::ReplyHook {
+ public:
+  // `pid`/`pidfd`: the target process (the pidfd tells once it exited, so a
+  // recycled pid is never read); `peer`: its name, for errors.
+  LendReadHook(int pid, UniqueFd pidfd, std::string peer, uint16_t wire_version)
+      : pid_(pid), pidfd_(std::move(pidfd)), peer_(std::move(peer)), wire_version_(wire_version) {}
+  std::optional<stream::RequestFrame> OnReply(const stream::RequestFrame& r, uint64_t seq,
+                                              std::vector<wire::EntryFailure>* failures) const override;
+
+ private:
+  const int pid_;
+  const UniqueFd pidfd_;
+  const std::string peer_;
+  const uint16_t wire_version_;
+};
+
+// Whether this process may read the memory of process `pid` (what
+// process_vm_readv checks: ptrace access), without touching it.
+bool CanReadProcess(int pid);
+
 class CopyFrameEncoder : public stream::FrameEncoder {
  public:
+  // `lend`: reads as kCopyLendRead with this hook; null: kCopyRead (the
+  // target copies).
+  explicit CopyFrameEncoder(std::shared_ptr<const LendReadHook> lend = nullptr) : lend_(std::move(lend)) {}
   void Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes, uint16_t wire_version,
               stream::RequestFrame* r) const override;
+
+ private:
+  const std::shared_ptr<const LendReadHook> lend_;
 };
 
 struct CopyOpenerConfig {
@@ -36,7 +71,8 @@ struct CopyOpenerConfig {
 Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c, const wire::FrameHeader& h,
                       std::string_view body);
 
-// The frames of an accepted same-host stream: kCopyWrite, kCopyRead, kNotify.
+// The frames of an accepted same-host stream: kCopyWrite, kCopyRead,
+// kCopyLendRead + kCopyReturn, kNotify.
 class CopyStreamService : public stream::TargetService {
  public:
   CopyStreamService(std::shared_ptr<EngineTarget> target, int pid, UniqueFd pidfd)
@@ -48,12 +84,19 @@ class CopyStreamService : public stream::TargetService {
   }
 
  private:
-  Status ServeCopy(stream::Connection& c, const wire::FrameHeader& h, std::string_view body, bool write);
+  // write: kCopyWrite; else kCopyRead, or with `lend` kCopyLendRead (pin
+  // and answer; the pins are kept until kCopyReturn or the stream closes).
+  Status ServeCopy(stream::Connection& c, const wire::FrameHeader& h, std::string_view body, bool write,
+                   bool lend = false);
+  Status ServeReturn(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
 
   const int pid_;
   // Readable once the process has exited, so a recycled pid is never copied
   // to or from.
   const UniqueFd pidfd_;
+  // Ranges lent to the initiator (kCopyLendRead), by the frame's sequence
+  // number, until it returns them. Loop thread only.
+  std::deque<std::pair<uint64_t, std::vector<RegionPin>>> lent_;
 };
 
 }  // namespace ferry::internal::shm

@@ -1,5 +1,6 @@
 #include "transport/shm/shm_transport.h"
 
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -107,12 +108,14 @@ class ShmTransport : public Transport {
       return UnavailableError("peer " + peer.peer_id + " runs on another host (boot id " + boot + ")");
     }
     std::vector<std::shared_ptr<Connection>> streams;
+    int target_pid = 0;
     for (int i = 0; i < std::max(1, streams_); ++i) {
       auto ctx = [&](const Status& s) {
         return s.WithPrefix("opening same-host stream " + std::to_string(i) + " to " + peer.peer_id);
       };
       auto fd = ConnectUnix(name, deadline);
       if (!fd.ok()) return ctx(fd.status());
+      if (i == 0) target_pid = PeerPid(fd->get());
       shm::CopyHello hello;
       hello.hello = {local_instance_, peer.instance_id, version, static_cast<uint16_t>(i), local_peer_id_};
       hello.probe_addr = reinterpret_cast<uint64_t>(probe_.data());
@@ -126,7 +129,23 @@ class ShmTransport : public Transport {
       streams.push_back(std::make_shared<Connection>(pool_->loop(static_cast<size_t>(i)), std::move(*fd),
                                                      info->Label(), version));
     }
-    return stream::StreamLink::Open(link_cfg_, info->Label(), version, std::move(streams));
+    // Reads: the initiator copies them itself where it may read the target's
+    // memory and the target lends (docs/reliability.md, "Failed and
+    // timed-out requests"); otherwise the target copies into this process.
+    stream::StreamLinkConfig cfg = link_cfg_;
+    if (peer.HasFeature("shm-lend-reads") && target_pid > 0 && shm::CanReadProcess(target_pid)) {
+      UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, target_pid, 0)));
+      if (pidfd.valid()) {
+        cfg.encoder = std::make_shared<shm::CopyFrameEncoder>(
+            std::make_shared<shm::LendReadHook>(target_pid, std::move(pidfd), info->Label(), version));
+      }
+    }
+    if (!cfg.encoder || cfg.encoder == link_cfg_.encoder) {
+      FERRY_LOG(kInfo, "same-host reads from " << info->Label()
+                                               << " are copied by the target (this process cannot read its "
+                                                  "memory, or the peer does not lend)");
+    }
+    return stream::StreamLink::Open(cfg, info->Label(), version, std::move(streams));
   }
 
   void Shutdown() override { pool_->Stop(); }

@@ -480,7 +480,17 @@ Status Connection::OnReply(const wire::FrameHeader& h, std::string_view body) {
   }
   if (!is_read || !rep.status.ok()) {
     if (h.payload_len != 0) return DataLossError("unexpected payload from " + peer_name_);
+    std::optional<RequestFrame> next;
+    if (req.hook) {
+      const size_t target_failures = rep.failures.size();
+      next = req.hook->OnReply(req, h.seq, &rep.failures);
+      if (rep.failures.size() != target_failures) {
+        std::stable_sort(rep.failures.begin(), rep.failures.end(),
+                         [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
+      }
+    }
     CompleteFront(rep.failures, rep.status);
+    if (next && fd_.valid()) Enqueue(std::move(*next));
     return OkStatus();
   }
   // kReadData: the payload carries the entries that did not fail, in order.

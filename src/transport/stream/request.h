@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -77,6 +78,20 @@ class NotifyWaiter {
   Status status_;
 };
 
+struct RequestFrame;
+
+// What an initiator does with the reply to a frame before its slices
+// complete, on the stream's loop thread (so before, and never after, the
+// frame can fail by its deadline): the same-host transport's lent reads copy
+// the target's ranges here. Adds the entries that failed (any order) to
+// `failures` and may return a frame to send next on the same stream.
+class ReplyHook {
+ public:
+  virtual ~ReplyHook() = default;
+  virtual std::optional<RequestFrame> OnReply(const RequestFrame& r, uint64_t seq,
+                                              std::vector<wire::EntryFailure>* failures) const = 0;
+};
+
 // One request frame from the initiator side: the slices (pieces of the
 // batch's TransferRequests) it carries as entries. (In Ferry a "request" is
 // a TransferRequest of the public API; a frame carries slices of many; a
@@ -92,6 +107,7 @@ struct RequestFrame {
   std::shared_ptr<WriteTracker> tracker;
   uint64_t ticket = 0;          // writes only
   std::shared_ptr<PeerBudget> budget;  // given back (slices.size(), bytes) on completion
+  std::shared_ptr<const ReplyHook> hook;  // runs on the reply, before completion
   uint64_t bytes = 0;
   Clock::time_point deadline;
 };
