@@ -9,7 +9,12 @@
 namespace ferry::internal {
 
 std::string FormatRange(uint64_t addr, uint64_t length) {
-  char buf[96];
+  char buf[128];
+  if (addr + length < addr) {
+    std::snprintf(buf, sizeof(buf), "at 0x%llx of %llu bytes (wraps around the address space)",
+                  static_cast<unsigned long long>(addr), static_cast<unsigned long long>(length));
+    return buf;
+  }
   std::snprintf(buf, sizeof(buf), "[0x%llx, 0x%llx) (%llu bytes)",
                 static_cast<unsigned long long>(addr),
                 static_cast<unsigned long long>(addr + length),

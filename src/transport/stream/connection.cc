@@ -236,6 +236,13 @@ void Connection::OnTick(Clock::time_point now) {
       FailFrame(inflight_.front().req, late);
       inflight_.pop_front();
     }
+    // Reset instead of a graceful close: what the kernel still holds to
+    // send (a write just reported failed) is dropped rather than delivered
+    // once the path returns, where it could overwrite newer bytes.
+    if (fd_.valid()) {
+      const linger reset{1, 0};
+      (void)::setsockopt(fd_.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+    }
     Close(UnavailableError("connection to " + peer_name_ + " closed after a request timed out"));
     return;
   }

@@ -86,7 +86,9 @@ Status NotifyWaiter::Wait(Clock::time_point deadline) {
 void AppendRange(std::vector<iovec>* iov, void* addr, size_t length) {
   if (!iov->empty()) {
     iovec& last = iov->back();
-    if (static_cast<char*>(last.iov_base) + last.iov_len == addr) {
+    // Integer arithmetic: `addr` may come from a peer (anything, up to the
+    // top of the address space), where pointer arithmetic would be undefined.
+    if (reinterpret_cast<uintptr_t>(last.iov_base) + last.iov_len == reinterpret_cast<uintptr_t>(addr)) {
       last.iov_len += length;
       return;
     }

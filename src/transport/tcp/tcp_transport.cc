@@ -69,6 +69,8 @@ class TcpTransport : public Transport {
     // little slower; four: as slow as no window at all).
     link_cfg_.stream_window = 2 * uint64_t{ctx.options->max_frame_bytes};
     link_cfg_.encoder = encoder_;
+    link_cfg_.max_outstanding_slices = ctx.options->peer_max_requests;
+    link_cfg_.max_outstanding_bytes = ctx.options->peer_max_bytes;
   }
   ~TcpTransport() override { Shutdown(); }
 
