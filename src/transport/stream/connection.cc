@@ -132,6 +132,7 @@ void Connection::DrainSubmissions() {
 }
 
 void Connection::Enqueue(RequestFrame r) {
+  if (r.hook) ++hooked_inflight_;
   uint64_t seq = next_seq_++;
   std::memcpy(r.head.data() + kSeqOffset, &seq, sizeof(seq));
   OutFrame f;
@@ -488,16 +489,31 @@ Status Connection::OnReply(const wire::FrameHeader& h, std::string_view body) {
   if (!is_read || !rep.status.ok()) {
     if (h.payload_len != 0) return DataLossError("unexpected payload from " + peer_name_);
     std::optional<RequestFrame> next;
-    if (req.hook) {
+    const bool hooked = req.hook != nullptr;
+    if (hooked) {
       const size_t target_failures = rep.failures.size();
       next = req.hook->OnReply(req, h.seq, &rep.failures);
       if (rep.failures.size() != target_failures) {
         std::stable_sort(rep.failures.begin(), rep.failures.end(),
                          [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
       }
+      if (hooked_inflight_ > 0) --hooked_inflight_;
     }
     CompleteFront(rep.failures, rep.status);
-    if (next && fd_.valid()) Enqueue(std::move(*next));
+    if (next) {
+      // Follow-ups are cumulative (a return covers every earlier lend):
+      // one per run of hooked frames, or per kMaxDeferred of them, instead
+      // of one per frame (1 MiB same-host reads: -10% with one per frame).
+      constexpr int kMaxDeferred = 16;
+      deferred_ = std::move(next);
+      ++deferred_count_;
+      if (hooked_inflight_ == 0 || deferred_count_ >= kMaxDeferred) {
+        deferred_count_ = 0;
+        RequestFrame f = std::move(*deferred_);
+        deferred_.reset();
+        if (fd_.valid()) Enqueue(std::move(f));
+      }
+    }
     return OkStatus();
   }
   // kReadData: the payload carries the entries that did not fail, in order.

@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -177,6 +178,11 @@ class Connection : public EventLoop::Handler,
   bool want_write_ = false;
   bool read_paused_ = false;  // EPOLLIN off: see ReplyQueueFull
   std::deque<Inflight> inflight_;
+  // Frames in flight with a ReplyHook, and the newest follow-up not sent
+  // yet (see OnReply).
+  size_t hooked_inflight_ = 0;
+  std::optional<RequestFrame> deferred_;
+  int deferred_count_ = 0;
   FrameReader reader_{this};
   std::vector<wire::EntryFailure> reply_failures_;  // of a read reply whose payload is arriving
   std::unique_ptr<char[]> read_ahead_;  // kReadAhead bytes, allocated on first use
