@@ -329,6 +329,13 @@ void FuzzCopyFrames(std::string_view input) {
         ferry::internal::shm::EncodeCopyReturn(*seq, &out);
         Check(out == in);
       }
+      // The same bytes as a lent read: u64 returned, then an entry list.
+      auto lend = ferry::internal::shm::DecodeCopyLend(in);
+      if (lend.ok()) {
+        std::string out(in.substr(0, 8));
+        ferry::internal::shm::EncodeCopyEntries(lend->entries.data(), lend->entries.size(), &out);
+        Check(out == in);
+      }
       break;
     }
   }

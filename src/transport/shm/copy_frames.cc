@@ -31,6 +31,14 @@ StatusOr<std::vector<CopyEntry>> DecodeCopyEntries(std::string_view body) {
   return out;
 }
 
+StatusOr<CopyLend> DecodeCopyLend(std::string_view body) {
+  CopyLend out;
+  wire::ByteReader r(body);
+  if (!r.U64(&out.returned)) return DataLossError("malformed lent read (" + std::to_string(body.size()) + " bytes) from peer");
+  FERRY_ASSIGN_OR_RETURN(out.entries, DecodeCopyEntries(body.substr(8)));
+  return out;
+}
+
 void EncodeCopyReturn(uint64_t lend_seq, std::string* out) {
   wire::ByteWriter w(out);
   w.U64(lend_seq);

@@ -29,6 +29,14 @@ void EncodeCopyEntries(const CopyEntry* entries, size_t count, std::string* out)
 StatusOr<std::vector<CopyEntry>> DecodeCopyEntries(std::string_view body);
 inline size_t CopyEntriesSize(size_t count) { return 4 + count * 20; }
 
+// kCopyLendRead body: u64 returned (every lend of this stream with a sequence
+// number up to it may be released; 0: none), then a CopyEntryList.
+struct CopyLend {
+  uint64_t returned = 0;
+  std::vector<CopyEntry> entries;
+};
+StatusOr<CopyLend> DecodeCopyLend(std::string_view body);
+
 // kCopyReturn body: u64 seq, the sequence number of the kCopyLendRead frame
 // whose ranges the initiator has copied (or given up on).
 void EncodeCopyReturn(uint64_t lend_seq, std::string* out);

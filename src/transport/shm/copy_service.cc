@@ -153,7 +153,9 @@ void CopyFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t
                                  : (lend_ ? wire::FrameType::kCopyLendRead : wire::FrameType::kCopyRead);
   if (op == Opcode::kRead && lend_) r->hook = lend_;
   std::string body;
-  body.reserve(CopyEntriesSize(n));
+  body.reserve(8 + CopyEntriesSize(n));
+  // kCopyLendRead: the u64 the stream fills in (ReplyHook), then the entries.
+  if (r->type == wire::FrameType::kCopyLendRead) body.append(8, '\0');
   std::vector<CopyEntry> entries(n);
   for (size_t k = 0; k < n; ++k) {
     entries[k] = {slices[k].remote, slices[k].length, reinterpret_cast<uint64_t>(slices[k].local)};
@@ -220,7 +222,14 @@ Status CopyStreamService::OnFrame(stream::Connection& c, const wire::FrameHeader
 
 Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHeader& h, std::string_view body,
                                     bool write, bool lend) {
-  FERRY_ASSIGN_OR_RETURN(std::vector<CopyEntry> entries, DecodeCopyEntries(body));
+  std::vector<CopyEntry> entries;
+  if (lend) {
+    FERRY_ASSIGN_OR_RETURN(CopyLend l, DecodeCopyLend(body));
+    ReleaseLent(l.returned);
+    entries = std::move(l.entries);
+  } else {
+    FERRY_ASSIGN_OR_RETURN(entries, DecodeCopyEntries(body));
+  }
   // The process that said hello must still be the one behind the pid: once
   // it has exited (its socket may live on in a child), nothing is copied.
   pollfd exited{pidfd_.get(), POLLIN, 0};
@@ -265,11 +274,15 @@ Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHead
   return OkStatus();
 }
 
+void CopyStreamService::ReleaseLent(uint64_t up_to) {
+  // Returns come in lending order; anything up to `up_to` was copied (or
+  // given up on) by the initiator.
+  while (!lent_.empty() && lent_.front().first <= up_to) lent_.pop_front();
+}
+
 Status CopyStreamService::ServeReturn(stream::Connection& c, const wire::FrameHeader& h, std::string_view body) {
   FERRY_ASSIGN_OR_RETURN(uint64_t seq, DecodeCopyReturn(body));
-  // Returns come in lending order; anything older than `seq` was already
-  // returned or is abandoned with it.
-  while (!lent_.empty() && lent_.front().first <= seq) lent_.pop_front();
+  ReleaseLent(seq);
   std::string reply;
   wire::EncodeReply({}, &reply);
   c.QueueReply(wire::FrameType::kAck, h.seq, std::move(reply));

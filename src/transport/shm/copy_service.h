@@ -89,6 +89,7 @@ class CopyStreamService : public stream::TargetService {
   Status ServeCopy(stream::Connection& c, const wire::FrameHeader& h, std::string_view body, bool write,
                    bool lend = false);
   Status ServeReturn(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
+  void ReleaseLent(uint64_t up_to);
 
   const int pid_;
   // Readable once the process has exited, so a recycled pid is never copied

@@ -132,7 +132,11 @@ void Connection::DrainSubmissions() {
 }
 
 void Connection::Enqueue(RequestFrame r) {
-  if (r.hook) ++hooked_inflight_;
+  if (r.hook && r.head.size() >= wire::kFrameHeaderSize + sizeof(uint64_t)) {
+    // The newest hooked frame handled: what the pending follow-up says.
+    std::memcpy(r.head.data() + wire::kFrameHeaderSize, &deferred_seq_, sizeof(deferred_seq_));
+    deferred_.reset();
+  }
   uint64_t seq = next_seq_++;
   std::memcpy(r.head.data() + kSeqOffset, &seq, sizeof(seq));
   OutFrame f;
@@ -218,7 +222,8 @@ void Connection::Refuse(const Status& why) {
 
 bool Connection::WantsTick() const {
   std::lock_guard<std::mutex> io(io_mu_);
-  return role_ == Role::kAccepted || !inflight_.empty() || retire_.load(std::memory_order_relaxed);
+  return role_ == Role::kAccepted || !inflight_.empty() || deferred_.has_value() ||
+         retire_.load(std::memory_order_relaxed);
 }
 
 void Connection::OnTick(Clock::time_point now) {
@@ -227,6 +232,13 @@ void Connection::OnTick(Clock::time_point now) {
   if (role_ == Role::kAccepted && now > hello_deadline_) {
     Close(DeadlineExceededError("peer " + peer_name_ + " sent no valid hello in time"));
     return;
+  }
+  if (deferred_ && fd_.valid()) {  // idle since the last hooked reply: send the follow-up
+    RequestFrame f = std::move(*deferred_);
+    deferred_.reset();
+    Enqueue(std::move(f));
+    Flush();
+    if (!fd_.valid()) return;
   }
   if (!inflight_.empty() && inflight_.front().req.deadline < now) {
     // The stream is stuck (or the peer is gone without a reset): fail what is
@@ -497,22 +509,13 @@ Status Connection::OnReply(const wire::FrameHeader& h, std::string_view body) {
         std::stable_sort(rep.failures.begin(), rep.failures.end(),
                          [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
       }
-      if (hooked_inflight_ > 0) --hooked_inflight_;
     }
     CompleteFront(rep.failures, rep.status);
     if (next) {
-      // Follow-ups are cumulative (a return covers every earlier lend):
-      // one per run of hooked frames, or per kMaxDeferred of them, instead
-      // of one per frame (1 MiB same-host reads: -10% with one per frame).
-      constexpr int kMaxDeferred = 16;
+      // Sent only if no hooked frame carries the news first (ReplyHook):
+      // one return frame per read cost same-host 4 KiB reads ~5 us each.
       deferred_ = std::move(next);
-      ++deferred_count_;
-      if (hooked_inflight_ == 0 || deferred_count_ >= kMaxDeferred) {
-        deferred_count_ = 0;
-        RequestFrame f = std::move(*deferred_);
-        deferred_.reset();
-        if (fd_.valid()) Enqueue(std::move(f));
-      }
+      deferred_seq_ = h.seq;
     }
     return OkStatus();
   }

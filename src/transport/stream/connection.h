@@ -178,11 +178,10 @@ class Connection : public EventLoop::Handler,
   bool want_write_ = false;
   bool read_paused_ = false;  // EPOLLIN off: see ReplyQueueFull
   std::deque<Inflight> inflight_;
-  // Frames in flight with a ReplyHook, and the newest follow-up not sent
-  // yet (see OnReply).
-  size_t hooked_inflight_ = 0;
+  // The newest follow-up of a ReplyHook not sent yet, and the sequence
+  // number of the hooked frame it answers (see ReplyHook).
   std::optional<RequestFrame> deferred_;
-  int deferred_count_ = 0;
+  uint64_t deferred_seq_ = 0;
   FrameReader reader_{this};
   std::vector<wire::EntryFailure> reply_failures_;  // of a read reply whose payload is arriving
   std::unique_ptr<char[]> read_ahead_;  // kReadAhead bytes, allocated on first use

@@ -84,7 +84,12 @@ struct RequestFrame;
 // complete, on the stream's loop thread (so before, and never after, the
 // frame can fail by its deadline): the same-host transport's lent reads copy
 // the target's ranges here. Adds the entries that failed (any order) to
-// `failures` and may return a frame to send next on the same stream.
+// `failures` and may return a follow-up frame for the same stream, which is
+// cumulative (a later one covers an earlier one). The stream does not send
+// it at once: the body of every hooked frame starts with a u64 the stream
+// fills in with the sequence number of the newest hooked frame it has
+// handled (what that follow-up would say), so a stream in use never sends
+// follow-ups; an idle one sends the pending one at its next tick (~50 ms).
 class ReplyHook {
  public:
   virtual ~ReplyHook() = default;
