@@ -129,21 +129,30 @@ class ShmTransport : public Transport {
       streams.push_back(std::make_shared<Connection>(pool_->loop(static_cast<size_t>(i)), std::move(*fd),
                                                      info->Label(), version));
     }
-    // Reads: the initiator copies them itself where it may read the target's
-    // memory and the target lends (docs/reliability.md, "Failed and
-    // timed-out requests"); otherwise the target copies into this process.
+    // Reads: the initiator copies them itself (docs/reliability.md, "Failed
+    // and timed-out requests"), so this process must be able to read the
+    // target's memory; if it cannot, the link is refused (auto then uses
+    // tcp) rather than letting the target write reads that may already have
+    // failed. A peer of an older build, which does not lend, copies them.
     stream::StreamLinkConfig cfg = link_cfg_;
-    if (peer.HasFeature("shm-lend-reads") && target_pid > 0 && shm::CanReadProcess(target_pid)) {
-      UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, target_pid, 0)));
-      if (pidfd.valid()) {
-        cfg.encoder = std::make_shared<shm::CopyFrameEncoder>(
-            std::make_shared<shm::LendReadHook>(target_pid, std::move(pidfd), info->Label(), version));
+    if (peer.HasFeature("shm-lend-reads")) {
+      UniqueFd pidfd;
+      if (target_pid > 0 && shm::CanReadProcess(target_pid)) {
+        pidfd = UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, target_pid, 0)));
       }
-    }
-    if (!cfg.encoder || cfg.encoder == link_cfg_.encoder) {
+      if (!pidfd.valid()) {
+        return FailedPreconditionError(
+            "same-host transport: this process cannot read the memory of process " + std::to_string(target_pid) +
+            " (" + info->Label() +
+            "), which it needs to copy reads itself (so that a failed read never lands later); it needs "
+            "ptrace access to that process: the same user with Yama ptrace_scope 0, or CAP_SYS_PTRACE");
+      }
+      cfg.encoder = std::make_shared<shm::CopyFrameEncoder>(
+          std::make_shared<shm::LendReadHook>(target_pid, std::move(pidfd), info->Label(), version));
+    } else {
       FERRY_LOG(kInfo, "same-host reads from " << info->Label()
-                                               << " are copied by the target (this process cannot read its "
-                                                  "memory, or the peer does not lend)");
+                                               << " are copied by the peer (an older build that does not lend "
+                                                  "its ranges): a read that fails may still be written later");
     }
     return stream::StreamLink::Open(cfg, info->Label(), version, std::move(streams));
   }
