@@ -52,16 +52,4 @@ void Admission::Release(const std::string& source, bool pending) {
   }
 }
 
-uint32_t Admission::pending(const std::string& source) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = by_source_.find(source);
-  return it == by_source_.end() ? 0 : it->second.pending;
-}
-
-uint32_t Admission::open(const std::string& source) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = by_source_.find(source);
-  return it == by_source_.end() ? 0 : it->second.open;
-}
-
 }  // namespace ferry::internal::stream

@@ -43,10 +43,6 @@ class Admission : public std::enable_shared_from_this<Admission> {
   // is under its limits again) is logged as a warning naming `listener`.
   std::unique_ptr<Ticket> Admit(const std::string& source, const std::string& listener);
 
-  // For tests and `ferry info`-style diagnostics.
-  uint32_t pending(const std::string& source) const;
-  uint32_t open(const std::string& source) const;
-
  private:
   struct Counts {
     uint32_t pending = 0;
@@ -57,7 +53,7 @@ class Admission : public std::enable_shared_from_this<Admission> {
 
   const uint32_t max_pending_;
   const uint32_t max_open_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::unordered_map<std::string, Counts> by_source_;  // guarded by mu_
   std::unordered_set<std::string> refused_;            // logged, not yet under the limits again
 };

@@ -198,6 +198,7 @@ void Connection::Close(const Status& why) {
   }
   out_.clear();
   out_bytes_ = 0;
+  deferred_.reset();
   admission_.reset();
   service_.reset();  // releases the regions a half-received frame had pinned
   for (auto& f : inflight_) FailFrame(f.req, why);

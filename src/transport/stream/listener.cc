@@ -17,37 +17,38 @@
 namespace ferry::internal::stream {
 namespace {
 
+// The IP address and port of an IP peer; false for other families.
+bool IpOf(const sockaddr_storage& ss, std::string* host, uint16_t* port) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  const void* addr = nullptr;
+  if (ss.ss_family == AF_INET) {
+    addr = &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr;
+    *port = ntohs(reinterpret_cast<const sockaddr_in*>(&ss)->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    addr = &reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr;
+    *port = ntohs(reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port);
+  }
+  if (addr == nullptr || ::inet_ntop(ss.ss_family, addr, buf, sizeof(buf)) == nullptr) return false;
+  *host = buf;
+  return true;
+}
+
 // "10.0.0.2:53412" / "[::1]:53412" for an IP peer; "process N" for a unix
 // one whose pid is known; "" otherwise.
 std::string RemoteOf(const sockaddr_storage& ss, int pid) {
-  char host[INET6_ADDRSTRLEN] = {};
-  if (ss.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    if (::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host)) != nullptr) {
-      return FormatPeerId(host, ntohs(a->sin_port));
-    }
-  } else if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    if (::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host)) != nullptr) {
-      return FormatPeerId(host, ntohs(a->sin6_port));
-    }
-  } else if (pid != 0) {
-    return "process " + std::to_string(pid);
-  }
-  return "";
+  std::string host;
+  uint16_t port = 0;
+  if (IpOf(ss, &host, &port)) return FormatPeerId(host, port);
+  return pid != 0 ? "process " + std::to_string(pid) : "";
 }
 
 // Whom an accepted connection counts against (Admission): its IP address
 // without the port; on a unix socket, the connecting process's user.
 std::string SourceOf(const sockaddr_storage& ss, int fd) {
-  char host[INET6_ADDRSTRLEN] = {};
-  if (ss.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    if (::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host)) != nullptr) return host;
-  } else if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    if (::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host)) != nullptr) return host;
-  } else if (ss.ss_family == AF_UNIX) {
+  std::string host;
+  uint16_t port = 0;
+  if (IpOf(ss, &host, &port)) return host;
+  if (ss.ss_family == AF_UNIX) {
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) return "uid " + std::to_string(cred.uid);

@@ -49,13 +49,13 @@ class PeerBudget {
   // `deadline`; false if there was none by then. A frame always fits when
   // nothing else is outstanding (a limit below one frame only serialises).
   bool Acquire(uint64_t slices, uint64_t bytes, Clock::time_point deadline);
+  // Takes room if there is some now; never waits.
+  bool TryAcquire(uint64_t slices, uint64_t bytes);
   void Release(uint64_t slices, uint64_t bytes);
   // "limit peer_max_requests = N (N slices outstanding) ..." for errors.
   std::string Describe() const;
 
  private:
-  bool TryAcquire(uint64_t slices, uint64_t bytes);
-
   const uint64_t max_slices_;
   const uint64_t max_bytes_;
   std::atomic<uint64_t> slices_{0};

@@ -67,7 +67,7 @@ void StreamLink::Post(const PostContext& ctx, std::vector<Slice> slices) {
     r.write = op == Opcode::kWrite;
     r.slices.assign(slices.begin() + i, slices.begin() + j);
     i = j;
-    if (!exhausted && !budget_->Acquire(r.slices.size(), bytes, Clock::time_point::min())) {
+    if (!exhausted && !budget_->TryAcquire(r.slices.size(), bytes)) {
       // No room now: what is built goes out first, then wait for answers.
       queue();
       exhausted = !budget_->Acquire(r.slices.size(), bytes, ctx.deadline);
