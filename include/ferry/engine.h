@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -107,6 +108,87 @@ class Engine {
   // Submits, waits (transfer_timeout) and frees. OK iff every request completed.
   Status TransferSync(const TransferRequest& request);
   Status TransferSync(std::span<const TransferRequest> requests);
+  // Cancels every request of the batch still pending: they fail with
+  // kCancelled. Guarantee once it returns: no byte of a read of this batch
+  // lands in local memory any more, so its buffers may be reused (on every
+  // transport; only shm targets of builds before "shm-lend-reads" copy reads
+  // themselves, see docs/reliability.md). Bytes of writes already on their
+  // way may still land at the target in full or in part. The batch may be
+  // freed right away.
+  Status CancelBatch(BatchId batch);
+
+  // ---- Prepared transfers --------------------------------------------------
+  // A descriptor list is registered once and then named by index: local
+  // rows are checked against this engine's registered memory, remote rows
+  // against the segment's descriptor as of its last handshake (no round
+  // trip). Either way every entry must lie inside one registered region.
+  // kInvalidArgument: an empty list, a zero length, count 0, a range that
+  // wraps, more than kMaxDescListEntries entries; kNotFound: an entry
+  // outside every (exported) region, naming the row, the entry and the peer.
+  // A remote list is bound to the peer instance it was checked against:
+  // once the peer restarted, transfers using it fail with
+  // kFailedPrecondition (prepare it again after the peer's new descriptor
+  // was fetched: QuerySegment or ImportMetadata).
+  StatusOr<DescListHandle> PrepareLocalList(std::span<const DescRow> rows);
+  StatusOr<DescListHandle> PrepareRemoteList(SegmentHandle segment, std::span<const DescRow> rows);
+  // Entries of the list (rows with their strides expanded).
+  StatusOr<size_t> DescListEntries(DescListHandle list) const;
+  // Transfers made from the list keep what they need; releasing it does not
+  // affect them.
+  Status ReleaseDescList(DescListHandle list);
+
+  // A transfer of pairs of entries: local entry local_indices[k] with
+  // remote entry remote_indices[k], which must be equally long. Checked
+  // here once (counts, indices in range, lengths pairwise); adjacent pairs
+  // (contiguous on both sides) are merged. `notification`, if given, is
+  // delivered to the remote engine once the transfer's data is complete
+  // there (for a read: once it is in local memory, so the owner knows its
+  // memory was read); the transfer completes when the peer acknowledged it.
+  // kInvalidArgument names the bad pair.
+  StatusOr<TransferHandle> MakeTransfer(Opcode opcode, DescListHandle local,
+                                        std::span<const uint32_t> local_indices, DescListHandle remote,
+                                        std::span<const uint32_t> remote_indices,
+                                        std::optional<Notification> notification = std::nullopt);
+  // Posts the transfer (again, once an earlier post finished). `notification`
+  // replaces the one given to MakeTransfer for this post.
+  // kFailedPrecondition: still in flight, or the remote list belongs to a
+  // peer instance that restarted (the message says which).
+  Status PostTransfer(TransferHandle transfer, std::optional<Notification> notification = std::nullopt);
+  // kPending, kCompleted or kFailed with the first failure (request index,
+  // peer, range, reason). A transfer that failed is cancelled first: once
+  // this reports kFailed, none of its bytes land locally any more.
+  // kFailedPrecondition: never posted.
+  StatusOr<TransferStatus> GetTransferStatus(TransferHandle transfer);
+  // Waits until the transfer finished or the timeout passed; like WaitBatch.
+  Status WaitTransfer(TransferHandle transfer, std::chrono::milliseconds timeout);
+  // Of the last post; kFailedPrecondition if never posted.
+  StatusOr<TransferTelemetry> GetTransferTelemetry(TransferHandle transfer) const;
+  // Cancels the current post (if still pending) with CancelBatch's
+  // guarantee; the transfer may be posted again right away.
+  Status CancelTransfer(TransferHandle transfer);
+  // Cancels it if it is in flight and forgets it.
+  Status ReleaseTransfer(TransferHandle transfer);
+
+  // ---- Agent metadata --------------------------------------------------------
+  // This engine's descriptor (name, how to reach it, every exported region)
+  // as bytes, for callers that ship metadata over their own channel. Format
+  // in docs/wire-format.md ("Exported metadata").
+  std::string ExportMetadata() const;
+  // Opens (or updates) the segment of the peer that exported `bytes`,
+  // without a round trip; its later registrations become visible by
+  // importing again or through QuerySegment. The wire version is negotiated
+  // as in a handshake. kInvalidArgument: not metadata (or damaged);
+  // kFailedPrecondition: no common wire version or a missing capability.
+  StatusOr<SegmentHandle> ImportMetadata(std::string_view bytes);
+
+  // ---- Telemetry -------------------------------------------------------------
+  // Counters since the engine started (see EngineMetrics).
+  EngineMetrics GetMetrics() const;
+  // The same in Prometheus' text exposition format (what the endpoint
+  // EngineOptions::metrics_address serves).
+  std::string MetricsText() const;
+  // "host:port" of the metrics endpoint; empty when it is off.
+  std::string MetricsAddress() const;
 
   // ---- Notifications -------------------------------------------------------
   // Delivers {name, message} to the peer after every write this engine

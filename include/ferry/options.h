@@ -53,6 +53,11 @@ struct EngineOptions {
   // not encrypt: the bytes on the wire stay readable (docs/reliability.md).
   std::string secret_file;
 
+  // "HOST:PORT" of a Prometheus text endpoint (GET /metrics) serving
+  // Engine::MetricsText(); port 0 picks a free one (Engine::MetricsAddress
+  // says which). Empty (the default): off.
+  std::string metrics_address;
+
   // Connect + handshake with a peer.
   std::chrono::milliseconds connect_timeout{5000};
   // Deadline of each submitted request, from submission.

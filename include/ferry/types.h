@@ -29,6 +29,39 @@ struct BatchId {
   friend bool operator==(BatchId a, BatchId b) { return a.value == b.value; }
 };
 
+// A checked handle to a prepared descriptor list (Engine::PrepareLocalList,
+// PrepareRemoteList).
+struct DescListHandle {
+  uint64_t value = 0;
+  friend bool operator==(DescListHandle a, DescListHandle b) { return a.value == b.value; }
+};
+
+// A checked handle to a prepared transfer (Engine::MakeTransfer).
+struct TransferHandle {
+  uint64_t value = 0;
+  friend bool operator==(TransferHandle a, TransferHandle b) { return a.value == b.value; }
+};
+
+// One row of a descriptor list: the entry [addr, addr + length), or with
+// count > 1 the `count` entries addr + k * stride (k = 0 .. count - 1), each
+// `length` bytes long. A strided row is kept as one row, not expanded.
+struct DescRow {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  uint64_t stride = 0;
+  uint64_t count = 1;
+};
+
+// What one post of a prepared transfer took. Times in microseconds of
+// std::chrono::steady_clock (start_us: since its epoch).
+struct TransferTelemetry {
+  uint64_t start_us = 0;     // when the post began
+  uint64_t post_us = 0;      // how long the post call took
+  uint64_t transfer_us = 0;  // from the start until the transfer finished; 0 while pending
+  uint64_t bytes = 0;        // bytes moved (requested) by the transfer
+  uint64_t entries = 0;      // requests after merging adjacent entries
+};
+
 // One one-sided operation. `local` must lie inside memory registered with the
 // local engine; [remote_addr, remote_addr + length) must lie inside a region
 // the peer registered (the peer checks, and refuses otherwise).
@@ -86,8 +119,10 @@ struct RemoteRegion {
   std::string kind = "cpu";  // its memory kind ("cpu"; peers of descriptor format 1: "cpu")
 };
 
-// A small named message, delivered after every write the sender submitted to
-// this engine before sending it.
+// A named message, delivered after every write the sender submitted to this
+// engine before sending it (and, for a prepared transfer's notification,
+// after that transfer's data is complete here). At most
+// kMaxNotificationName + kMaxNotificationMessage bytes (ferry/limits.h).
 struct Notification {
   std::string sender;  // the sender's peer id ("host:port")
   std::string name;
@@ -112,6 +147,37 @@ struct SegmentInfo {
   std::string transport;    // transport used for cpu-to-cpu data: "local", "shm" or "tcp"
   Capabilities capabilities;
   std::vector<RemoteRegion> regions;  // as of the last handshake, in registration order
+};
+
+// Counters of one (peer, transport, opcode): requests and bytes by outcome.
+// A request is counted once it finished; cancelled requests count as failed.
+struct RouteMetrics {
+  std::string peer;       // the peer's "host:port"
+  std::string transport;  // "local", "shm", "tcp", ...
+  Opcode opcode = Opcode::kWrite;
+  uint64_t requests_completed = 0;
+  uint64_t requests_failed = 0;
+  uint64_t bytes_completed = 0;
+  uint64_t bytes_failed = 0;
+};
+
+// A latency histogram (cumulative buckets, as Prometheus counts them).
+struct LatencyHistogram {
+  std::vector<double> bounds_us;  // upper bounds of the buckets; a last +Inf bucket is implied
+  std::vector<uint64_t> counts;   // bounds_us.size() + 1 counts, not cumulative
+  uint64_t count = 0;
+  double sum_us = 0;
+};
+
+struct EngineMetrics {
+  std::vector<RouteMetrics> routes;
+  // Submit (or post) to the last request finished, per batch / prepared
+  // transfer post.
+  LatencyHistogram transfer_latency;
+  uint64_t batches_finished = 0;
+  uint64_t notifications_sent = 0;
+  uint64_t notifications_received = 0;
+  uint64_t cancelled_requests = 0;
 };
 
 }  // namespace ferry

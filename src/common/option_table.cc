@@ -122,6 +122,13 @@ constexpr Row kRows[] = {
      .values = "a path, or empty",
      .get_string = [](const EngineOptions& o) -> const std::string& { return o.secret_file; },
      .set_string = [](EngineOptions& o, std::string_view v) { o.secret_file = v; }},
+    {.name = "metrics_address",
+     .variable = "FERRY_METRICS_ADDRESS",
+     .meaning = "HOST:PORT of a Prometheus text endpoint (GET /metrics) with the engine's counters; "
+                "port 0 = any free port; empty = off",
+     .values = "HOST:PORT, or empty",
+     .get_string = [](const EngineOptions& o) -> const std::string& { return o.metrics_address; },
+     .set_string = [](EngineOptions& o, std::string_view v) { o.metrics_address = v; }},
     Integer<&EngineOptions::connect_timeout>("connect_timeout", "", "ms", 1, kDayMs,
                                              "connect + handshake with a peer"),
     Integer<&EngineOptions::transfer_timeout>(

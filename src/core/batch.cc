@@ -2,10 +2,100 @@
 
 #include <thread>
 
+#include "core/metrics.h"
+
 namespace ferry::internal {
 
-BatchState::BatchState(size_t capacity)
-    : capacity_(capacity), slots_(std::make_unique<Slot[]>(capacity)) {}
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+BatchState::BatchState(size_t capacity, std::shared_ptr<Metrics> metrics)
+    : capacity_(capacity),
+      slots_(std::make_unique<Slot[]>(capacity)),
+      info_(metrics ? std::make_unique<uint64_t[]>(capacity) : nullptr),
+      metrics_(std::move(metrics)) {}
+
+uint8_t BatchState::RouteTag(RouteCounters* route) {
+  if (!metrics_ || route == nullptr) return 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < route_count_; ++i) {
+    if (routes_[i].load(std::memory_order_relaxed) == route) return static_cast<uint8_t>(i + 1);
+  }
+  if (route_count_ == 255) return 0;
+  // Release: a Completer that reads a request's tag (written after this, and
+  // published to it through the request's slot) finds the route.
+  routes_[route_count_].store(route, std::memory_order_release);
+  return static_cast<uint8_t>(++route_count_);
+}
+
+void BatchState::MarkBusy() { busy_since_ns_.store(NowNs(), std::memory_order_relaxed); }
+
+void BatchState::OnIdle() {
+  if (metrics_) {
+    metrics_->ObserveLatency(std::chrono::nanoseconds(NowNs() - busy_since_ns_.load(std::memory_order_relaxed)));
+  }
+  if (on_idle_) on_idle_();
+}
+
+void BatchState::FailRangeLocked(size_t first, size_t n) {
+  for (size_t i = first; i < first + n; ++i) {
+    slots_[i].failed.store(true, std::memory_order_relaxed);
+    slots_[i].state.store(static_cast<uint8_t>(TransferState::kFailed), std::memory_order_release);
+  }
+  failed_.fetch_add(n, std::memory_order_acq_rel);
+  if (first_error_.ok()) first_error_ = cancel_status_;
+}
+
+void BatchState::CountCancelled(size_t index) {
+  if (!info_) return;
+  const uint64_t info = info_[index];
+  const uint8_t tag = info & 0xff;
+  if (tag == 0) return;
+  RouteCounters* r = routes_[tag - 1].load(std::memory_order_acquire);
+  r->requests_failed.fetch_add(1, std::memory_order_relaxed);
+  r->bytes_failed.fetch_add(info >> 8, std::memory_order_relaxed);
+}
+
+size_t BatchState::Cancel(const Status& why) {
+  size_t failed = 0;
+  bool idle = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!cancelled_.load(std::memory_order_relaxed)) {
+      cancel_status_ = why;
+      // seq_cst: pairs with BeginLanding (a transport either sees the flag
+      // or is counted in landing_ before this thread waits for it).
+      cancelled_.store(true, std::memory_order_seq_cst);
+      const size_t n = reserved();
+      const auto pending = static_cast<uint8_t>(TransferState::kPending);
+      for (size_t i = 0; i < n; ++i) {
+        uint8_t expected = pending;
+        if (slots_[i].state.compare_exchange_strong(expected, static_cast<uint8_t>(TransferState::kFailed),
+                                                    std::memory_order_acq_rel)) {
+          slots_[i].failed.store(true, std::memory_order_relaxed);
+          CountCancelled(i);
+          ++failed;
+        }
+      }
+      if (failed > 0) {
+        if (first_error_.ok()) first_error_ = why;
+        failed_.fetch_add(failed, std::memory_order_acq_rel);
+        idle = pending_.fetch_sub(failed, std::memory_order_acq_rel) == failed;
+        if (metrics_) metrics_->AddCancelled(failed);
+      }
+    }
+    idle_cv_.notify_all();
+  }
+  if (idle) OnIdle();
+  // Transports store read data only between BeginLanding and EndLanding,
+  // around one recv or copy: microseconds.
+  while (landing_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  return failed;
+}
 
 StatusOr<size_t> BatchState::Reserve(size_t n) {
   size_t cur = reserved_.load(std::memory_order_relaxed);
@@ -51,21 +141,58 @@ void BatchState::Completer::Complete(size_t index, uint32_t slices, const Status
   // reader that sees it also sees the bytes and the error), then, in
   // Publish, the counters (a reader that counts every request done finds
   // every state final), then pending_ (waiters and FreeBatch see everything
-  // above).
-  r.state.store(static_cast<uint8_t>(failed ? TransferState::kFailed : TransferState::kCompleted),
-                std::memory_order_release);
+  // above). A request Cancel already failed stays failed and was counted
+  // there.
+  uint8_t expected = static_cast<uint8_t>(TransferState::kPending);
+  if (!r.state.compare_exchange_strong(
+          expected, static_cast<uint8_t>(failed ? TransferState::kFailed : TransferState::kCompleted),
+          std::memory_order_acq_rel)) {
+    return;
+  }
   ++(failed ? failed_ : completed_);
+  if (batch_.info_) Count(batch_.info_[index], failed);
+}
+
+void BatchState::Completer::Count(uint64_t info, bool failed) {
+  const uint8_t tag = info & 0xff;
+  if (tag == 0) return;
+  Tally* t = nullptr;
+  for (Tally& x : tally_) {
+    if (x.tag == tag || x.tag == 0) {
+      t = &x;
+      break;
+    }
+  }
+  if (t == nullptr) {  // a third route in one frame: rare
+    Publish();
+    t = &tally_[0];
+  }
+  t->tag = tag;
+  (failed ? t->failed : t->ok) += 1;
+  (failed ? t->failed_bytes : t->ok_bytes) += info >> 8;
 }
 
 void BatchState::Completer::Publish() {
+  for (Tally& t : tally_) {
+    if (t.tag == 0) continue;
+    RouteCounters* r = batch_.routes_[t.tag - 1].load(std::memory_order_acquire);
+    if (t.ok) r->requests_completed.fetch_add(t.ok, std::memory_order_relaxed);
+    if (t.failed) r->requests_failed.fetch_add(t.failed, std::memory_order_relaxed);
+    if (t.ok_bytes) r->bytes_completed.fetch_add(t.ok_bytes, std::memory_order_relaxed);
+    if (t.failed_bytes) r->bytes_failed.fetch_add(t.failed_bytes, std::memory_order_relaxed);
+    t = Tally{};
+  }
   const size_t n = completed_ + failed_;
   if (n == 0) return;
   if (completed_ > 0) batch_.completed_.fetch_add(completed_, std::memory_order_acq_rel);
   if (failed_ > 0) batch_.failed_.fetch_add(failed_, std::memory_order_acq_rel);
   completed_ = failed_ = 0;
   if (batch_.pending_.fetch_sub(n, std::memory_order_acq_rel) == n) {
-    std::lock_guard<std::mutex> lock(batch_.mu_);  // no lost wake-up: waiters test under mu_
-    batch_.idle_cv_.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(batch_.mu_);  // no lost wake-up: waiters test under mu_
+      batch_.idle_cv_.notify_all();
+    }
+    batch_.OnIdle();
   }
 }
 
@@ -73,10 +200,8 @@ bool BatchState::SettleIfFinal() const {
   if (pending() == 0) return true;
   const size_t n = reserved();
   for (size_t i = 0; i < n; ++i) {
-    if (slots_[i].state.load(std::memory_order_acquire) ==
-        static_cast<uint8_t>(TransferState::kPending)) {
-      return false;
-    }
+    const uint8_t state = slots_[i].state.load(std::memory_order_acquire);
+    if (state == static_cast<uint8_t>(TransferState::kPending) || state == kNotBegun) return false;
   }
   // Every request is final: the threads that completed the last ones are
   // between their state store and the pending_ decrement (at most the rest
@@ -88,11 +213,12 @@ bool BatchState::SettleIfFinal() const {
 TransferStatus BatchState::Get(size_t index) const {
   const Slot& r = slots_[index];
   TransferStatus out;
-  out.state = static_cast<TransferState>(r.state.load(std::memory_order_acquire));
+  const uint8_t state = r.state.load(std::memory_order_acquire);
+  out.state = state == kNotBegun ? TransferState::kPending : static_cast<TransferState>(state);
   if (out.state == TransferState::kFailed) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = errors_.find(index);
-    if (it != errors_.end()) out.status = it->second;
+    out.status = it != errors_.end() ? it->second : cancel_status_;
   }
   return out;
 }

@@ -13,18 +13,25 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "ferry/status.h"
 #include "ferry/types.h"
 
 namespace ferry::internal {
 
+class Metrics;
+struct RouteCounters;
+
 class BatchState {
  public:
-  explicit BatchState(size_t capacity);
+  // `metrics` (may be null) counts this batch's requests by route and
+  // outcome, and its busy periods in the latency histogram.
+  explicit BatchState(size_t capacity, std::shared_ptr<Metrics> metrics = nullptr);
 
   size_t capacity() const { return capacity_; }
   // Number of requests reserved so far (submitted or being submitted).
@@ -40,16 +47,63 @@ class BatchState {
   }
   // Marks requests [first, first + n) pending, request i with
   // slices_of(i) > 0 slices outstanding; one update of the shared counter.
+  // slices_of may call Describe(i, ...) for the metrics. False (and the
+  // requests fail at once) if the batch was cancelled: post nothing then.
   template <class SlicesOf>
-  void BeginRange(size_t first, size_t n, SlicesOf slices_of) {
+  bool BeginRange(size_t first, size_t n, SlicesOf slices_of) {
+    std::lock_guard<std::mutex> lock(mu_);  // against Cancel
+    if (cancelled_.load(std::memory_order_relaxed)) {
+      FailRangeLocked(first, n);
+      return false;
+    }
     for (size_t i = first; i < first + n; ++i) {
       Slot& r = slots_[i];
       r.remaining.store(slices_of(i), std::memory_order_relaxed);
       r.state.store(static_cast<uint8_t>(TransferState::kPending), std::memory_order_relaxed);
     }
     // Pairs with the acq_rel decrement in Completer::Publish.
-    pending_.fetch_add(n, std::memory_order_acq_rel);
+    if (pending_.fetch_add(n, std::memory_order_acq_rel) == 0) MarkBusy();
+    return true;
   }
+  // The metrics' route of a request (RouteTag) and its length.
+  void Describe(size_t index, uint64_t length, uint8_t tag) { info_[index] = length << 8 | tag; }
+  // A tag (1..255) for counting requests of this batch on `route`; 0 (not
+  // counted) once a batch used 255 routes or without metrics.
+  uint8_t RouteTag(RouteCounters* route);
+
+  // Called, on the completing thread, each time the last pending request
+  // finished (must not block). Set before the requests begin.
+  void SetOnIdle(std::function<void()> on_idle) { on_idle_ = std::move(on_idle); }
+
+  // ---- Cancellation ----------------------------------------------------
+  // Transports bracket every store of read data into this engine's memory
+  // (a recv, a copy) with these. BeginLanding false: the batch was
+  // cancelled; drop the bytes instead (the slices may still be completed;
+  // nobody looks at them any more).
+  bool BeginLanding() {
+    landing_.fetch_add(1, std::memory_order_seq_cst);
+    if (cancelled_.load(std::memory_order_seq_cst)) {
+      landing_.fetch_sub(1, std::memory_order_release);
+      return false;
+    }
+    if (landing_parent_ && !landing_parent_->BeginLanding()) {
+      landing_.fetch_sub(1, std::memory_order_release);
+      return false;
+    }
+    return true;
+  }
+  void EndLanding() {
+    if (landing_parent_) landing_parent_->EndLanding();
+    landing_.fetch_sub(1, std::memory_order_release);
+  }
+  // A batch standing in for `parent`'s requests (the fault-injecting link's
+  // shadow): its data lands only while the parent's may. Set before use.
+  void SetLandingParent(std::shared_ptr<BatchState> parent) { landing_parent_ = std::move(parent); }
+  // Fails every request still pending with `why` (as observers see them)
+  // and returns once no transport thread stores read data of this batch
+  // any more, nor will. Idempotent. Returns how many requests it failed.
+  size_t Cancel(const Status& why);
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
   // Completes one slice of request `index` (transports call this).
   void CompleteSlice(size_t index, const Status& status);
   // Completes `slices` slices of request `index` at once with one status.
@@ -76,9 +130,17 @@ class BatchState {
     void Prefetch(size_t index) const { __builtin_prefetch(&batch_.slots_[index], 1); }
 
    private:
+    // Outcomes by route tag, added to the metrics once in Publish.
+    struct Tally {
+      uint8_t tag = 0;
+      uint64_t ok = 0, failed = 0, ok_bytes = 0, failed_bytes = 0;
+    };
+    void Count(uint64_t info, bool failed);
+
     BatchState& batch_;
     size_t completed_ = 0;
     size_t failed_ = 0;
+    Tally tally_[2];
   };
 
   TransferStatus Get(size_t index) const;
@@ -89,9 +151,9 @@ class BatchState {
   // bookkeeping): then the batch may be freed.
   bool SettleIfFinal() const;
 
-  // Waits until no request is pending or the deadline passes; spins for up to
-  // `spin` first (cheap when completion is imminent). OK when nothing is
-  // pending any more (whatever the outcome).
+  // Waits until no request is pending (or the batch was cancelled) or the
+  // deadline passes; spins for up to `spin` first (cheap when completion is
+  // imminent). True when nothing is pending any more (whatever the outcome).
   bool WaitIdle(std::chrono::steady_clock::time_point deadline, std::chrono::microseconds spin);
 
  private:
@@ -99,12 +161,32 @@ class BatchState {
   // allocated per transfer.
   struct Slot {
     std::atomic<uint32_t> remaining{0};
-    std::atomic<uint8_t> state{0};  // TransferState
+    std::atomic<uint8_t> state{kNotBegun};  // TransferState, or kNotBegun
     std::atomic<bool> failed{false};
   };
 
+  // A slot's state before its request began (reserved by a Submit still
+  // in progress): pending to observers, never touched by Cancel.
+  static constexpr uint8_t kNotBegun = 0xff;
+
+  void MarkBusy();
+  void OnIdle();
+  void FailRangeLocked(size_t first, size_t n);
+  void CountCancelled(size_t index);
+
   const size_t capacity_;
   std::unique_ptr<Slot[]> slots_;
+  // Per request: length << 8 | route tag (0: not counted).
+  std::unique_ptr<uint64_t[]> info_;
+  const std::shared_ptr<Metrics> metrics_;
+  // By tag - 1; the first route_count_ are set (each once, under mu_).
+  std::atomic<RouteCounters*> routes_[255] = {};
+  size_t route_count_ = 0;  // guarded by mu_
+  std::function<void()> on_idle_;
+  std::atomic<int64_t> busy_since_ns_{0};
+  std::atomic<bool> cancelled_{false};
+  std::atomic<uint32_t> landing_{0};
+  std::shared_ptr<BatchState> landing_parent_;
   std::atomic<size_t> reserved_{0};
   std::atomic<size_t> pending_{0};
   std::atomic<size_t> completed_{0};
@@ -113,6 +195,7 @@ class BatchState {
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
   Status first_error_;  // guarded by mu_
+  Status cancel_status_;  // guarded by mu_; set once by Cancel
   // The first failure of each failed request, by index (failures are rare,
   // so they live here rather than in every Slot). Guarded by mu_.
   std::unordered_map<size_t, Status> errors_;

@@ -108,6 +108,7 @@ Status MemoryRegistry::Unregister(uint64_t addr, RegionHooks* hooks) {
     }
     reg = std::move(it->second);
     regions_.erase(it);
+    unregistrations_.fetch_add(1, std::memory_order_acq_rel);
   }
   // No new pin can be taken now; wait for transfers still using the region.
   // Pairs with the release in RegionPin::Release.

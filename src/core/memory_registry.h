@@ -109,6 +109,9 @@ class MemoryRegistry {
   // Whether a region of a kind other than cpu was ever registered (lets the
   // local transport skip looking up the kind of its own buffers).
   bool ever_non_cpu() const { return ever_non_cpu_.load(std::memory_order_acquire); }
+  // How many regions were unregistered so far (prepared lists check their
+  // regions again only when it changed).
+  uint64_t unregistrations() const { return unregistrations_.load(std::memory_order_acquire); }
 
  private:
   // REQUIRES: mu_ held. The region containing the range, or nullptr.
@@ -118,6 +121,7 @@ class MemoryRegistry {
   mutable std::shared_mutex mu_;
   std::map<uint64_t, std::shared_ptr<Region>> regions_;  // by start address
   uint64_t next_order_ = 0;                                 // guarded by mu_
+  std::atomic<uint64_t> unregistrations_{0};
   std::atomic<bool> ever_non_cpu_{false};
 };
 

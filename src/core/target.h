@@ -44,7 +44,13 @@ class EngineTarget {
     }
     inbox_bytes_ += size;
     inbox_.push_back(std::move(n));
+    ++delivered_;
     return OkStatus();
+  }
+  // Notifications taken into the inbox so far.
+  uint64_t delivered() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return delivered_;
   }
   std::vector<Notification> Drain() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -60,8 +66,9 @@ class EngineTarget {
   const std::string peer_id_;
   const uint64_t inbox_limit_;
   MemoryRegistry registry_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::deque<Notification> inbox_;  // guarded by mu_
+  uint64_t delivered_ = 0;          // guarded by mu_
   uint64_t inbox_bytes_ = 0;        // guarded by mu_
 };
 

@@ -150,6 +150,34 @@ uint16_t AnswerFormat(const PeerDescriptor& request, uint16_t max_self) {
   return best;
 }
 
+void EncodeExportedMetadata(const PeerDescriptor& d, std::string* out, uint16_t format) {
+  {
+    ByteWriter w(out);
+    w.U32(kExportedMetadataMagic);
+    w.U16(1);
+  }
+  EncodeDescriptor(d, out, format);
+}
+
+StatusOr<PeerDescriptor> DecodeExportedMetadata(std::string_view bytes) {
+  ByteReader r(bytes);
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  if (!r.U32(&magic) || magic != kExportedMetadataMagic) {
+    return InvalidArgumentError("not Ferry agent metadata (" + std::to_string(bytes.size()) +
+                                " bytes without the FRMD magic)");
+  }
+  if (!r.U16(&version) || version != 1) {
+    return FailedPreconditionError("agent metadata of version " + std::to_string(version) +
+                                   " (this build reads version 1)");
+  }
+  auto d = DecodeDescriptor(bytes.substr(6));
+  if (!d.ok() && d.status().code() == StatusCode::kDataLoss) {
+    return InvalidArgumentError("damaged agent metadata: " + std::string(d.status().message()));
+  }
+  return d;
+}
+
 StatusOr<std::pair<Status, PeerDescriptor>> DecodeHandshakeResponse(std::string_view body) {
   ByteReader r(body);
   uint8_t code;

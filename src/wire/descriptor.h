@@ -79,6 +79,14 @@ uint16_t AnswerFormat(const PeerDescriptor& request, uint16_t max_self = kDescri
 // both ranges and both peers.
 StatusOr<uint16_t> NegotiateWireVersion(const PeerDescriptor& local, const PeerDescriptor& remote);
 
+// Exported metadata (Engine::ExportMetadata): u32 magic "FRMD", u16 version
+// (1), then the descriptor in any format (the exporter writes its highest).
+// kInvalidArgument if the bytes are not exported metadata; a descriptor in a
+// format this build does not read is kFailedPrecondition naming both.
+inline constexpr uint32_t kExportedMetadataMagic = 0x444d5246;  // "FRMD" little-endian
+void EncodeExportedMetadata(const PeerDescriptor& d, std::string* out, uint16_t format = kDescriptorFormatMax);
+StatusOr<PeerDescriptor> DecodeExportedMetadata(std::string_view bytes);
+
 // kHandshakeResponse body: status, then the responder's descriptor.
 void EncodeHandshakeResponse(const Status& s, const PeerDescriptor& d, std::string* out,
                              uint16_t format = kDescriptorFormatMax);

@@ -114,7 +114,7 @@ StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kFrameHeaderSize]) {
   if (!KnownType(type)) return DataLossError("unknown frame type " + std::to_string(type));
   h.type = static_cast<FrameType>(type);
   bool handshake = h.type == FrameType::kHandshakeRequest || h.type == FrameType::kHandshakeResponse;
-  uint32_t max_body = handshake ? kMaxHandshakeBody : kMaxDataBody;
+  uint32_t max_body = handshake ? kMaxHandshakeBody : h.type == FrameType::kNotify ? kMaxNotifyBody : kMaxDataBody;
   if (h.body_len > max_body) {
     return DataLossError("frame body of " + std::to_string(h.body_len) + " bytes exceeds the limit of " +
                          std::to_string(max_body));
@@ -189,19 +189,38 @@ StatusOr<Reply> DecodeReply(std::string_view body) {
   return rep;
 }
 
+// The message: str (u16 length) when shorter than 65535 bytes; else u16
+// 0xffff, u32 length, bytes (only peers with "notify-1m" are sent those).
 void EncodeNotify(const NotifyBody& n, std::string* out) {
   ByteWriter w(out);
   w.Str(n.sender);
   w.Str(n.name);
-  w.Str(n.message);
+  if (n.message.size() < 0xffff) {
+    w.Str(n.message);
+  } else {
+    w.U16(0xffff);
+    w.U32(static_cast<uint32_t>(n.message.size()));
+    out->append(n.message);
+  }
 }
 
 StatusOr<NotifyBody> DecodeNotify(std::string_view body) {
   ByteReader r(body);
   NotifyBody n;
-  if (!r.Str(&n.sender) || !r.Str(&n.name) || !r.Str(&n.message) || r.remaining() != 0) {
-    return Corrupt("notification");
+  if (!r.Str(&n.sender) || !r.Str(&n.name)) return Corrupt("notification");
+  const size_t at = body.size() - r.remaining();
+  uint16_t short_len = 0;
+  if (!r.U16(&short_len)) return Corrupt("notification");
+  if (short_len != 0xffff) {
+    ByteReader again(body.substr(at));
+    if (!again.Str(&n.message) || again.remaining() != 0) return Corrupt("notification");
+    return n;
   }
+  uint32_t len = 0;
+  // The long form is for messages of 65535 bytes or more only (one encoding
+  // per message).
+  if (!r.U32(&len) || len < 0xffff || r.remaining() != len) return Corrupt("notification");
+  n.message.assign(body.substr(body.size() - len));
   return n;
 }
 

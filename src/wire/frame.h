@@ -20,6 +20,10 @@ inline constexpr size_t kFrameHeaderSize = 24;
 // Bodies above these sizes are refused before any allocation.
 inline constexpr uint32_t kMaxHandshakeBody = 16u << 20;
 inline constexpr uint32_t kMaxDataBody = 1u << 20;
+// A kNotify body: a message of up to 1 MiB (ferry::kMaxNotificationMessage)
+// plus its sender, name (<= 4 KiB) and string lengths. Sent only to peers
+// with the feature "notify-1m"; older builds take kMaxDataBody.
+inline constexpr uint32_t kMaxNotifyBody = (1u << 20) + (16u << 10);
 inline constexpr uint32_t kMaxPayload = 64u << 20;
 inline constexpr uint32_t kMaxEntriesPerFrame = 16384;
 inline constexpr size_t kMaxErrorMessage = 512;

@@ -208,6 +208,13 @@ void FuzzDescriptor(std::string_view input) {
         EncodeDescriptor(*d, &out, d->format);  // format 1 or 2, as read
         Check(out == in);
       }
+      // The same bytes as exported metadata (magic + version + descriptor).
+      auto m = DecodeExportedMetadata(in);
+      if (m.ok()) {
+        std::string out;
+        EncodeExportedMetadata(*m, &out, m->format);
+        Check(out == in);
+      }
       break;
     }
     case 1: {

@@ -89,6 +89,7 @@ class FaultyLink : public PeerLink {
   // late, out of order, or with a corrupted status.
   void Hold(const PostContext& ctx, std::vector<Slice> held, std::vector<Fault> faults) {
     auto shadow = std::make_shared<BatchState>(held.size());
+    shadow->SetLandingParent(ctx.batch);  // a cancel of the real batch fences the shadow's reads too
     (void)shadow->Reserve(held.size());
     shadow->BeginRange(0, held.size(), [](size_t) { return 1u; });
     std::vector<Slice> posted = held;

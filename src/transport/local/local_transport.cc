@@ -63,6 +63,12 @@ class LocalLink : public PeerLink {
           local_kind = found.kind;
         }
       }
+      // A read stores into this engine's memory: not once its batch was
+      // cancelled (BatchState::BeginLanding).
+      if (s.opcode == Opcode::kRead && !ctx.batch->BeginLanding()) {
+        done.Complete(s.request, 1, CancelledError("the request's batch was cancelled"));
+        continue;
+      }
       Status copied;
       if (remote_kind.cpu_accessible() && local_kind.cpu_accessible()) {
         if (s.opcode == Opcode::kWrite) {
@@ -75,6 +81,7 @@ class LocalLink : public PeerLink {
       } else {
         copied = CopyMemory(local_kind, s.local, remote_kind, remote, s.length);
       }
+      if (s.opcode == Opcode::kRead) ctx.batch->EndLanding();
       done.Complete(s.request, 1, copied);
     }
   }

@@ -132,7 +132,14 @@ std::optional<stream::RequestFrame> LendReadHook::OnReply(const stream::RequestF
     for (size_t first = 0; first < run.size(); first += kMaxIov) {
       std::vector<uint32_t> part(run.begin() + static_cast<std::ptrdiff_t>(first),
                                  run.begin() + static_cast<std::ptrdiff_t>(std::min(run.size(), first + kMaxIov)));
+      // Each copy stores into this engine's memory: not once the batch was
+      // cancelled (BatchState::BeginLanding).
+      if (r.batch && !r.batch->BeginLanding()) {
+        for (uint32_t i : part) failures->push_back({i, StatusCode::kCancelled, "the request's batch was cancelled"});
+        continue;
+      }
       CopyRun(pid_, /*from_peer=*/true, entries, part, peer_, failures);
+      if (r.batch) r.batch->EndLanding();
     }
   }
   stream::RequestFrame back;

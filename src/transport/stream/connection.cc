@@ -372,6 +372,25 @@ void Connection::ReadSome() {
   size_t budget = kReadBudget;
   bool drained = false;
   while (fd_.valid() && budget > 0 && !drained && !ReplyQueueFull()) {
+    // Read data lands in this engine's memory only while its batch is not
+    // cancelled (BatchState::BeginLanding): held around this step's recv and
+    // the copies out of it, released at the end of the step; a payload
+    // whose batch was cancelled is read and dropped.
+    struct ReleaseLandings {
+      std::vector<std::shared_ptr<BatchState>>& held;
+      ~ReleaseLandings() {
+        for (auto& b : held) b->EndLanding();
+        held.clear();
+      }
+    } release{landing_};
+    if (role_ == Role::kInitiator && reader_.InPayload() && !inflight_.empty() && inflight_.front().req.batch) {
+      const std::shared_ptr<BatchState>& b = inflight_.front().req.batch;
+      if (b->BeginLanding()) {
+        landing_.push_back(b);
+      } else {
+        reader_.DiscardRest();
+      }
+    }
     // A long payload is read straight into its destinations; everything else
     // (headers, bodies, short payloads and the next frames behind them) is
     // read in one recv into the read-ahead buffer and taken from there, so a
@@ -521,6 +540,9 @@ Status Connection::OnReply(const wire::FrameHeader& h, std::string_view body) {
     return OkStatus();
   }
   // kReadData: the payload carries the entries that did not fail, in order.
+  // (Called within a ReadSome step, which releases the landing taken here.)
+  const bool lands = req.batch == nullptr || req.batch->BeginLanding();
+  if (lands && req.batch) landing_.push_back(req.batch);
   uint64_t expect = 0;
   reader_.ExpectPayload();
   size_t fi = 0;
@@ -529,7 +551,11 @@ Status Connection::OnReply(const wire::FrameHeader& h, std::string_view body) {
       ++fi;
       continue;
     }
-    reader_.AddDestination(req.slices[i].local, req.slices[i].length);
+    if (lands) {
+      reader_.AddDestination(req.slices[i].local, req.slices[i].length);
+    } else {
+      reader_.AddDiscard(req.slices[i].length);
+    }
     expect += req.slices[i].length;
   }
   if (expect != h.payload_len) {

@@ -184,6 +184,9 @@ class Connection : public EventLoop::Handler,
   uint64_t deferred_seq_ = 0;
   FrameReader reader_{this};
   std::vector<wire::EntryFailure> reply_failures_;  // of a read reply whose payload is arriving
+  // Batches whose read data the current ReadSome step may store
+  // (BatchState::BeginLanding taken; released at the end of the step).
+  std::vector<std::shared_ptr<BatchState>> landing_;
   std::unique_ptr<char[]> read_ahead_;  // kReadAhead bytes, allocated on first use
 };
 

@@ -82,6 +82,13 @@ void FrameReader::AddDiscard(size_t length) {
   }
 }
 
+void FrameReader::DiscardRest() {
+  if (phase_ != Phase::kPayload) return;
+  recv_iov_.clear();
+  recv_index_ = 0;
+  AddDiscard(payload_left_);
+}
+
 Status FrameReader::OnHeaderBytes() {
   FERRY_ASSIGN_OR_RETURN(header_, wire::DecodeHeader(header_buf_));
   FERRY_RETURN_IF_ERROR(sink_->OnHeader(header_));

@@ -61,6 +61,9 @@ class FrameReader {
   void AddDestination(char* addr, size_t length);
   // The next `length` payload bytes are read and dropped.
   void AddDiscard(size_t length);
+  // While a payload is being received: drop the rest of it instead of
+  // storing it where it was placed (its request was cancelled).
+  void DiscardRest();
 
  private:
   enum class Phase { kHeader, kBody, kPayload };

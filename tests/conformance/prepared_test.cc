@@ -1,0 +1,477 @@
+// Prepared lists and transfers, cancellation, notifications, agent metadata
+// and telemetry, over every transport (conformance_fixture.h).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/conformance/conformance_fixture.h"
+
+namespace ferry::test {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * kKiB;
+
+class PreparedTest : public ::testing::TestWithParam<std::string>, public EnginePair {
+ protected:
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(Start(GetParam())); }
+
+  uint64_t Addr(const void* p) const { return reinterpret_cast<uintptr_t>(p); }
+
+  // Rows of `n` entries of `len` bytes, `stride` apart, from `base`.
+  static std::vector<DescRow> Rows(const void* base, size_t n, uint64_t len, uint64_t stride) {
+    std::vector<DescRow> rows;
+    for (size_t i = 0; i < n; ++i) rows.push_back({reinterpret_cast<uintptr_t>(base) + i * stride, len, 0, 1});
+    return rows;
+  }
+  static std::vector<uint32_t> Iota(size_t n, bool reversed = false) {
+    std::vector<uint32_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint32_t>(reversed ? n - 1 - i : i);
+    return v;
+  }
+  Status Wait(TransferHandle t) { return initiator().WaitTransfer(t, kWaitTimeout); }
+  // Remote lists are checked against the descriptor of the last handshake:
+  // fetch it again once the target registered its memory.
+  void Refresh() { ASSERT_OK(GetStatus(initiator().QuerySegment(segment()))); }
+};
+
+INSTANTIATE_TEST_SUITE_P(AllTransports, PreparedTest, ::testing::ValuesIn(kTransports),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// Scattered writes and reads through prepared lists: a local list of plain
+// rows and a remote list of one strided row, paired in reverse order.
+TEST_P(PreparedTest, ScatteredWritesAndReadsLandWhereTheIndicesSay) {
+  constexpr size_t kN = 256;
+  constexpr uint64_t kLen = 4 * kKiB;
+  unsigned char* local = Alloc(kN * kLen, &initiator());
+  unsigned char* back = Alloc(kN * kLen, &initiator());
+  unsigned char* remote = Alloc(2 * kN * kLen, &target());
+  ASSERT_TRUE(local && back && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  for (size_t i = 0; i < kN; ++i) FillPattern(local + i * kLen, kLen, RequestSeed(7, i));
+  FillPattern(remote, 2 * kN * kLen, 99);
+
+  ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, kN, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle lb, initiator().PrepareLocalList(Rows(back, kN, kLen, kLen)));
+  const DescRow strided{Addr(remote), kLen, 2 * kLen, kN};  // every other 4 KiB page
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), std::span(&strided, 1)));
+  ASSERT_OK_AND_ASSIGN(size_t entries, initiator().DescListEntries(r));
+  EXPECT_EQ(entries, kN);
+
+  const auto fwd = Iota(kN), rev = Iota(kN, true);
+  ASSERT_OK_AND_ASSIGN(TransferHandle w, initiator().MakeTransfer(Opcode::kWrite, l, fwd, r, rev));
+  ASSERT_OK(initiator().PostTransfer(w));
+  ASSERT_OK(Wait(w));
+  ASSERT_OK_AND_ASSIGN(TransferStatus ws, initiator().GetTransferStatus(w));
+  EXPECT_EQ(ws.state, TransferState::kCompleted);
+  for (size_t i = 0; i < kN; ++i) {
+    const size_t page = kN - 1 - i;
+    EXPECT_EQ(DescribePatternMismatch(remote + 2 * page * kLen, kLen, RequestSeed(7, i)), "") << "entry " << i;
+    // The pages between the strided entries are untouched.
+    EXPECT_EQ(DescribePatternMismatch(remote + (2 * page + 1) * kLen, kLen, 99, (2 * page + 1) * kLen), "");
+  }
+
+  ASSERT_OK_AND_ASSIGN(TransferHandle rd, initiator().MakeTransfer(Opcode::kRead, lb, rev, r, fwd));
+  ASSERT_OK(initiator().PostTransfer(rd));
+  ASSERT_OK(Wait(rd));
+  // back[k] = remote entry k... paired: local rev[k] <- remote k = local[kN-1-k]'s data.
+  for (size_t k = 0; k < kN; ++k) {
+    EXPECT_EQ(DescribePatternMismatch(back + (kN - 1 - k) * kLen, kLen, RequestSeed(7, kN - 1 - k)), "")
+        << "read back entry " << k;
+  }
+  EXPECT_OK(initiator().ReleaseTransfer(w));
+  EXPECT_OK(initiator().ReleaseTransfer(rd));
+  EXPECT_OK(initiator().ReleaseDescList(l));
+  EXPECT_OK(initiator().ReleaseDescList(lb));
+  EXPECT_OK(initiator().ReleaseDescList(r));
+  EXPECT_THAT(initiator().ReleaseDescList(r), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST_P(PreparedTest, AdjacentPairsMergeAndTelemetryCountsThem) {
+  constexpr size_t kN = 64;
+  constexpr uint64_t kLen = 4 * kKiB;
+  unsigned char* local = Alloc(kN * kLen, &initiator());
+  unsigned char* remote = Alloc(kN * kLen, &target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  FillPattern(local, kN * kLen, 5);
+  ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, kN, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, kN, kLen, kLen)));
+  // Pairs 0..31 are contiguous on both sides (one entry); 63, 62 ... are not.
+  std::vector<uint32_t> idx = Iota(32);
+  idx.push_back(63);
+  idx.push_back(40);
+  ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kWrite, l, idx, r, idx));
+  EXPECT_THAT(GetStatus(initiator().GetTransferTelemetry(t)), StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(GetStatus(initiator().GetTransferStatus(t)), StatusIs(StatusCode::kFailedPrecondition));
+  const uint64_t before = std::chrono::duration_cast<std::chrono::microseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch()).count();
+  ASSERT_OK(initiator().PostTransfer(t));
+  ASSERT_OK(Wait(t));
+  ASSERT_OK_AND_ASSIGN(TransferTelemetry tel, initiator().GetTransferTelemetry(t));
+  EXPECT_EQ(tel.entries, 3u);
+  EXPECT_EQ(tel.bytes, 34 * kLen);
+  EXPECT_GE(tel.start_us, before);
+  EXPECT_LE(tel.post_us, tel.transfer_us + tel.post_us);  // both measured
+  EXPECT_EQ(DescribePatternMismatch(remote, 32 * kLen, 5), "");
+  EXPECT_EQ(DescribePatternMismatch(remote + 63 * kLen, kLen, 5, 63 * kLen), "");
+  EXPECT_EQ(DescribePatternMismatch(remote + 40 * kLen, kLen, 5, 40 * kLen), "");
+  for (uint64_t i = 32; i < 63; ++i) {
+    if (i == 40) continue;
+    EXPECT_EQ(remote[i * kLen], 0) << "page " << i << " was not part of the transfer";
+  }
+}
+
+TEST_P(PreparedTest, ATransferIsPostedAgainOnceDone) {
+  constexpr uint64_t kLen = 256 * kKiB;
+  unsigned char* local = Alloc(kLen, &initiator());
+  unsigned char* remote = Alloc(kLen, &target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, 1, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, 1, kLen, kLen)));
+  const std::vector<uint32_t> zero = {0};
+  ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kWrite, l, zero, r, zero));
+  for (uint64_t round = 0; round < 3; ++round) {
+    FillPattern(local, kLen, 100 + round);
+    ASSERT_OK(initiator().PostTransfer(t)) << "round " << round;
+    ASSERT_OK(Wait(t));
+    EXPECT_EQ(DescribePatternMismatch(remote, kLen, 100 + round), "") << "round " << round;
+  }
+}
+
+TEST_P(PreparedTest, RepostingWhileInFlightIsRefused) {
+  if (GetParam() == "local") GTEST_SKIP() << "local posts complete within the post call";
+  constexpr uint64_t kLen = 64 * kMiB;
+  unsigned char* local = Alloc(kLen, &initiator());
+  unsigned char* remote = Alloc(kLen, &target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, 1024, 64 * kKiB, 64 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, 1024, 64 * kKiB, 64 * kKiB)));
+  const auto idx = Iota(1024, true);  // reversed: nothing merges, 1024 entries
+  ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kWrite, l, idx, r, idx));
+  // A 64 MiB transfer of 1024 entries is in flight right after its post
+  // (if a round finished first, it is simply posted again; bounded).
+  bool refused = false;
+  for (int round = 0; round < 20 && !refused; ++round) {
+    ASSERT_OK(initiator().PostTransfer(t));
+    const Status again = initiator().PostTransfer(t);
+    if (!again.ok()) {
+      EXPECT_THAT(again, StatusIs(StatusCode::kFailedPrecondition, HasSubstr("still in flight")));
+      refused = true;
+    }
+    ASSERT_OK(Wait(t));
+  }
+  EXPECT_TRUE(refused) << "never caught the transfer in flight";
+}
+
+TEST_P(PreparedTest, BadListsAndPairsAreRefusedWithTheReason) {
+  constexpr uint64_t kLen = 64 * kKiB;
+  unsigned char* local = Alloc(kLen, &initiator());
+  unsigned char* remote = Alloc(kLen, &target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  std::vector<DescRow> empty;
+  EXPECT_THAT(GetStatus(initiator().PrepareLocalList(empty)), StatusIs(StatusCode::kInvalidArgument));
+  const DescRow zero_len{Addr(local), 0, 0, 1};
+  EXPECT_THAT(GetStatus(initiator().PrepareLocalList(std::span(&zero_len, 1))),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("row 0")));
+  // A strided row whose 5th entry leaves the region.
+  const DescRow past{Addr(local), 4 * kKiB, 16 * kKiB, 5};
+  EXPECT_THAT(GetStatus(initiator().PrepareLocalList(std::span(&past, 1))),
+              StatusIs(StatusCode::kNotFound, HasSubstr("entry 4")));
+  const DescRow outside{Addr(remote) + kLen - 100, 4096, 0, 1};
+  std::vector<DescRow> rrows = Rows(remote, 4, 4096, 4096);
+  rrows.push_back(outside);
+  EXPECT_THAT(GetStatus(initiator().PrepareRemoteList(segment(), rrows)),
+              StatusIs(StatusCode::kNotFound, HasSubstr("row 4")));
+  const DescRow wraps{~uint64_t{0} - 10, 4096, 0, 1};
+  EXPECT_THAT(GetStatus(initiator().PrepareRemoteList(segment(), std::span(&wraps, 1))),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("wraps")));
+
+  std::vector<DescRow> lrows = Rows(local, 4, 4096, 4096);
+  lrows.push_back({Addr(local) + 16 * kKiB, 8192, 0, 1});
+  ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(lrows));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, 4, 4096, 4096)));
+  const std::vector<uint32_t> a = {0, 1}, b = {0}, big = {0, 9}, mismatch = {4}, one = {1};
+  EXPECT_THAT(GetStatus(initiator().MakeTransfer(Opcode::kWrite, l, a, r, b)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("2 local indices but 1 remote")));
+  EXPECT_THAT(GetStatus(initiator().MakeTransfer(Opcode::kWrite, l, a, r, big)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("remote index 9 is out of range")));
+  EXPECT_THAT(GetStatus(initiator().MakeTransfer(Opcode::kWrite, l, mismatch, r, one)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("8192 bytes")));
+  EXPECT_THAT(GetStatus(initiator().MakeTransfer(Opcode::kWrite, r, b, l, b)),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(GetStatus(initiator().MakeTransfer(Opcode::kWrite, l, {}, r, {})),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(GetStatus(initiator().MakeTransfer(Opcode::kWrite, DescListHandle{12345}, b, r, b)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("not prepared")));
+  EXPECT_THAT(initiator().PostTransfer(TransferHandle{777}), StatusIs(StatusCode::kInvalidArgument));
+
+  // The local memory of a list was unregistered: its transfers are refused.
+  ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kWrite, l, b, r, b));
+  ASSERT_OK(initiator().UnregisterMemory(local));
+  EXPECT_THAT(initiator().PostTransfer(t), StatusIs(StatusCode::kFailedPrecondition, HasSubstr("unregistered")));
+}
+
+// Cancelling a read in flight: once CancelTransfer returns, nothing of it
+// lands in local memory. A follow-up read over the same streams (a stream
+// answers in order) shows the transport has handled what it had received.
+TEST_P(PreparedTest, NothingOfACancelledReadLandsAfterTheCancelReturns) {
+  constexpr size_t kN = 2048;
+  constexpr uint64_t kLen = 16 * kKiB;
+  unsigned char* local = Alloc(kN * kLen, &initiator());
+  unsigned char* other = Alloc(4 * kMiB, &initiator());
+  unsigned char* remote = Alloc(kN * kLen, &target());
+  ASSERT_TRUE(local && other && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  FillPattern(remote, kN * kLen, 31);
+  ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, kN, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, kN, kLen, kLen)));
+  const auto idx = Iota(kN, true);
+  ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kRead, l, idx, r, idx));
+  for (int round = 0; round < 5; ++round) {
+    std::memset(local, 0xEE, kN * kLen);
+    ASSERT_OK(initiator().PostTransfer(t));
+    ASSERT_OK(initiator().CancelTransfer(t));
+    std::vector<unsigned char> snapshot(local, local + kN * kLen);
+    ASSERT_OK_AND_ASSIGN(TransferStatus s, initiator().GetTransferStatus(t));
+    EXPECT_NE(s.state, TransferState::kPending);
+    if (s.state == TransferState::kFailed) {
+      EXPECT_THAT(s.status, StatusIs(StatusCode::kCancelled));
+    }
+    // Reads spread over every stream, after the cancelled ones.
+    std::vector<TransferRequest> follow;
+    for (uint64_t off = 0; off < 4 * kMiB; off += 64 * kKiB) {
+      follow.push_back({Opcode::kRead, other + off, segment(), Addr(remote) + off, 64 * kKiB});
+    }
+    ASSERT_OK(initiator().TransferSync(follow));
+    EXPECT_EQ(std::memcmp(snapshot.data(), local, kN * kLen), 0)
+        << "round " << round << ": bytes of the cancelled read landed after CancelTransfer returned";
+    // The transfer can be posted again, and then completes in full.
+  }
+  ASSERT_OK(initiator().PostTransfer(t));
+  ASSERT_OK(Wait(t));
+  EXPECT_EQ(DescribePatternMismatch(local, kN * kLen, 31), "");
+}
+
+TEST_P(PreparedTest, CancelBatchFailsWhatIsPendingAndFreesTheBatch) {
+  constexpr uint64_t kLen = 32 * kMiB;
+  unsigned char* local = Alloc(kLen, &initiator());
+  unsigned char* remote = Alloc(kLen, &target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  std::vector<TransferRequest> reqs;
+  for (uint64_t off = 0; off < kLen; off += 64 * kKiB) {
+    reqs.push_back({Opcode::kRead, local + off, segment(), Addr(remote) + off, 64 * kKiB});
+  }
+  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator().AllocateBatch(reqs.size() + 1));
+  ASSERT_OK(initiator().Submit(batch, reqs));
+  ASSERT_OK(initiator().CancelBatch(batch));
+  ASSERT_OK_AND_ASSIGN(BatchStatus st, initiator().GetBatchStatus(batch));
+  EXPECT_NE(st.state, TransferState::kPending);
+  EXPECT_EQ(st.completed + st.failed, reqs.size());
+  if (st.failed > 0) {
+    EXPECT_THAT(st.first_error, StatusIs(StatusCode::kCancelled));
+  }
+  // A submit to a cancelled batch is refused and nothing moves.
+  const TransferRequest late{Opcode::kRead, local, segment(), Addr(remote), 4096};
+  EXPECT_THAT(initiator().Submit(batch, std::span(&late, 1)), StatusIs(StatusCode::kCancelled));
+  EXPECT_OK(initiator().FreeBatch(batch));
+}
+
+TEST_P(PreparedTest, ATransfersNotificationArrivesAfterItsData) {
+  constexpr uint64_t kLen = 1 * kMiB;
+  unsigned char* local = Alloc(kLen, &initiator());
+  unsigned char* remote = Alloc(kLen, &target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  FillPattern(local, kLen, 77);
+  ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, 16, 64 * kKiB, 64 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, 16, 64 * kKiB, 64 * kKiB)));
+  const auto idx = Iota(16, true);
+  ASSERT_OK_AND_ASSIGN(TransferHandle w, initiator().MakeTransfer(Opcode::kWrite, l, idx, r, idx,
+                                                                  Notification{"", "agent-a", "written"}));
+  ASSERT_OK(initiator().PostTransfer(w));
+  ASSERT_OK(Wait(w));
+  // Complete means the target had the notification, after the data.
+  auto notes = target().GetNotifications();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].name, "agent-a");
+  EXPECT_EQ(notes[0].message, "written");
+  EXPECT_EQ(notes[0].sender, initiator().PeerId());
+  EXPECT_EQ(DescribePatternMismatch(remote, kLen, 77), "");
+  // A read notifies the owner of the data once it was read; a post may
+  // replace the notification.
+  ASSERT_OK_AND_ASSIGN(TransferHandle rd, initiator().MakeTransfer(Opcode::kRead, l, idx, r, idx,
+                                                                   Notification{"", "agent-a", "first"}));
+  std::memset(local, 0, kLen);
+  ASSERT_OK(initiator().PostTransfer(rd, Notification{"", "agent-a", "read:1"}));
+  ASSERT_OK(Wait(rd));
+  EXPECT_EQ(DescribePatternMismatch(local, kLen, 77), "");
+  notes = target().GetNotifications();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].message, "read:1");
+  EXPECT_EQ(initiator().GetMetrics().notifications_sent, 2u);
+  EXPECT_EQ(target().GetMetrics().notifications_received, 2u);
+}
+
+TEST_P(PreparedTest, NotificationsOfOneMebibyteArriveWhole) {
+  std::string big(kMaxNotificationMessage, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(PatternByte(3, i));
+  ASSERT_OK(initiator().SendNotification(segment(), "big", big));
+  ASSERT_OK(initiator().SendNotification(segment(), "small", "after"));
+  auto notes = target().GetNotifications();
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_EQ(notes[0].name, "big");
+  EXPECT_TRUE(notes[0].message == big);
+  EXPECT_EQ(notes[1].message, "after");
+  EXPECT_THAT(initiator().SendNotification(segment(), "too big", big + "x"),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("at most 1048576")));
+}
+
+TEST_P(PreparedTest, ARemoteListOfARestartedPeerIsRefused) {
+  constexpr uint64_t kLen = 64 * kKiB;
+  unsigned char* local = Alloc(kLen, &initiator());
+  unsigned char* remote = Alloc(kLen, nullptr);
+  ASSERT_TRUE(local && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  ASSERT_OK(target().RegisterMemory(remote, kLen));
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, 1, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, 1, kLen, kLen)));
+  const std::vector<uint32_t> zero = {0};
+  ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kWrite, l, zero, r, zero));
+  ASSERT_OK(initiator().PostTransfer(t));
+  ASSERT_OK(Wait(t));
+
+  ASSERT_OK_AND_ASSIGN(SegmentInfo before, initiator().QuerySegment(segment()));
+  // The peer restarts on the same port with the same memory registered.
+  EngineOptions o = ConformanceOptions(GetParam());
+  o.listen_port = target().RpcPort();
+  DestroyTarget();
+  ASSERT_OK_AND_ASSIGN(auto again, Engine::Create(o));
+  ASSERT_OK(again->RegisterMemory(remote, kLen));
+  std::memset(remote, 0, kLen);
+  FillPattern(local, kLen, 4);
+  const Status refused = initiator().PostTransfer(t);
+  EXPECT_THAT(refused, StatusIs(StatusCode::kFailedPrecondition, HasSubstr("restarted")));
+  EXPECT_EQ(remote[0], 0) << "nothing was written into the new instance";
+  // Prepared again against the new instance, it works.
+  ASSERT_OK_AND_ASSIGN(SegmentInfo info, initiator().QuerySegment(segment()));
+  EXPECT_NE(info.instance_id, before.instance_id);
+  ASSERT_OK_AND_ASSIGN(DescListHandle r2, initiator().PrepareRemoteList(segment(), Rows(remote, 1, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(TransferHandle t2, initiator().MakeTransfer(Opcode::kWrite, l, zero, r2, zero));
+  ASSERT_OK(initiator().PostTransfer(t2));
+  ASSERT_OK(Wait(t2));
+  EXPECT_EQ(DescribePatternMismatch(remote, kLen, 4), "");
+}
+
+TEST_P(PreparedTest, ImportedMetadataOpensTheSegmentWithoutAHandshake) {
+  constexpr uint64_t kLen = 128 * kKiB;
+  unsigned char* remote = Alloc(kLen, &target());
+  ASSERT_TRUE(remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  FillPattern(remote, kLen, 12);
+  auto third = Engine::Create(ConformanceOptions(GetParam()));
+  ASSERT_OK(GetStatus(third));
+  unsigned char* local = Alloc(kLen, third->get());
+  ASSERT_TRUE(local);
+  const std::string md = target().ExportMetadata();
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, (*third)->ImportMetadata(md));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle same, (*third)->ImportMetadata(md));
+  EXPECT_EQ(seg.value, same.value);
+  ASSERT_OK_AND_ASSIGN(DescListHandle l, (*third)->PrepareLocalList(Rows(local, 1, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, (*third)->PrepareRemoteList(seg, Rows(remote, 1, kLen, kLen)));
+  const std::vector<uint32_t> zero = {0};
+  ASSERT_OK_AND_ASSIGN(TransferHandle t, (*third)->MakeTransfer(Opcode::kRead, l, zero, r, zero));
+  ASSERT_OK((*third)->PostTransfer(t));
+  ASSERT_OK((*third)->WaitTransfer(t, kWaitTimeout));
+  EXPECT_EQ(DescribePatternMismatch(local, kLen, 12), "");
+
+  // Memory the peer registers later is seen after importing again.
+  unsigned char* later = Alloc(kLen, &target());
+  ASSERT_TRUE(later);
+  EXPECT_THAT(GetStatus((*third)->PrepareRemoteList(seg, Rows(later, 1, kLen, kLen))),
+              StatusIs(StatusCode::kNotFound));
+  ASSERT_OK((*third)->ImportMetadata(target().ExportMetadata()));
+  EXPECT_OK(GetStatus((*third)->PrepareRemoteList(seg, Rows(later, 1, kLen, kLen))));
+
+  EXPECT_THAT(GetStatus((*third)->ImportMetadata("garbage")), StatusIs(StatusCode::kInvalidArgument));
+  std::string cut = md.substr(0, md.size() / 2);
+  EXPECT_THAT(GetStatus((*third)->ImportMetadata(cut)), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// GET /metrics on the endpoint, over loopback.
+std::string HttpGet(const std::string& address, const std::string& path) {
+  const uint16_t port = static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(0x7f000001);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
+  (void)!::write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+TEST_P(PreparedTest, MetricsCountBytesByPeerTransportAndOutcome) {
+  constexpr uint64_t kLen = 512 * kKiB;
+  EngineOptions o = ConformanceOptions(GetParam());
+  o.metrics_address = "127.0.0.1:0";
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
+  unsigned char* local = Alloc(kLen, engine.get());
+  unsigned char* remote = Alloc(kLen, &target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine->OpenSegment(target().PeerId()));
+  ASSERT_OK(engine->TransferSync(TransferRequest{Opcode::kWrite, local, seg, Addr(remote), kLen}));
+  ASSERT_OK(engine->TransferSync(TransferRequest{Opcode::kRead, local, seg, Addr(remote), kLen / 2}));
+  // Outside the peer's memory: a failed request.
+  EXPECT_THAT(engine->TransferSync(TransferRequest{Opcode::kWrite, local, seg, Addr(remote) + kLen, 4096}),
+              IsError());
+  EngineMetrics m = engine->GetMetrics();
+  uint64_t written = 0, read = 0, failed = 0;
+  for (const RouteMetrics& r : m.routes) {
+    EXPECT_EQ(r.peer, target().PeerId());
+    EXPECT_EQ(r.transport, GetParam());
+    (r.opcode == Opcode::kWrite ? written : read) += r.bytes_completed;
+    failed += r.requests_failed;
+  }
+  EXPECT_EQ(written, kLen);
+  EXPECT_EQ(read, kLen / 2);
+  EXPECT_EQ(failed, 1u);
+  EXPECT_EQ(m.transfer_latency.count, 3u);
+  const std::string text = engine->MetricsText();
+  EXPECT_THAT(text, HasSubstr("ferry_bytes_total{peer=\"" + target().PeerId() + "\",transport=\"" + GetParam() +
+                              "\",op=\"write\",outcome=\"completed\"} " + std::to_string(kLen)));
+  EXPECT_THAT(text, HasSubstr("ferry_transfer_latency_seconds_count 3"));
+  ASSERT_FALSE(engine->MetricsAddress().empty());
+  const std::string got = HttpGet(engine->MetricsAddress(), "/metrics");
+  EXPECT_THAT(got, HasSubstr("200 OK"));
+  EXPECT_THAT(got, HasSubstr("ferry_requests_total{"));
+  EXPECT_THAT(HttpGet(engine->MetricsAddress(), "/other"), HasSubstr("404"));
+  EXPECT_TRUE(initiator().MetricsAddress().empty());  // off by default
+}
+
+}  // namespace
+}  // namespace ferry::test
