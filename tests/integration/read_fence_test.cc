@@ -84,5 +84,70 @@ TEST_P(ReadFenceTest, AFailedReadNeverLandsAfterItsFailureIsReported) {
   ASSERT_OK(engine->TransferSync(TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), kMiB}));
 }
 
+// The same fence for a cancellation (Engine::CancelBatch, CancelTransfer):
+// reads of a frozen peer's memory are cancelled while they wait for it; the
+// peer then runs on and answers them (tcp: replies arrive on a stream that
+// stays open; shm: the lent ranges reach the initiator), and none of their
+// bytes may land after the cancel returned.
+TEST_P(ReadFenceTest, ACancelledReadNeverLandsAfterTheCancelReturns) {
+  constexpr uint64_t kSize = 8 * kMiB;
+  PeerProcess peer;
+  ASSERT_TRUE(peer.Start(FERRY_TEST_PEER_PATH, {"--size", std::to_string(kSize), "--seed", "612"}));
+  EngineOptions o;
+  o.transport = GetParam();
+  o.listen_host = "127.0.0.1";
+  o.transfer_timeout = 60s;  // the reads are cancelled, not timed out
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
+  AlignedBuffer local(kSize), later(kSize);
+  ASSERT_OK(engine->RegisterMemory(local.data(), kSize));
+  ASSERT_OK(engine->RegisterMemory(later.data(), kSize));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine->OpenSegment(peer.peer_id()));
+  ASSERT_OK(engine->TransferSync(TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), 4096}));
+
+  // One batch of plain reads and one prepared transfer, both cancelled.
+  std::memset(local.data(), 0xAB, kSize);
+  ASSERT_TRUE(peer.Freeze());
+  std::vector<TransferRequest> reqs;
+  for (uint64_t off = 0; off < kSize / 2; off += kMiB) {
+    reqs.push_back({Opcode::kRead, local.data() + off, seg, peer.buffer_addr() + off, kMiB});
+  }
+  ASSERT_OK_AND_ASSIGN(BatchId batch, engine->AllocateBatch(reqs.size()));
+  ASSERT_OK(engine->Submit(batch, reqs));
+  const DescRow lrow{reinterpret_cast<uintptr_t>(local.data()) + kSize / 2, 64 * 1024, 64 * 1024, 64};
+  const DescRow rrow{peer.buffer_addr() + kSize / 2, 64 * 1024, 64 * 1024, 64};
+  ASSERT_OK_AND_ASSIGN(DescListHandle l, engine->PrepareLocalList(std::span(&lrow, 1)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, engine->PrepareRemoteList(seg, std::span(&rrow, 1)));
+  std::vector<uint32_t> idx(64);
+  for (uint32_t i = 0; i < 64; ++i) idx[i] = 63 - i;  // reversed: 64 entries, none merged
+  ASSERT_OK_AND_ASSIGN(TransferHandle t, engine->MakeTransfer(Opcode::kRead, l, idx, r, idx));
+  ASSERT_OK(engine->PostTransfer(t));
+  std::this_thread::sleep_for(200ms);  // the requests reach the frozen peer's socket
+  ASSERT_OK(engine->CancelBatch(batch));
+  ASSERT_OK(engine->CancelTransfer(t));
+  ASSERT_OK_AND_ASSIGN(BatchStatus st, engine->GetBatchStatus(batch));
+  EXPECT_EQ(st.failed, reqs.size());
+  EXPECT_THAT(st.first_error, StatusIs(StatusCode::kCancelled));
+  ASSERT_OK_AND_ASSIGN(TransferStatus ts, engine->GetTransferStatus(t));
+  EXPECT_THAT(ts.status, StatusIs(StatusCode::kCancelled));
+  EXPECT_OK(engine->FreeBatch(batch));
+
+  // The peer runs on and answers what it had received; then reads over the
+  // same streams, which come after the cancelled ones on each stream.
+  peer.Signal(SIGCONT);
+  EXPECT_EQ(peer.Call("PING"), "PONG");
+  std::vector<TransferRequest> after;
+  for (uint64_t off = 0; off < kSize; off += 256 * 1024) {
+    after.push_back({Opcode::kRead, later.data() + off, seg, peer.buffer_addr() + off, 256 * 1024});
+  }
+  ASSERT_OK(engine->TransferSync(after));
+  size_t changed = 0;
+  for (uint64_t i = 0; i < kSize; ++i) changed += local.data()[i] != 0xAB;
+  EXPECT_EQ(changed, 0u) << "bytes of cancelled reads landed after the cancel returned";
+  // The cancelled transfer runs again, in full.
+  ASSERT_OK(engine->PostTransfer(t));
+  ASSERT_OK(engine->WaitTransfer(t, 60s));
+  EXPECT_EQ(std::memcmp(local.data() + kSize / 2, later.data() + kSize / 2, kSize / 2), 0);
+}
+
 }  // namespace
 }  // namespace ferry::test
