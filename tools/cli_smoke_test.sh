@@ -145,7 +145,10 @@ PYEOF
       "$FERRY" bench --operation read --block-size 64K --batch-size 16 --threads 2 --duration 0.5 --json --verify --no-baseline ;;
   bench_kv_mixed_verify)
     check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['entries_per_batch'] == 64 * 256" \
-      "$FERRY" bench --operation mixed --workload kv:llama3-8b:tokens=256:page=1 --duration 0.5 --json --verify --no-baseline ;;
+      "$FERRY" bench --operation mixed --workload kv:llama3-8b:tokens=256:page=1 --duration 0.5 --json --verify --no-baseline
+    # --prepared: the same requests as prepared transfers (one per opcode), and the plain batches.
+    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['prepared']['plain_mismatches'] == 0 and d['prepared']['transfers'] == 2 and d['prepared']['pairs'] == 64 * 256 and d['prepared']['million_rows']['rows'] == 1048576" \
+      "$FERRY" bench --prepared --operation mixed --workload kv:llama3-8b:tokens=256:page=1 --duration 0.3 --json --verify --no-baseline ;;
   bench_sync_verify)
     check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['sync']" \
       "$FERRY" bench --sync --block-size 4K --total-bytes 4M --json --verify --no-baseline ;;

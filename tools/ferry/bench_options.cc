@@ -44,6 +44,14 @@ Workload:
                             llama3-8b, llama3-70b-tp8, deepseek-v3
                             (default tokens=4096, page=16)
   --sync                    one synchronous request at a time (latency)
+  --prepared                each thread's batch through prepared descriptor lists:
+                            one local and one remote list (strided rows where
+                            the layout allows) and one prepared transfer per
+                            opcode, posted and waited each iteration; also runs
+                            the plain batches of the same requests and prints
+                            prepared / plain, the time to build the rows, to
+                            prepare the lists and MakeTransfer, the entries
+                            after merging, and preparing 1 M rows of 256 B
   --duration SECONDS        length of each measured phase (default 1.5; sweep: 1)
   --total-bytes SIZE        stop after this many bytes instead of a duration
   --buffer-size SIZE        registered buffer per side (default: what the workload
@@ -174,6 +182,7 @@ void BenchOptions::AddFlags(CLI::App& app) {
   });
   value("--workload", [this](const std::string& v) { kv = ParseKvPreset(v); });
   app.add_flag("--sync", sync);
+  app.add_flag("--prepared", prepared);
   value("--transport", [this](const std::string& v) {
     std::string names = "auto";
     bool known = v == "auto";
@@ -301,9 +310,13 @@ void BenchOptions::Finish() {
   if (o.sweep && o.total_bytes > 0)
     throw cli::UsageError("--sweep takes --duration, not --total-bytes");
   if (o.sweep && o.sync) throw cli::UsageError("--sweep measures batches; it does not take --sync");
+  if (o.prepared && o.sync) {
+    throw cli::UsageError("--prepared posts whole batches; it does not take --sync");
+  }
+  if (o.prepared && o.sweep) throw cli::UsageError("--prepared does not take --sweep");
   if (o.role == Role::kTarget) {
     // The target only needs what shapes its engine and buffer.
-    if (o.json || o.verify || o.sweep || o.sync || o.kv || o.block_set || o.batch_set ||
+    if (o.json || o.verify || o.sweep || o.sync || o.prepared || o.kv || o.block_set || o.batch_set ||
         o.threads_set || o.duration > 0 || o.total_bytes > 0 || o.no_baseline) {
       throw cli::UsageError(
           "--role target takes only --listen, --metadata, --name, --buffer-size, --hugepages, "

@@ -41,6 +41,10 @@ struct BenchOptions {
   bool threads_set = false;
   std::optional<KvPreset> kv;
   bool sync = false;
+  // --prepared: each thread's batch as prepared descriptor lists and one
+  // prepared transfer (per opcode), posted again every iteration; the plain
+  // batches of the same requests run too, for the ratio.
+  bool prepared = false;
 
   std::string transport = "auto";
   int streams = 0;      // 0: the engine's default (EngineOptions::tcp_streams)

@@ -113,6 +113,27 @@ uint64_t Workload::batch_bytes(size_t thread) const {
   return total;
 }
 
+std::vector<DescRow> SlotRows(const Slots& slots, uint64_t base) {
+  std::vector<DescRow> rows;
+  const size_t n = slots.offsets.size();
+  for (size_t k = 0; k < n;) {
+    DescRow row{base + slots.offsets[k], slots.lengths[k], slots.lengths[k], 1};
+    size_t j = k + 1;
+    if (j < n && slots.lengths[j] == row.length && slots.offsets[j] > slots.offsets[k]) {
+      const uint64_t stride = slots.offsets[j] - slots.offsets[k];
+      while (j < n && slots.lengths[j] == row.length &&
+             slots.offsets[j] == slots.offsets[j - 1] + stride) {
+        ++j;
+      }
+      row.stride = stride;
+      row.count = j - k;
+    }
+    rows.push_back(row);
+    k = j;
+  }
+  return rows;
+}
+
 Workload MakeBlockWorkload(Operation op, uint64_t block, uint64_t batch, int threads) {
   Workload w;
   w.description = cli::FormatSize(block) + " blocks x " + std::to_string(batch) + " per batch";
@@ -123,7 +144,17 @@ Workload MakeBlockWorkload(Operation op, uint64_t block, uint64_t batch, int thr
       uint64_t off = slice * t + block * i;
       entries.push_back({off, off, block, OpFor(op, i)});
     }
+    // Both sides: the thread's blocks in order; entry i is slot i.
+    Layout layout;
+    for (uint64_t i = 0; i < batch; ++i) {
+      layout.local.offsets.push_back(slice * t + block * i);
+      layout.local.lengths.push_back(block);
+      layout.local_index.push_back(static_cast<uint32_t>(i));
+    }
+    layout.remote = layout.local;
+    layout.remote_index = layout.local_index;
     w.batches.push_back(std::move(entries));
+    w.layouts.push_back(std::move(layout));
   }
   w.local_bytes = w.remote_bytes = slice * threads;
   return w;
@@ -145,15 +176,33 @@ Workload MakeKvWorkload(Operation op, const KvPreset& preset, int threads) {
     std::shuffle(remote_slot.begin(), remote_slot.end(), rng);
     std::vector<Entry> entries;
     entries.reserve(pages * preset.layer_buffers);
+    // Slots: every page slot of every layer buffer, in buffer order (slot
+    // l * pages + s); the one holding the last, partial page is shorter.
+    Layout layout;
+    const uint64_t last_tokens = preset.tokens - (pages - 1) * preset.page;
+    for (Slots* side : {&layout.local, &layout.remote}) {
+      const std::vector<uint64_t>& slot_of = side == &layout.local ? local_slot : remote_slot;
+      side->offsets.resize(pages * preset.layer_buffers);
+      side->lengths.assign(pages * preset.layer_buffers, page_bytes);
+      for (uint64_t l = 0; l < preset.layer_buffers; ++l) {
+        for (uint64_t s = 0; s < pages; ++s) {
+          side->offsets[l * pages + s] = thread_bytes * t + layer_bytes * l + s * page_bytes;
+        }
+        side->lengths[l * pages + slot_of[pages - 1]] = last_tokens * preset.bytes_per_token;
+      }
+    }
     for (uint64_t l = 0; l < preset.layer_buffers; ++l) {
       for (uint64_t p = 0; p < pages; ++p) {
         uint64_t tokens_here = std::min(preset.page, preset.tokens - p * preset.page);
         uint64_t base = thread_bytes * t + layer_bytes * l;
         entries.push_back({base + local_slot[p] * page_bytes, base + remote_slot[p] * page_bytes,
                            tokens_here * preset.bytes_per_token, OpFor(op, entries.size())});
+        layout.local_index.push_back(static_cast<uint32_t>(l * pages + local_slot[p]));
+        layout.remote_index.push_back(static_cast<uint32_t>(l * pages + remote_slot[p]));
       }
     }
     w.batches.push_back(std::move(entries));
+    w.layouts.push_back(std::move(layout));
   }
   w.local_bytes = w.remote_bytes = thread_bytes * threads;
   return w;

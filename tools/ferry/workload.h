@@ -35,9 +35,31 @@ KvPreset ParseKvPreset(std::string_view text);
 // "llama3-8b, llama3-70b-tp8, deepseek-v3"
 std::string KvModels();
 
+// One side's slots of a thread's buffer, in index order: slot k is
+// (offsets[k], lengths[k]). What `ferry bench --prepared` turns into the rows
+// of a prepared descriptor list.
+struct Slots {
+  std::vector<uint64_t> offsets;
+  std::vector<uint64_t> lengths;
+};
+
+// The slot layout of one thread's batch: entry i of the batch is local slot
+// local_index[i] paired with remote slot remote_index[i] (same bytes as the
+// entry's offsets and length).
+struct Layout {
+  Slots local, remote;
+  std::vector<uint32_t> local_index, remote_index;
+};
+
+// Rows of a descriptor list (addresses: base + offset) for `slots`, runs of
+// equal length and equal spacing folded into one strided row. Expanding the
+// rows gives the slots back in order, so slot indices are entry indices.
+std::vector<DescRow> SlotRows(const Slots& slots, uint64_t base);
+
 struct Workload {
   std::string description;                  // "1 MiB blocks x 32" or the preset
   std::vector<std::vector<Entry>> batches;  // one batch per thread
+  std::vector<Layout> layouts;              // one per thread, as batches
   uint64_t local_bytes = 0;                 // buffer size the initiator needs
   uint64_t remote_bytes = 0;                // buffer size the target needs
   uint64_t batch_bytes(size_t thread) const;
