@@ -144,7 +144,7 @@ class Engine {
   // delivered to the remote engine once the transfer's data is complete
   // there (for a read: once it is in local memory, so the owner knows its
   // memory was read); the transfer completes when the peer acknowledged it.
-  // kInvalidArgument names the bad pair.
+  // kInvalidArgument names the bad pair; at most kMaxBatchCapacity pairs.
   StatusOr<TransferHandle> MakeTransfer(Opcode opcode, DescListHandle local,
                                         std::span<const uint32_t> local_indices, DescListHandle remote,
                                         std::span<const uint32_t> remote_indices,
@@ -193,7 +193,9 @@ class Engine {
   // ---- Notifications -------------------------------------------------------
   // Delivers {name, message} to the peer after every write this engine
   // submitted to it before this call has completed. Blocks until the peer
-  // acknowledged it.
+  // acknowledged it. Messages up to kMaxNotificationMessage (1 MiB); a peer
+  // of an older build takes kMaxNotificationMessageV1 (kFailedPrecondition
+  // names it). Notifications one thread sends to one peer arrive in order.
   Status SendNotification(SegmentHandle segment, std::string_view name,
                           std::string_view message);
   // Drains the notifications received so far, oldest first.

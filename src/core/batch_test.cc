@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 #include <vector>
+
+#include "core/metrics.h"
 
 namespace ferry::internal {
 namespace {
@@ -188,6 +191,123 @@ TEST(Batch, ConcurrentCompletersCountExactly) {
     EXPECT_EQ(b.Get(i).state, i % 97 == 0 ? TransferState::kFailed : TransferState::kCompleted)
         << i;
   }
+}
+
+TEST(Batch, CancelFailsWhatIsPendingAndLaterCompletionsChangeNothing) {
+  BatchState b(3);
+  ASSERT_TRUE(b.Reserve(3).ok());
+  b.BeginRange(0, 3, [](size_t) { return 2u; });
+  b.CompleteSlices(0, 2, OkStatus());  // request 0 done before the cancel
+  b.CompleteSlice(1, OkStatus());      // request 1 half done
+  EXPECT_EQ(b.Cancel(CancelledError("stop")), 2u);
+  EXPECT_TRUE(b.cancelled());
+  EXPECT_EQ(b.pending(), 0u);
+  EXPECT_TRUE(b.WaitIdle(steady_clock::now(), std::chrono::microseconds(0)));
+  EXPECT_EQ(b.Get(0).state, TransferState::kCompleted);
+  EXPECT_EQ(b.Get(1).state, TransferState::kFailed);
+  EXPECT_EQ(b.Get(1).status.code(), StatusCode::kCancelled);
+  // The transport finishes the requests later: nothing flips, nothing is
+  // counted twice.
+  b.CompleteSlice(1, OkStatus());
+  b.CompleteSlices(2, 2, OkStatus());
+  BatchStatus s = b.Summary();
+  EXPECT_EQ(s.state, TransferState::kFailed);
+  EXPECT_EQ(s.completed, 1u);
+  EXPECT_EQ(s.failed, 2u);
+  EXPECT_EQ(b.Get(2).state, TransferState::kFailed);
+  EXPECT_EQ(b.pending(), 0u);
+  EXPECT_EQ(b.Cancel(CancelledError("again")), 0u);  // idempotent
+  EXPECT_TRUE(b.SettleIfFinal());
+}
+
+TEST(Batch, RequestsBegunAfterACancelFailAtOnce) {
+  BatchState b(4);
+  ASSERT_TRUE(b.Reserve(2).ok());
+  b.BeginRange(0, 2, [](size_t) { return 1u; });
+  b.Cancel(CancelledError("stop"));
+  ASSERT_TRUE(b.Reserve(2).ok());
+  EXPECT_FALSE(b.BeginRange(2, 2, [](size_t) { return 1u; }));
+  EXPECT_EQ(b.Get(3).state, TransferState::kFailed);
+  EXPECT_EQ(b.Summary().failed, 4u);
+  EXPECT_EQ(b.pending(), 0u);
+}
+
+// Cancel returns only after a store of read data in progress ended, and
+// later stores are refused. (An ordering, not a timing: the store's thread
+// marks its end before EndLanding; Cancel's caller checks the mark.)
+TEST(Batch, CancelWaitsForALandingInProgress) {
+  BatchState b(1);
+  ASSERT_TRUE(b.Reserve(1).ok());
+  b.Begin(0, 1);
+  ASSERT_TRUE(b.BeginLanding());
+  std::atomic<bool> store_done{false}, cancel_returned{false};
+  std::thread canceller([&] {
+    b.Cancel(CancelledError("stop"));
+    EXPECT_TRUE(store_done.load()) << "Cancel returned while a store was in progress";
+    cancel_returned.store(true);
+  });
+  // Hold the landing until Cancel has flagged the batch (it then waits).
+  while (!b.cancelled()) std::this_thread::yield();
+  EXPECT_FALSE(cancel_returned.load());
+  store_done.store(true);
+  b.EndLanding();
+  canceller.join();
+  EXPECT_TRUE(cancel_returned.load());
+  EXPECT_FALSE(b.BeginLanding());
+}
+
+TEST(Batch, AShadowBatchLandsOnlyWhileItsParentMay) {
+  auto parent = std::make_shared<BatchState>(1);
+  BatchState shadow(1);
+  shadow.SetLandingParent(parent);
+  ASSERT_TRUE(shadow.BeginLanding());
+  shadow.EndLanding();
+  parent->Cancel(CancelledError("stop"));
+  EXPECT_FALSE(shadow.BeginLanding());
+}
+
+TEST(Batch, MetricsCountRequestsAndBytesByRouteAndOutcome) {
+  auto metrics = std::make_shared<Metrics>();
+  BatchState b(4, metrics);
+  RouteCounters* w = metrics->Route("127.0.0.1:1", "tcp", Opcode::kWrite);
+  RouteCounters* r = metrics->Route("127.0.0.1:1", "tcp", Opcode::kRead);
+  EXPECT_EQ(metrics->Route("127.0.0.1:1", "tcp", Opcode::kWrite), w);
+  const uint8_t tw = b.RouteTag(w), tr = b.RouteTag(r);
+  EXPECT_NE(tw, tr);
+  EXPECT_EQ(b.RouteTag(w), tw);
+  ASSERT_TRUE(b.Reserve(4).ok());
+  const uint64_t lengths[4] = {100, 200, 300, 400};
+  b.BeginRange(0, 4, [&](size_t i) {
+    b.Describe(i, lengths[i], i < 3 ? tw : tr);
+    return 1u;
+  });
+  {
+    BatchState::Completer c(b);
+    c.Complete(0, 1, OkStatus());
+    c.Complete(1, 1, UnavailableError("x"));
+    c.Complete(3, 1, OkStatus());
+  }
+  b.Cancel(CancelledError("stop"));  // request 2: failed by the cancel
+  EngineMetrics m = metrics->Snapshot(0);
+  ASSERT_EQ(m.routes.size(), 2u);
+  for (const RouteMetrics& x : m.routes) {
+    if (x.opcode == Opcode::kWrite) {
+      EXPECT_EQ(x.requests_completed, 1u);
+      EXPECT_EQ(x.bytes_completed, 100u);
+      EXPECT_EQ(x.requests_failed, 2u);
+      EXPECT_EQ(x.bytes_failed, 500u);
+    } else {
+      EXPECT_EQ(x.requests_completed, 1u);
+      EXPECT_EQ(x.bytes_completed, 400u);
+    }
+  }
+  EXPECT_EQ(m.cancelled_requests, 1u);
+  EXPECT_EQ(m.transfer_latency.count, 1u);  // one busy period
+  const std::string text = Metrics::PrometheusText(m);
+  EXPECT_NE(text.find("ferry_bytes_total{peer=\"127.0.0.1:1\",transport=\"tcp\",op=\"write\",outcome=\"failed\"} 500"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ferry_transfer_latency_seconds_bucket{le=\"+Inf\"} 1"), std::string::npos) << text;
 }
 
 }  // namespace

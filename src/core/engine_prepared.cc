@@ -59,6 +59,10 @@ StatusOr<TransferHandle> Engine::MakeTransfer(Opcode opcode, DescListHandle loca
   if (notification) FERRY_RETURN_IF_ERROR(internal::CheckNotificationSize(notification->name, notification->message));
   FERRY_ASSIGN_OR_RETURN(auto local_list, impl_->GetList(local));
   FERRY_ASSIGN_OR_RETURN(auto remote_list, impl_->GetList(remote));
+  if (local_indices.size() > kMaxBatchCapacity) {
+    return InvalidArgumentError("a transfer of " + std::to_string(local_indices.size()) + " pairs; at most " +
+                                std::to_string(kMaxBatchCapacity) + " (kMaxBatchCapacity)");
+  }
   auto pairs = internal::PairEntries(*local_list->list, local_indices, *remote_list->list, remote_indices);
   if (!pairs.ok()) return pairs.status();
   const DescList& remote_desc = *remote_list->list;
