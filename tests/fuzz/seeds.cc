@@ -116,6 +116,9 @@ std::vector<std::string> DescriptorSeeds() {
   const PeerDescriptor d = Descriptor("e", 3);
   seeds.push_back(Pick(0, Encoded(d)));
   seeds.push_back(Pick(0, Encoded(d, 1)));
+  std::string exported;
+  EncodeExportedMetadata(d, &exported);  // the same case decodes exported metadata
+  seeds.push_back(Pick(0, exported));
   std::string s;
   EncodeHandshakeResponse(ferry::OkStatus(), d, &s);
   seeds.push_back(Pick(1, s));
