@@ -9,13 +9,18 @@
 
 Errors are raised as ferry.FerryError subclasses, one per C++ status code.
 ``ferry.mooncake.TransferEngine`` is a drop-in for Mooncake's
-``mooncake.engine.TransferEngine``.
+``mooncake.engine.TransferEngine``; the ``nixl`` package built next to this one
+is a drop-in for NVIDIA NIXL's agent API (``nixl._api.nixl_agent``).
+
+Prepared transfers: ``engine.prepare(rows[, segment])`` gives a DescList,
+``engine.make_transfer(op, local, idx, remote, idx)`` a reusable Transfer.
 """
 
 from . import _ferry
 from ._engine import (
     Batch,
     BatchStatus,
+    DescList,
     Engine,
     Notification,
     Opcode,
@@ -23,7 +28,9 @@ from ._engine import (
     Request,
     Segment,
     SegmentInfo,
+    Transfer,
     TransferState,
+    TransferTelemetry,
     resolve_memory,
 )
 from ._errors import (
@@ -49,8 +56,9 @@ WIRE_VERSION_MAX = _ferry.WIRE_VERSION_MAX
 
 __all__ = [
     "AlreadyExists", "Batch", "BatchStatus", "Cancelled", "DataLoss", "DeadlineExceeded",
-    "Engine", "FailedPrecondition", "FerryError", "Internal", "InvalidArgument", "NotFound",
-    "Notification", "Opcode", "RemoteRegion", "Request", "ResourceExhausted", "Segment",
-    "SegmentInfo", "TransferState", "Unauthenticated", "Unavailable", "Unimplemented", "Unknown",
-    "WIRE_VERSION_MAX", "WIRE_VERSION_MIN", "__version__", "resolve_memory",
+    "DescList", "Engine", "FailedPrecondition", "FerryError", "Internal", "InvalidArgument",
+    "NotFound", "Notification", "Opcode", "RemoteRegion", "Request", "ResourceExhausted",
+    "Segment", "SegmentInfo", "Transfer", "TransferState", "TransferTelemetry", "Unauthenticated",
+    "Unavailable", "Unimplemented", "Unknown", "WIRE_VERSION_MAX", "WIRE_VERSION_MIN",
+    "__version__", "resolve_memory",
 ]

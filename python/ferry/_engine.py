@@ -73,6 +73,16 @@ class BatchStatus(NamedTuple):
     first_error: FerryError | None
 
 
+class TransferTelemetry(NamedTuple):
+    """What the last post of a prepared transfer took (microseconds of a steady clock)."""
+
+    start_us: int  # when the post began (since the clock's epoch)
+    post_us: int  # how long the post call took
+    transfer_us: int  # from the start until the transfer finished; 0 while pending
+    bytes: int  # bytes moved (requested) by the transfer
+    entries: int  # requests after merging adjacent entries
+
+
 @dataclass(frozen=True)
 class SegmentInfo:
     peer_id: str
@@ -218,8 +228,10 @@ class Batch:
                 return
             except DeadlineExceeded:
                 status = self.status()
+                if status.state == TransferState.COMPLETED:
+                    return  # the last request finished just after the step ran out
                 if status.state != TransferState.PENDING:
-                    raise  # a request of the batch itself ran out of time
+                    raise status.first_error or FerryError("batch failed") from None
                 if deadline is not None and time.monotonic() >= deadline:
                     pending = status.submitted - status.completed - status.failed
                     raise DeadlineExceeded(
@@ -237,6 +249,12 @@ class Batch:
         except FerryError:
             pass
         return [error for _state, error in self._engine._native.transfer_statuses(self.id)]
+
+    def cancel(self) -> None:
+        """Cancels every request still pending (they fail with Cancelled). Once
+        this returns no byte of a read of the batch lands in local memory any
+        more; bytes of writes already on their way may still reach the target."""
+        self._engine._native.cancel_batch(self.id)
 
     def free(self) -> None:
         """Releases the batch; FailedPrecondition while requests are pending."""
@@ -262,6 +280,176 @@ class Batch:
 
     def __repr__(self):
         return f"<ferry.Batch {self.id:#x} requests={self._size}>"
+
+
+def _release_quietly(release, handle: int) -> None:
+    """Releases a native handle from a finalizer (the engine may be closed)."""
+    try:
+        release(handle)
+    except FerryError:
+        pass
+
+
+class DescList:
+    """A prepared descriptor list (see :meth:`Engine.prepare`): rows checked once
+    against local registered memory or a peer's descriptor, then named by index
+    in :meth:`Engine.make_transfer`. ``len()`` is its number of entries (rows
+    with their strides expanded). Released by :meth:`release` or when garbage
+    collected; transfers made from it keep what they need."""
+
+    __slots__ = ("_native", "handle", "_entries", "segment", "_finalizer", "__weakref__")
+
+    def __init__(self, engine: "Engine", handle: int, entries: int, segment: "Segment | None"):
+        self._native = engine._native
+        self.handle = handle
+        self._entries = entries
+        self.segment = segment  # None for a local list
+        self._finalizer = weakref.finalize(self, _release_quietly, engine._native.release_desc_list,
+                                           handle)
+
+    def __len__(self) -> int:
+        return self._entries
+
+    def __bool__(self) -> bool:
+        return True
+
+    @property
+    def released(self) -> bool:
+        return not self._finalizer.alive
+
+    def release(self) -> None:
+        """Forgets the list (idempotent)."""
+        if self._finalizer.detach() is not None:
+            self._native.release_desc_list(self.handle)
+
+    def __repr__(self):
+        where = "local" if self.segment is None else self.segment.peer_id
+        return f"<ferry.DescList {where} entries={self._entries} handle={self.handle:#x}>"
+
+
+class Transfer:
+    """A prepared transfer (see :meth:`Engine.make_transfer`): post it, poll or
+    wait, read its telemetry, post it again once it finished. Released by
+    :meth:`release` or when garbage collected (cancelled if still in flight)."""
+
+    __slots__ = ("_engine", "handle", "_finalizer", "__weakref__")
+
+    def __init__(self, engine: "Engine", handle: int):
+        self._engine = engine
+        self.handle = handle
+        self._finalizer = weakref.finalize(self, _release_quietly, engine._native.release_transfer,
+                                           handle)
+
+    def __bool__(self) -> bool:
+        return True
+
+    def post(self, notification: tuple | None = None) -> None:
+        """Posts the transfer (again, once an earlier post finished).
+        ``notification`` (name, message) replaces the transfer's own for this
+        post. FailedPrecondition while still in flight ("still in flight") or
+        when the remote list belongs to a peer instance that restarted."""
+        self._engine._native.post_transfer(self.handle, _notification(notification))
+
+    def status(self) -> tuple:
+        """(TransferState, error or None) of the current post; a failed
+        transfer was cancelled first, so none of its bytes land locally any
+        more. FailedPrecondition if never posted."""
+        state, error = self._engine._native.transfer_state(self.handle)
+        return TransferState(state), error
+
+    def done(self) -> bool:
+        """True once the current post finished (completed or failed)."""
+        return self.status()[0] != TransferState.PENDING
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Waits for the current post: returns if it completed, raises its
+        failure, or DeadlineExceeded if it is still pending after ``timeout``
+        seconds (None: until it ends, at the latest at transfer_timeout)."""
+        native = self._engine._native
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            step = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
+            try:
+                native.wait_transfer(self.handle, step)
+                return
+            except DeadlineExceeded:
+                state, error = self.status()
+                if state == TransferState.COMPLETED:
+                    return  # it finished just after the step ran out
+                if state == TransferState.FAILED:
+                    raise error from None  # e.g. the transfer itself ran out of time
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineExceeded(
+                        f"transfer {self.handle:#x} still pending after {timeout} s") from None
+
+    def telemetry(self) -> TransferTelemetry:
+        """Of the last post; FailedPrecondition if never posted."""
+        return TransferTelemetry(*self._engine._native.transfer_telemetry(self.handle))
+
+    def cancel(self) -> None:
+        """Cancels the current post if still pending (as :meth:`Batch.cancel`
+        guarantees); the transfer may be posted again right away."""
+        self._engine._native.cancel_transfer(self.handle)
+
+    @property
+    def released(self) -> bool:
+        return not self._finalizer.alive
+
+    def release(self) -> None:
+        """Cancels it if in flight and forgets it (idempotent)."""
+        if self._finalizer.detach() is not None:
+            self._engine._native.release_transfer(self.handle)
+
+    def __enter__(self) -> "Transfer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._engine.closed:
+            self.release()
+
+    def __repr__(self):
+        return f"<ferry.Transfer handle={self.handle:#x}>"
+
+
+def _notification(notification):
+    """None or a (name, message) pair for the native layer."""
+    if notification is None:
+        return None
+    if isinstance(notification, Notification):
+        return (notification.name, notification.message)
+    try:
+        name, message = notification
+    except (TypeError, ValueError):
+        raise InvalidArgument(
+            f"a notification is None or (name, message), not {notification!r}") from None
+    if isinstance(message, str):
+        message = message.encode()
+    return (str(name), message)
+
+
+_OPCODES = {"read": Opcode.READ, "write": Opcode.WRITE}
+
+
+def _array_view(obj):
+    """A CPU tensor (no buffer protocol) as a numpy view; anything else as is."""
+    to_numpy = getattr(obj, "numpy", None)
+    if callable(to_numpy) and callable(getattr(obj, "data_ptr", None)):
+        device = getattr(obj, "device", None)
+        if device is not None and getattr(device, "type", str(device)) != "cpu":
+            raise InvalidArgument(f"rows and indices must be in host memory, not on {device}")
+        return to_numpy()
+    return obj
+
+
+def _opcode(op) -> int:
+    if isinstance(op, str):
+        found = _OPCODES.get(op.lower())
+        if found is None:
+            raise InvalidArgument(f"unknown opcode {op!r}: 'read' or 'write'")
+        return int(found)
+    if isinstance(op, Opcode) or (_is_address(op) and int(op) in (0, 1)):
+        return int(op)
+    raise InvalidArgument(f"unknown opcode {op!r}: ferry.Opcode.READ or WRITE")
 
 
 class Engine:
@@ -305,7 +493,8 @@ class Engine:
 
     @property
     def closed(self) -> bool:
-        return not self._finalizer.alive
+        finalizer = getattr(self, "_finalizer", None)  # missing if __init__ failed
+        return finalizer is None or not finalizer.alive
 
     def __enter__(self) -> "Engine":
         return self
@@ -314,6 +503,8 @@ class Engine:
         self.close()
 
     def __repr__(self):
+        if getattr(self, "_native", None) is None:
+            return "<ferry.Engine (not started)>"
         state = "closed" if self.closed else "open"
         return f"<ferry.Engine {self.peer_id} {state}>"
 
@@ -540,3 +731,89 @@ class Engine:
     def notifications(self) -> list[Notification]:
         """Drains the notifications received so far, oldest first."""
         return [Notification(*n) for n in self._native.get_notifications()]
+
+    # ---- Prepared transfers ----------------------------------------------------
+    def prepare(self, rows, segment=None) -> DescList:
+        """Prepares a descriptor list. ``rows``: an integer array (numpy, any
+        object with the buffer protocol) of shape (N, 3) (addr, len, dev) or
+        (N, 5) (addr, len, dev, stride, count) -- ``dev`` is ignored -- or
+        (N, 2) (addr, len) or (N, 4) (addr, len, stride, count), read in C++
+        without a Python object per row; or a sequence of such tuples. A row
+        with count > 1 is the ``count`` entries addr + k * stride.
+        ``segment`` None: a local list, checked against registered memory;
+        else a Segment / peer id whose last known descriptor the rows are
+        checked against (no round trip). NotFound names a row outside every
+        region; InvalidArgument a malformed row."""
+        seg = None
+        handle = None
+        if segment is not None:
+            seg = segment if isinstance(segment, Segment) else self._segment_of(self._handle(segment))
+            handle = self._handle(seg)
+        list_handle, entries = self._native.prepare_list(_array_view(rows), handle)
+        return DescList(self, list_handle, entries, seg)
+
+    def make_transfer(self, op, local_list: DescList, local_indices, remote_list: DescList,
+                      remote_indices, notification: tuple | None = None) -> Transfer:
+        """A transfer of entry pairs: local entry ``local_indices[k]`` with
+        remote entry ``remote_indices[k]`` (lists or 1-D integer numpy
+        arrays, equally long; pairs of equal lengths). Adjacent pairs are
+        merged. ``notification`` (name, message) is delivered to the peer
+        once the transfer's data is complete there (for a read: once it is
+        here, telling the owner its memory was read). Checked once, here;
+        InvalidArgument names the bad pair. Post it with :meth:`Transfer.post`."""
+        if not isinstance(local_list, DescList) or not isinstance(remote_list, DescList):
+            raise InvalidArgument("make_transfer takes two DescLists (engine.prepare)")
+        handle = self._native.make_transfer(_opcode(op), local_list.handle,
+                                            _array_view(local_indices), remote_list.handle,
+                                            _array_view(remote_indices), _notification(notification))
+        return Transfer(self, handle)
+
+    # ---- Agent metadata -----------------------------------------------------
+    def export_metadata(self) -> bytes:
+        """This engine's descriptor (name, how to reach it, every exported
+        region) as bytes, for shipping over the caller's own channel."""
+        return self._native.export_metadata()
+
+    def import_metadata(self, metadata: bytes) -> Segment:
+        """Opens (or updates) the segment of the peer that exported
+        ``metadata``, without a round trip; cached like :meth:`open_segment`
+        (the same peer gives the same Segment). Import again to see regions
+        the peer registered since."""
+        return self._segment_of(self._native.import_metadata(metadata))
+
+    def _import_metadata(self, metadata: bytes, peer_id: str) -> Segment:
+        """import_metadata for callers that know the peer id (the nixl drop-in)."""
+        return self._segment_of(self._native.import_metadata(metadata), peer_id)
+
+    def _segment_of(self, handle: int, peer_id: str | None = None) -> Segment:
+        """The cached Segment of a native segment handle (creating it)."""
+        with self._lock:
+            for seg in self._segments.values():
+                if seg.handle == handle:
+                    return seg
+        if peer_id is None:
+            peer_id = self._native.segment_peer_id(handle)
+        with self._lock:
+            seg = self._segments.get(peer_id)
+            if seg is None or seg.handle != handle:
+                seg = Segment(self, handle, peer_id)
+                self._segments[peer_id] = seg
+            return seg
+
+    # ---- Telemetry --------------------------------------------------------------
+    def metrics(self) -> dict:
+        """Counters since the engine started: ``routes`` (a dict per peer,
+        transport and opcode: requests_completed/failed, bytes_completed/failed),
+        ``transfer_latency`` (bounds_us, counts per bucket plus +Inf, count,
+        sum_us) and ``counters`` (batches_finished, notifications_sent,
+        notifications_received, cancelled_requests)."""
+        return self._native.metrics()
+
+    def metrics_text(self) -> str:
+        """The same in Prometheus' text format (what the endpoint serves)."""
+        return self._native.metrics_text()
+
+    @property
+    def metrics_address(self) -> str:
+        """"host:port" of the metrics endpoint (option metrics_address); "" when off."""
+        return self._native.metrics_address()

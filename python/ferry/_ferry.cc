@@ -4,7 +4,9 @@
 // are converted, the GIL is released around the call, and a non-OK Status is
 // raised as the matching ferry.FerryError subclass (the classes and the
 // code -> class table live in ferry/_errors.py). Object handling (buffers,
-// tensors, keep-alive), defaults and the Mooncake shim are in Python.
+// tensors, keep-alive), defaults and the Mooncake and NIXL shims are in
+// Python. The exception: prepared lists' rows and indices are read here
+// straight from the array's buffer (numpy), without a Python object per row.
 //
 // Thread safety: a NativeEngine may be used from any number of Python threads.
 // Calls hold a shared lock on the engine; close() takes it exclusively, so it
@@ -23,9 +25,12 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -125,6 +130,355 @@ StatusOr<std::vector<ferry::TransferRequest>> BuildRequests(
     r.length = lengths[i];
   }
   return requests;
+}
+
+// A contiguous view of any object with the buffer protocol.
+struct BufferView {
+  explicit BufferView(const py::object& obj, bool writable) {
+    int flags = PyBUF_ANY_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) throw py::error_already_set();
+  }
+  ~BufferView() { PyBuffer_Release(&view); }
+  BufferView(const BufferView&) = delete;
+  BufferView& operator=(const BufferView&) = delete;
+  Py_buffer view{};
+};
+
+// ---- Row and index arrays ----------------------------------------------------
+// Prepared lists take rows and indices as buffers (numpy arrays) read here in
+// C++, without a Python object per row, or as sequences of ints / tuples.
+
+// One integer element of a buffer: how to read it.
+struct IntFormat {
+  size_t size = 0;  // 1, 2, 4 or 8 bytes
+  bool is_signed = false;
+};
+
+// The integer format of a buffer (struct-module format, native byte order),
+// or nullopt for anything else (floats, big-endian, records).
+std::optional<IntFormat> ParseIntFormat(const char* format, Py_ssize_t itemsize) {
+  std::string_view f = format == nullptr ? "B" : format;
+  if (!f.empty() && (f[0] == '@' || f[0] == '=' || f[0] == '<')) f.remove_prefix(1);
+  if (f.size() != 1) return std::nullopt;
+  IntFormat out;
+  switch (f[0]) {
+    case 'b':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q':
+    case 'n':
+      out.is_signed = true;
+      break;
+    case 'B':
+    case 'H':
+    case 'I':
+    case 'L':
+    case 'Q':
+    case 'N':
+      out.is_signed = false;
+      break;
+    default:
+      return std::nullopt;
+  }
+  if (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8) return std::nullopt;
+  out.size = static_cast<size_t>(itemsize);
+  return out;
+}
+
+// Reads element `p` as a signed (negative values stay negative) or unsigned value.
+struct IntValue {
+  uint64_t value = 0;
+  bool negative = false;
+};
+
+template <typename T>
+IntValue ReadAs(const char* p) {
+  T x;
+  std::memcpy(&x, p, sizeof x);
+  IntValue v;
+  if constexpr (std::is_signed_v<T>) {
+    v.negative = x < 0;
+    v.value = static_cast<uint64_t>(static_cast<int64_t>(x));
+  } else {
+    v.value = static_cast<uint64_t>(x);
+  }
+  return v;
+}
+
+inline IntValue ReadInt(const char* p, IntFormat f) {
+  switch (f.size) {
+    case 1:
+      return f.is_signed ? ReadAs<int8_t>(p) : ReadAs<uint8_t>(p);
+    case 2:
+      return f.is_signed ? ReadAs<int16_t>(p) : ReadAs<uint16_t>(p);
+    case 4:
+      return f.is_signed ? ReadAs<int32_t>(p) : ReadAs<uint32_t>(p);
+    default:
+      return f.is_signed ? ReadAs<int64_t>(p) : ReadAs<uint64_t>(p);
+  }
+}
+
+// A strided view of an integer buffer (1-D or 2-D), held while it is read.
+class IntBuffer {
+ public:
+  // Returns false (and sets no Python error) if `obj` has no buffer.
+  bool Open(const py::handle& obj) {
+    if (!PyObject_CheckBuffer(obj.ptr())) return false;
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_RECORDS_RO) != 0) {
+      PyErr_Clear();
+      return false;
+    }
+    open_ = true;
+    return true;
+  }
+  ~IntBuffer() {
+    if (open_) PyBuffer_Release(&view_);
+  }
+  const Py_buffer& view() const { return view_; }
+
+ private:
+  Py_buffer view_{};
+  bool open_ = false;
+};
+
+std::string Describe(const Py_buffer& v) {
+  std::string shape = "(";
+  for (int i = 0; i < v.ndim; ++i) shape += (i ? ", " : "") + std::to_string(v.shape[i]);
+  if (v.ndim == 1) shape += ",";
+  shape += ")";
+  return "an array of shape " + shape + " and format '" + (v.format ? v.format : "B") + "'";
+}
+
+// Column layouts of a row array: 2 (addr, len), 3 (addr, len, dev),
+// 4 (addr, len, stride, count), 5 (addr, len, dev, stride, count).
+Status RowFromValues(const uint64_t* v, size_t columns, ferry::DescRow* row) {
+  row->addr = v[0];
+  row->length = v[1];
+  row->stride = 0;
+  row->count = 1;
+  if (columns == 4) {
+    row->stride = v[2];
+    row->count = v[3];
+  } else if (columns == 5) {
+    row->stride = v[3];
+    row->count = v[4];
+  }
+  return Status();
+}
+
+Status ColumnsError(size_t columns, const std::string& what) {
+  return ferry::InvalidArgumentError(
+      what + " has " + std::to_string(columns) +
+      " columns; expected 2 (addr, len), 3 (addr, len, dev), 4 (addr, len, stride, count) or 5 "
+      "(addr, len, dev, stride, count)");
+}
+
+// Rows of a 2-D integer buffer; runs without the GIL (the buffer export
+// keeps the memory in place).
+StatusOr<std::vector<ferry::DescRow>> RowsFromBuffer(const Py_buffer& v) {
+  std::optional<IntFormat> f = ParseIntFormat(v.format, v.itemsize);
+  if (!f || v.ndim != 2) {
+    return ferry::InvalidArgumentError("rows must be an (N, 2..5) integer array, got " +
+                                       Describe(v));
+  }
+  const size_t n = static_cast<size_t>(v.shape[0]);
+  const size_t columns = static_cast<size_t>(v.shape[1]);
+  if (columns < 2 || columns > 5) return ColumnsError(columns, "the row array");
+  const Py_ssize_t rs = v.strides[0], cs = v.strides[1];
+  const char* base = static_cast<const char*>(v.buf);
+  std::vector<ferry::DescRow> rows;
+  rows.reserve(n);  // one pass over the rows' memory: no value-initialization first
+  if (f->size == 8 && !f->is_signed && cs == 8 && (columns == 2 || columns == 3)) {
+    for (size_t i = 0; i < n; ++i) {  // the common case: (N, 2 or 3) uint64
+      uint64_t v2[2];
+      std::memcpy(v2, base + static_cast<Py_ssize_t>(i) * rs, sizeof v2);
+      rows.push_back(ferry::DescRow{v2[0], v2[1], 0, 1});
+    }
+    return rows;
+  }
+  const bool fast = f->size == 8 && !f->is_signed && cs == 8;
+  uint64_t values[5];
+  for (size_t i = 0; i < n; ++i) {
+    const char* p = base + static_cast<Py_ssize_t>(i) * rs;
+    rows.emplace_back();
+    if (fast) {
+      std::memcpy(values, p, columns * 8);
+    } else {
+      for (size_t c = 0; c < columns; ++c) {
+        IntValue x = ReadInt(p + static_cast<Py_ssize_t>(c) * cs, *f);
+        if (x.negative) {
+          return ferry::InvalidArgumentError("row " + std::to_string(i) + ", column " +
+                                             std::to_string(c) + ": negative value " +
+                                             std::to_string(static_cast<int64_t>(x.value)));
+        }
+        values[c] = x.value;
+      }
+    }
+    FERRY_RETURN_IF_ERROR(RowFromValues(values, columns, &rows.back()));
+  }
+  return rows;
+}
+
+// An int of a Python sequence element; InvalidArgument names `what`.
+StatusOr<uint64_t> NonNegativeInt(PyObject* o, const std::string& what) {
+  PyObject* index = PyNumber_Index(o);
+  if (index == nullptr) {
+    PyErr_Clear();
+    return ferry::InvalidArgumentError(what + " is not an integer (" + Py_TYPE(o)->tp_name + ")");
+  }
+  int overflow = 0;
+  long long s = PyLong_AsLongLongAndOverflow(index, &overflow);
+  uint64_t value = 0;
+  if (overflow > 0) {
+    value = PyLong_AsUnsignedLongLong(index);
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      Py_DECREF(index);
+      return ferry::InvalidArgumentError(what + " does not fit in 64 bits");
+    }
+  } else if (overflow < 0 || s < 0) {
+    Py_DECREF(index);
+    return ferry::InvalidArgumentError(what + " is negative");
+  } else {
+    value = static_cast<uint64_t>(s);
+  }
+  Py_DECREF(index);
+  return value;
+}
+
+// Rows of a sequence of tuples (2..5 ints each, as for arrays). Needs the GIL.
+StatusOr<std::vector<ferry::DescRow>> RowsFromSequence(const py::handle& obj) {
+  PyObject* seq =
+      PySequence_Fast(obj.ptr(), "rows must be an integer array or a sequence of tuples");
+  if (seq == nullptr) {
+    PyErr_Clear();
+    return ferry::InvalidArgumentError(std::string("rows must be an (N, 2..5) integer array or a "
+                                                   "sequence of tuples, got ") +
+                                       Py_TYPE(obj.ptr())->tp_name);
+  }
+  py::object keep = py::reinterpret_steal<py::object>(seq);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  std::vector<ferry::DescRow> rows(static_cast<size_t>(n));
+  uint64_t values[5];
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const std::string row_name = "row " + std::to_string(i);
+    PyObject* row = PySequence_Fast(items[i], "");
+    if (row == nullptr) {
+      PyErr_Clear();
+      return ferry::InvalidArgumentError(row_name + " is not a tuple (" +
+                                         Py_TYPE(items[i])->tp_name + ")");
+    }
+    py::object keep_row = py::reinterpret_steal<py::object>(row);
+    const size_t columns = static_cast<size_t>(PySequence_Fast_GET_SIZE(row));
+    if (columns < 2 || columns > 5) return ColumnsError(columns, row_name);
+    PyObject** cells = PySequence_Fast_ITEMS(row);
+    for (size_t c = 0; c < columns; ++c) {
+      FERRY_ASSIGN_OR_RETURN(values[c],
+                             NonNegativeInt(cells[c], row_name + ", column " + std::to_string(c)));
+    }
+    FERRY_RETURN_IF_ERROR(RowFromValues(values, columns, &rows[static_cast<size_t>(i)]));
+  }
+  return rows;
+}
+
+// Indices into a prepared list: a 1-D integer buffer or a sequence of ints,
+// each in [0, 2^32 - 1]. `side` ("local", "remote") names them in errors.
+StatusOr<std::vector<uint32_t>> IndicesFromBuffer(const Py_buffer& v, const char* side) {
+  std::optional<IntFormat> f = ParseIntFormat(v.format, v.itemsize);
+  if (!f || v.ndim != 1) {
+    return ferry::InvalidArgumentError(
+        std::string(side) + " indices must be a 1-D integer array or a list, got " + Describe(v));
+  }
+  const size_t n = static_cast<size_t>(v.shape[0]);
+  const Py_ssize_t stride = v.strides[0];
+  const char* base = static_cast<const char*>(v.buf);
+  std::vector<uint32_t> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    IntValue x = ReadInt(base + static_cast<Py_ssize_t>(i) * stride, *f);
+    if (x.negative || x.value > UINT32_MAX) {
+      return ferry::InvalidArgumentError(
+          std::string(side) + " index at position " + std::to_string(i) + " is " +
+          (x.negative ? std::to_string(static_cast<int64_t>(x.value)) : std::to_string(x.value)) +
+          ": indices must be in [0, 4294967295]");
+    }
+    out[i] = static_cast<uint32_t>(x.value);
+  }
+  return out;
+}
+
+StatusOr<std::vector<uint32_t>> IndicesFromSequence(const py::handle& obj, const char* side) {
+  PyObject* seq = PySequence_Fast(obj.ptr(), "");
+  if (seq == nullptr) {
+    PyErr_Clear();
+    return ferry::InvalidArgumentError(std::string(side) +
+                                       " indices must be a 1-D integer array or a list, got " +
+                                       Py_TYPE(obj.ptr())->tp_name);
+  }
+  py::object keep = py::reinterpret_steal<py::object>(seq);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  std::vector<uint32_t> out(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const std::string what = std::string(side) + " index at position " + std::to_string(i);
+    PyObject* index = PyNumber_Index(items[i]);
+    if (index == nullptr) {
+      PyErr_Clear();
+      return ferry::InvalidArgumentError(what + " is not an integer (" +
+                                         Py_TYPE(items[i])->tp_name + ")");
+    }
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(index, &overflow);
+    Py_DECREF(index);
+    if (overflow != 0 || value < 0 || value > static_cast<long long>(UINT32_MAX)) {
+      return ferry::InvalidArgumentError(
+          what + " is " +
+          (overflow != 0 ? std::string(overflow > 0 ? "too large" : "too small")
+                         : std::to_string(value)) +
+          ": indices must be in [0, 4294967295]");
+    }
+    out[static_cast<size_t>(i)] = static_cast<uint32_t>(value);
+  }
+  return out;
+}
+
+StatusOr<std::vector<uint32_t>> Indices(const py::handle& obj, const char* side) {
+  IntBuffer buffer;
+  if (buffer.Open(obj)) return IndicesFromBuffer(buffer.view(), side);
+  return IndicesFromSequence(obj, side);
+}
+
+// None, or (name, message bytes/str): a prepared transfer's notification.
+std::optional<ferry::Notification> NotificationArg(const py::object& obj) {
+  if (obj.is_none()) return std::nullopt;
+  py::tuple t;
+  try {
+    t = obj.cast<py::tuple>();
+  } catch (const py::cast_error&) {
+    Raise(ferry::InvalidArgumentError("a notification is None or (name, message)"));
+  }
+  if (t.size() != 2)
+    Raise(ferry::InvalidArgumentError("a notification is None or (name, message)"));
+  ferry::Notification n;
+  n.name = t[0].cast<std::string>();
+  py::object message = t[1];
+  if (PyUnicode_Check(message.ptr())) {
+    n.message = message.cast<std::string>();
+  } else {
+    BufferView b(message, /*writable=*/false);
+    n.message.assign(static_cast<const char*>(b.view.buf), static_cast<size_t>(b.view.len));
+  }
+  return n;
+}
+
+py::dict HistogramDict(const ferry::LatencyHistogram& h) {
+  py::dict d;
+  d["bounds_us"] = h.bounds_us;
+  d["counts"] = h.counts;
+  d["count"] = h.count;
+  d["sum_us"] = h.sum_us;
+  return d;
 }
 
 class NativeEngine {
@@ -331,6 +685,163 @@ class NativeEngine {
     return out;
   }
 
+  // ---- Prepared transfers ------------------------------------------------------
+  // (handle, entries) of a list of rows (see RowsFromBuffer); `segment` None:
+  // a local list, else the segment handle of a remote one.
+  py::tuple PrepareList(const py::object& rows, const std::optional<uint64_t>& segment) {
+    IntBuffer buffer;
+    std::vector<ferry::DescRow> from_sequence;
+    const bool is_buffer = buffer.Open(rows);
+    if (!is_buffer) from_sequence = Unwrap(RowsFromSequence(rows));
+    uint64_t entries = 0;
+    ferry::DescListHandle list =
+        Unwrap(Run([&](ferry::Engine& e) -> StatusOr<ferry::DescListHandle> {
+          std::vector<ferry::DescRow> from_buffer;
+          if (is_buffer) {
+            FERRY_ASSIGN_OR_RETURN(from_buffer, RowsFromBuffer(buffer.view()));
+          }
+          std::span<const ferry::DescRow> span(is_buffer ? from_buffer : from_sequence);
+          StatusOr<ferry::DescListHandle> h =
+              segment.has_value() ? e.PrepareRemoteList(ferry::SegmentHandle{*segment}, span)
+                                  : e.PrepareLocalList(span);
+          if (!h.ok()) return h.status();
+          StatusOr<size_t> n = e.DescListEntries(*h);
+          if (!n.ok()) {
+            (void)e.ReleaseDescList(*h);
+            return n.status();
+          }
+          entries = *n;
+          return *h;
+        }));
+    return py::make_tuple(list.value, entries);
+  }
+
+  uint64_t DescListEntries(uint64_t list) {
+    return Unwrap(
+        Run([&](ferry::Engine& e) { return e.DescListEntries(ferry::DescListHandle{list}); }));
+  }
+
+  void ReleaseDescList(uint64_t list) {
+    Check(Run([&](ferry::Engine& e) { return e.ReleaseDescList(ferry::DescListHandle{list}); }));
+  }
+
+  uint64_t MakeTransfer(int opcode, uint64_t local, const py::object& local_indices,
+                        uint64_t remote, const py::object& remote_indices,
+                        const py::object& notification) {
+    if (opcode != static_cast<int>(ferry::Opcode::kRead) &&
+        opcode != static_cast<int>(ferry::Opcode::kWrite)) {
+      Raise(ferry::InvalidArgumentError("unknown opcode " + std::to_string(opcode)));
+    }
+    std::vector<uint32_t> li = Unwrap(Indices(local_indices, "local"));
+    std::vector<uint32_t> ri = Unwrap(Indices(remote_indices, "remote"));
+    std::optional<ferry::Notification> note = NotificationArg(notification);
+    return Unwrap(Run([&](ferry::Engine& e) {
+             return e.MakeTransfer(static_cast<ferry::Opcode>(opcode), ferry::DescListHandle{local},
+                                   li, ferry::DescListHandle{remote}, ri, std::move(note));
+           }))
+        .value;
+  }
+
+  void PostTransfer(uint64_t transfer, const py::object& notification) {
+    std::optional<ferry::Notification> note = NotificationArg(notification);
+    Check(Run([&](ferry::Engine& e) {
+      return e.PostTransfer(ferry::TransferHandle{transfer}, std::move(note));
+    }));
+  }
+
+  // (state, error or None)
+  py::tuple TransferState(uint64_t transfer) {
+    ferry::TransferStatus s = Unwrap(Run(
+        [&](ferry::Engine& e) { return e.GetTransferStatus(ferry::TransferHandle{transfer}); }));
+    return py::make_tuple(static_cast<int>(s.state), ErrorOrNone(s.status));
+  }
+
+  void WaitTransfer(uint64_t transfer, double timeout_s) {
+    Check(Run([&](ferry::Engine& e) {
+      return e.WaitTransfer(ferry::TransferHandle{transfer}, Millis(timeout_s));
+    }));
+  }
+
+  // (start_us, post_us, transfer_us, bytes, entries)
+  py::tuple TransferTelemetry(uint64_t transfer) {
+    ferry::TransferTelemetry t = Unwrap(Run(
+        [&](ferry::Engine& e) { return e.GetTransferTelemetry(ferry::TransferHandle{transfer}); }));
+    return py::make_tuple(t.start_us, t.post_us, t.transfer_us, t.bytes, t.entries);
+  }
+
+  void CancelTransfer(uint64_t transfer) {
+    Check(Run([&](ferry::Engine& e) { return e.CancelTransfer(ferry::TransferHandle{transfer}); }));
+  }
+
+  void ReleaseTransfer(uint64_t transfer) {
+    Check(
+        Run([&](ferry::Engine& e) { return e.ReleaseTransfer(ferry::TransferHandle{transfer}); }));
+  }
+
+  void CancelBatch(uint64_t batch) {
+    Check(Run([&](ferry::Engine& e) { return e.CancelBatch(ferry::BatchId{batch}); }));
+  }
+
+  // ---- Agent metadata ------------------------------------------------------------
+  py::bytes ExportMetadata() {
+    std::string bytes =
+        Unwrap(Run([](ferry::Engine& e) -> StatusOr<std::string> { return e.ExportMetadata(); }));
+    return py::bytes(bytes);
+  }
+
+  uint64_t ImportMetadata(const py::object& metadata) {
+    BufferView b(metadata, /*writable=*/false);
+    std::string_view bytes(static_cast<const char*>(b.view.buf), static_cast<size_t>(b.view.len));
+    return Unwrap(Run([&](ferry::Engine& e) { return e.ImportMetadata(bytes); })).value;
+  }
+
+  // The peer id of a segment handle (one handshake: the C++ API has no
+  // accessor without a round trip).
+  std::string SegmentPeerId(uint64_t segment) {
+    return Unwrap(Run([&](ferry::Engine& e) -> StatusOr<std::string> {
+      FERRY_ASSIGN_OR_RETURN(ferry::SegmentInfo info,
+                             e.QuerySegment(ferry::SegmentHandle{segment}));
+      return info.peer_id;
+    }));
+  }
+
+  // ---- Telemetry -----------------------------------------------------------------
+  py::dict Metrics() {
+    ferry::EngineMetrics m = Unwrap(
+        Run([](ferry::Engine& e) -> StatusOr<ferry::EngineMetrics> { return e.GetMetrics(); }));
+    py::list routes;
+    for (const ferry::RouteMetrics& r : m.routes) {
+      py::dict d;
+      d["peer"] = r.peer;
+      d["transport"] = r.transport;
+      d["opcode"] = r.opcode == ferry::Opcode::kRead ? "read" : "write";
+      d["requests_completed"] = r.requests_completed;
+      d["requests_failed"] = r.requests_failed;
+      d["bytes_completed"] = r.bytes_completed;
+      d["bytes_failed"] = r.bytes_failed;
+      routes.append(d);
+    }
+    py::dict counters;
+    counters["batches_finished"] = m.batches_finished;
+    counters["notifications_sent"] = m.notifications_sent;
+    counters["notifications_received"] = m.notifications_received;
+    counters["cancelled_requests"] = m.cancelled_requests;
+    py::dict out;
+    out["routes"] = routes;
+    out["transfer_latency"] = HistogramDict(m.transfer_latency);
+    out["counters"] = counters;
+    return out;
+  }
+
+  std::string MetricsText() {
+    return Unwrap(Run([](ferry::Engine& e) -> StatusOr<std::string> { return e.MetricsText(); }));
+  }
+
+  std::string MetricsAddress() {
+    return Unwrap(
+        Run([](ferry::Engine& e) -> StatusOr<std::string> { return e.MetricsAddress(); }));
+  }
+
  private:
   static Status ClosedError() { return ferry::FailedPreconditionError("the engine is closed"); }
 
@@ -340,18 +851,6 @@ class NativeEngine {
   std::string peer_id_;
   std::string local_name_;
   uint16_t rpc_port_ = 0;
-};
-
-// A contiguous view of any object with the buffer protocol.
-struct BufferView {
-  explicit BufferView(const py::object& obj, bool writable) {
-    int flags = PyBUF_ANY_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) throw py::error_already_set();
-  }
-  ~BufferView() { PyBuffer_Release(&view); }
-  BufferView(const BufferView&) = delete;
-  BufferView& operator=(const BufferView&) = delete;
-  Py_buffer view{};
 };
 
 void* Address(uint64_t addr) { return reinterpret_cast<void*>(static_cast<uintptr_t>(addr)); }
@@ -432,6 +931,9 @@ PYBIND11_MODULE(_ferry, m) {
       .def_readwrite("transport", &ferry::EngineOptions::transport)
       .def_readwrite("secret_file", &ferry::EngineOptions::secret_file,
                      "Path of the cluster secret file (FERRY_SECRET_FILE); empty = no secret.")
+      .def_readwrite(
+          "metrics_address", &ferry::EngineOptions::metrics_address,
+          "HOST:PORT of the Prometheus text endpoint (FERRY_METRICS_ADDRESS); empty = off.")
       .def_property(
           "connect_timeout",
           [](const ferry::EngineOptions& o) { return Seconds(o.connect_timeout); },
@@ -482,8 +984,8 @@ PYBIND11_MODULE(_ferry, m) {
       .def("options", &NativeEngine::Options)
       .def("register_memory", &NativeEngine::RegisterMemory, py::arg("addr"), py::arg("length"),
            py::arg("location") = "*", py::arg("exported") = true)
-      .def("register_memory_list", &NativeEngine::RegisterMemoryList, py::arg("addrs"), py::arg("lengths"),
-           py::arg("locations"), py::arg("exported") = true)
+      .def("register_memory_list", &NativeEngine::RegisterMemoryList, py::arg("addrs"),
+           py::arg("lengths"), py::arg("locations"), py::arg("exported") = true)
       .def("unregister_memory", &NativeEngine::UnregisterMemory)
       .def("open_segment", &NativeEngine::OpenSegment)
       .def("close_segment", &NativeEngine::CloseSegment)
@@ -496,5 +998,26 @@ PYBIND11_MODULE(_ferry, m) {
       .def("free_batch", &NativeEngine::FreeBatch)
       .def("transfer_sync", &NativeEngine::TransferSync)
       .def("send_notification", &NativeEngine::SendNotification)
-      .def("get_notifications", &NativeEngine::GetNotifications);
+      .def("get_notifications", &NativeEngine::GetNotifications)
+      .def("prepare_list", &NativeEngine::PrepareList, py::arg("rows"),
+           py::arg("segment") = py::none())
+      .def("desc_list_entries", &NativeEngine::DescListEntries)
+      .def("release_desc_list", &NativeEngine::ReleaseDescList)
+      .def("make_transfer", &NativeEngine::MakeTransfer, py::arg("opcode"), py::arg("local"),
+           py::arg("local_indices"), py::arg("remote"), py::arg("remote_indices"),
+           py::arg("notification") = py::none())
+      .def("post_transfer", &NativeEngine::PostTransfer, py::arg("transfer"),
+           py::arg("notification") = py::none())
+      .def("transfer_state", &NativeEngine::TransferState)
+      .def("wait_transfer", &NativeEngine::WaitTransfer)
+      .def("transfer_telemetry", &NativeEngine::TransferTelemetry)
+      .def("cancel_transfer", &NativeEngine::CancelTransfer)
+      .def("release_transfer", &NativeEngine::ReleaseTransfer)
+      .def("cancel_batch", &NativeEngine::CancelBatch)
+      .def("export_metadata", &NativeEngine::ExportMetadata)
+      .def("import_metadata", &NativeEngine::ImportMetadata)
+      .def("segment_peer_id", &NativeEngine::SegmentPeerId)
+      .def("metrics", &NativeEngine::Metrics)
+      .def("metrics_text", &NativeEngine::MetricsText)
+      .def("metrics_address", &NativeEngine::MetricsAddress);
 }

@@ -49,9 +49,9 @@ class Peer:
     """A child process running peer.py: the first stdout line is a JSON hello
     (peer id, addresses); later, one JSON request line in, one reply line out."""
 
-    def __init__(self, *args: str, env: dict | None = None):
+    def __init__(self, *args: str, env: dict | None = None, script: Path | None = None):
         self.proc = subprocess.Popen(
-            [sys.executable, str(PEER_SCRIPT), *args], stdin=subprocess.PIPE,
+            [sys.executable, str(script or PEER_SCRIPT), *args], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, env=env or child_env())
         self.killed = False  # by kill(): a non-zero exit is expected
         self._lines: queue.Queue = queue.Queue()
@@ -124,11 +124,12 @@ class Peer:
 
 @pytest.fixture
 def spawn():
-    """spawn(*args) -> Peer; every peer is stopped (and must exit 0) at teardown."""
+    """spawn(*args) -> Peer; every peer is stopped (and must exit 0) at teardown.
+    ``script=`` runs another peer script than peer.py (e.g. nixl_peer.py)."""
     peers = []
 
-    def start(*args, env=None):
-        peer = Peer(*args, env=env)
+    def start(*args, env=None, script=None):
+        peer = Peer(*args, env=env, script=script)
         peers.append(peer)
         return peer
 

@@ -96,6 +96,10 @@ class Target:
             time.sleep(0.001)
         return {"notes": notes}
 
+    def metadata(self):
+        """The native engine's exported metadata (hex) for import_metadata."""
+        return {"hex": self.engine.export_metadata().hex()}
+
     # managed buffers of a mooncake target, and its raw memory (hex strings)
     def allocate(self, length):
         addr = self.engine.allocate_managed_buffer(length)
