@@ -38,6 +38,7 @@ import numpy as np
 
 import ferry
 
+from . import _bindings as nixlBind  # noqa: F401  (callers import nixl._api.nixlBind)
 from ._bindings import (DEFAULT_COMM_PORT, NIXL_INIT_AGENT, nixlBackendError, nixlCancelledError,
                         nixlInvalidParamError, nixlMismatchError, nixlNoTelemetryError,
                         nixlNotFoundError, nixlNotPostedError, nixlNotSupportedError,
@@ -396,8 +397,9 @@ class nixl_agent:
         for backend in backends or ():
             self._check_plugin(backend)
             if backend not in self.backends:
+                created = ", ".join(self.backends) or "none"
                 raise nixlNotFoundError(f"backend {backend!r} was not created on agent "
-                                        f"{self.name!r} (created: {', '.join(self.backends) or 'none'})")
+                                        f"{self.name!r} (created: {created})")
 
     # ---- Descriptor lists ---------------------------------------------------------
     def get_reg_descs(self, descs, mem_type: str | None = None, is_sorted: bool = False):
@@ -476,9 +478,11 @@ class nixl_agent:
         raise nixlInvalidParamError(f"cannot make descriptors of a {type(descs).__name__}")
 
     # ---- Memory -----------------------------------------------------------------------
-    def register_memory(self, reg_list, mem_type: str | None = None, backends: list = []):
+    def register_memory(self, reg_list, mem_type: str | None = None, backends: list = [],
+                        is_sorted: bool = False):
         """Registers every region of the list (all or nothing); returns the
-        registration list to pass to deregister_memory."""
+        registration list to pass to deregister_memory. (``is_sorted``, which
+        older NIXL releases took and some callers still pass, is ignored.)"""
         self._check_backends(backends)
         dlist = self._reg_descs(reg_list, mem_type)
         addrs = [int(a) for a in dlist.rows[:, 0]]
@@ -615,11 +619,12 @@ class nixl_agent:
 
     # ---- Prepared lists and transfers -------------------------------------------------
     def prep_xfer_dlist(self, agent_name, xfer_list, mem_type: str | None = None,
-                        backends: list = []) -> nixlPrepDlistHandle:
+                        backends: list = [], is_sorted: bool = False) -> nixlPrepDlistHandle:
         """Prepares a list once: local (NIXL_INIT_AGENT = "", the string
-        "NIXL_INIT_AGENT" or this agent's name), checked against registered memory, or of a loaded remote agent,
-        checked against its metadata here (no round trip): a row outside its
-        registered memory raises nixlNotFoundError naming it."""
+        "NIXL_INIT_AGENT" or this agent's name), checked against registered
+        memory, or of a loaded remote agent, checked against its metadata here
+        (no round trip): a row outside its registered memory raises
+        nixlNotFoundError naming it."""
         self._check_backends(backends)
         name = _name(agent_name)
         # vLLM passes the constant's name as a literal string
@@ -671,7 +676,8 @@ class nixl_agent:
         pairs are merged (``skip_desc_merge`` is ignored)."""
         self._check_backends(backends)
         op = self._op(operation)
-        if not isinstance(local_xfer_side, nixlPrepDlistHandle) or local_xfer_side.remote is not None:
+        if (not isinstance(local_xfer_side, nixlPrepDlistHandle)
+                or local_xfer_side.remote is not None):
             raise nixlInvalidParamError("local_xfer_side must be a local prepared list "
                                         "(prep_xfer_dlist(NIXL_INIT_AGENT, ...))")
         if not isinstance(remote_xfer_side, nixlPrepDlistHandle) or remote_xfer_side.remote is None:
@@ -821,5 +827,5 @@ class _Backend:
         return f"<nixl backend {self.name} (Ferry transport auto)>"
 
 
-__all__ = ["nixl_agent", "nixl_agent_config", "nixlPrepDlistHandle", "nixlRegDList",
+__all__ = ["nixlBind", "nixl_agent", "nixl_agent_config", "nixlPrepDlistHandle", "nixlRegDList",
            "nixlXferDList", "nixlXferHandle"]

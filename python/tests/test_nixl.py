@@ -124,6 +124,8 @@ def test_package_is_found_with_its_version_and_names():
     assert importlib.metadata.version("nixl") == "1.5.0" == nixl.__version__
     from nixl import nixl_agent as from_package
     assert from_package is nixl_agent
+    from nixl._api import nixlBind  # LightLLM's spelling
+    assert nixlBind.nixlNotFoundError is nixlNotFoundError
     import nixl._bindings as b
     for name in ("nixlNotPostedError", "nixlInvalidParamError", "nixlBackendError",
                  "nixlNotFoundError", "nixlMismatchError", "nixlNotAllowedError",
@@ -155,7 +157,7 @@ def test_config_backends_and_memory_types(agents):
     with pytest.raises(nixlNotSupportedError, match="issue 13"):
         b.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "VRAM")
     assert b.get_xfer_descs([(buf.ctypes.data, 16, 0)], "VRAM") is None
-    reg = b.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "cpu")
+    reg = b.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "cpu", is_sorted=False)
     with pytest.raises(nixlNotFoundError):
         b.prep_xfer_dlist("", [(buf.ctypes.data, 16, 0)], "DRAM", backends=["UCX"])  # not created
     b.deregister_memory(reg)
