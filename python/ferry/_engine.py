@@ -459,12 +459,15 @@ class Engine:
     local_name, listen_host ("127.0.0.1"), listen_port (0: any), metadata
     ("P2PHANDSHAKE"; or etcd://H:P, redis://H:P, http://H:P/metadata — see
     ferry info), metadata_ttl (10), metadata_cluster ("ferry"), secret_file
-    ("": no cluster secret; see docs/reliability.md), transport ("auto" | "local" | "shm" | "tcp"), connect_timeout (5),
-    transfer_timeout (30), handshake_timeout (5), tcp_streams (2), io_threads
+    ("": no cluster secret; see docs/reliability.md), metrics_address ("": off;
+    "127.0.0.1:0" serves Prometheus text at GET /metrics on a free port, see
+    :attr:`metrics_address`), transport ("auto" | "local" | "shm" | "tcp"),
+    connect_timeout (5), transfer_timeout (30), handshake_timeout (5), tcp_streams (2), io_threads
     (0), slice_size, max_frame_bytes, max_frame_entries, tcp_send_buffer
     (524288 bytes; 0: kernel autotuning), spin (50e-6), wait_spin (200e-6),
     testing_wire_version_min/max. With ``environment=True`` (default) FERRY_*
-    environment variables replace the defaults; keyword arguments win over both.
+    environment variables replace the defaults (Ferry reads them once per
+    process); keyword arguments win over both.
 
     A context manager: leaving the block closes the engine.
     """
