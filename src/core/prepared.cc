@@ -21,9 +21,28 @@ template <class Find>
 StatusOr<std::shared_ptr<DescList>> DescList::Build(std::span<const DescRow> rows, Find find) {
   if (rows.empty()) return InvalidArgumentError("empty descriptor list");
   auto list = std::make_shared<DescList>();
+  if (rows.size() <= kMaxDescListEntries &&
+      std::all_of(rows.begin(), rows.end(), [](const DescRow& r) { return r.count == 1; })) {
+    // Plain rows: one entry each, written straight into their place.
+    list->plain_ = std::make_unique_for_overwrite<Span[]>(rows.size());
+    list->plain_tags_ = std::make_unique_for_overwrite<uint32_t[]>(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const DescRow& r = rows[i];
+      if (r.length == 0) return InvalidArgumentError("row " + std::to_string(i) + ": length is zero");
+      if (r.addr + r.length < r.addr) {
+        return InvalidArgumentError("row " + std::to_string(i) + ": " + FormatRange(r.addr, r.length) +
+                                    " wraps around the address space");
+      }
+      auto tag = find(r.addr, r.length);
+      if (!tag.ok()) return tag.status().WithPrefix("row " + std::to_string(i));
+      list->plain_[i] = {r.addr, r.length};
+      list->plain_tags_[i] = *tag;
+    }
+    list->entries_ = rows.size();
+    return list;
+  }
   list->rows_.reserve(rows.size());
   list->tags_.reserve(rows.size());
-  bool strided = false;
   uint64_t total = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const DescRow& r = rows[i];
@@ -54,7 +73,7 @@ StatusOr<std::shared_ptr<DescList>> DescList::Build(std::span<const DescRow> row
     }
     auto whole = find(r.addr, span_minus_len + r.length);
     if (whole.ok()) {
-      strided = true;
+
       list->rows_.push_back(r);
       list->tags_.push_back(*whole);
       continue;
@@ -68,13 +87,12 @@ StatusOr<std::shared_ptr<DescList>> DescList::Build(std::span<const DescRow> row
     }
   }
   list->entries_ = total;
-  if (strided) {
-    list->first_entry_.reserve(list->rows_.size());
-    uint64_t next = 0;
-    for (const DescRow& r : list->rows_) {
-      list->first_entry_.push_back(next);
-      next += r.count;
-    }
+
+  list->first_entry_.reserve(list->rows_.size());
+  uint64_t next = 0;
+  for (const DescRow& r : list->rows_) {
+    list->first_entry_.push_back(next);
+    next += r.count;
   }
   return list;
 }
@@ -136,7 +154,7 @@ StatusOr<std::shared_ptr<const DescList>> DescList::Remote(std::span<const DescR
 }
 
 DescList::Entry DescList::At(size_t i) const {
-  if (first_entry_.empty()) return {rows_[i].addr, rows_[i].length, tags_[i]};
+  if (plain_) return {plain_[i].addr, plain_[i].length, plain_tags_[i]};
   const size_t row =
       static_cast<size_t>(std::upper_bound(first_entry_.begin(), first_entry_.end(), uint64_t{i}) -
                           first_entry_.begin()) - 1;

@@ -54,9 +54,19 @@ class DescList {
   template <class Find>
   static StatusOr<std::shared_ptr<DescList>> Build(std::span<const DescRow> rows, Find find);
 
+  // A list of plain rows only (the common case: 1 M rows should cost about
+  // a copy of them) keeps 20 bytes per row, written once, in `plain_` and
+  // `plain_tags_`; any other list its rows in `rows_`, `tags_` and
+  // `first_entry_` (each row's first entry, for the binary search).
+  struct Span {
+    uint64_t addr;
+    uint64_t length;
+  };
+  std::unique_ptr<Span[]> plain_;
+  std::unique_ptr<uint32_t[]> plain_tags_;
   std::vector<DescRow> rows_;
   std::vector<uint32_t> tags_;         // per row
-  std::vector<uint64_t> first_entry_;  // per row, only when some row is strided
+  std::vector<uint64_t> first_entry_;  // per row
   size_t entries_ = 0;
   std::shared_ptr<const PeerInfo> peer_;
   std::vector<MemoryKind> kinds_;
