@@ -48,10 +48,12 @@ Workload:
                             one local and one remote list (strided rows where
                             the layout allows) and one prepared transfer per
                             opcode, posted and waited each iteration; also runs
-                            the plain batches of the same requests and prints
-                            prepared / plain, the time to build the rows, to
-                            prepare the lists and MakeTransfer, the entries
-                            after merging, and preparing 1 M rows of 256 B
+                            the plain batches of the same requests (rounds
+                            prepared, plain, plain, prepared of half the
+                            duration each) and prints prepared / plain, the
+                            time to build the rows, to prepare the lists and
+                            MakeTransfer, the entries after merging, and the
+                            time to prepare 1 M rows of 256 B per side
   --duration SECONDS        length of each measured phase (default 1.5; sweep: 1)
   --total-bytes SIZE        stop after this many bytes instead of a duration
   --buffer-size SIZE        registered buffer per side (default: what the workload
