@@ -82,6 +82,9 @@ class Engine {
   Status CloseSegment(SegmentHandle segment);
   // Re-handshakes with the peer and returns what it advertises now.
   StatusOr<SegmentInfo> QuerySegment(SegmentHandle segment);
+  // What this engine knows of the peer from its last handshake or imported
+  // metadata; no round trip.
+  StatusOr<SegmentInfo> DescribeSegment(SegmentHandle segment) const;
 
   // ---- Batches -------------------------------------------------------------
   // kInvalidArgument: capacity 0 or above kMaxBatchCapacity (ferry/limits.h).

@@ -795,12 +795,12 @@ class NativeEngine {
     return Unwrap(Run([&](ferry::Engine& e) { return e.ImportMetadata(bytes); })).value;
   }
 
-  // The peer id of a segment handle (one handshake: the C++ API has no
-  // accessor without a round trip).
+  // The peer id of a segment handle (what the last handshake or import
+  // said; no round trip).
   std::string SegmentPeerId(uint64_t segment) {
     return Unwrap(Run([&](ferry::Engine& e) -> StatusOr<std::string> {
       FERRY_ASSIGN_OR_RETURN(ferry::SegmentInfo info,
-                             e.QuerySegment(ferry::SegmentHandle{segment}));
+                             e.DescribeSegment(ferry::SegmentHandle{segment}));
       return info.peer_id;
     }));
   }

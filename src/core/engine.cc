@@ -192,8 +192,16 @@ Status Engine::CloseSegment(SegmentHandle h) {
 
 StatusOr<SegmentInfo> Engine::QuerySegment(SegmentHandle h) {
   FERRY_ASSIGN_OR_RETURN(auto seg, impl_->GetSegment(h));
+  {
+    std::lock_guard<std::mutex> lock(seg->mu);
+    FERRY_RETURN_IF_ERROR(impl_->Handshake(*seg));
+  }
+  return DescribeSegment(h);
+}
+
+StatusOr<SegmentInfo> Engine::DescribeSegment(SegmentHandle h) const {
+  FERRY_ASSIGN_OR_RETURN(auto seg, impl_->GetSegment(h));
   std::lock_guard<std::mutex> lock(seg->mu);
-  FERRY_RETURN_IF_ERROR(impl_->Handshake(*seg));
   SegmentInfo info;
   const auto& d = seg->peer->desc();
   info.peer_id = d.peer_id;

@@ -391,6 +391,9 @@ TEST_P(PreparedTest, ImportedMetadataOpensTheSegmentWithoutAHandshake) {
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, (*third)->ImportMetadata(md));
   ASSERT_OK_AND_ASSIGN(SegmentHandle same, (*third)->ImportMetadata(md));
   EXPECT_EQ(seg.value, same.value);
+  ASSERT_OK_AND_ASSIGN(SegmentInfo known, (*third)->DescribeSegment(seg));  // no round trip
+  EXPECT_EQ(known.peer_id, target().PeerId());
+  EXPECT_EQ(known.regions.size(), 1u);
   ASSERT_OK_AND_ASSIGN(DescListHandle l, (*third)->PrepareLocalList(Rows(local, 1, kLen, kLen)));
   ASSERT_OK_AND_ASSIGN(DescListHandle r, (*third)->PrepareRemoteList(seg, Rows(remote, 1, kLen, kLen)));
   const std::vector<uint32_t> zero = {0};
