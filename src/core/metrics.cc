@@ -1,3 +1,4 @@
+// Metrics: the counters, their snapshot and the Prometheus text (see metrics.h).
 #include "core/metrics.h"
 
 #include <cstdio>

@@ -1,3 +1,4 @@
+// MetricsServer: the Prometheus endpoint (see metrics_server.h).
 #include "core/metrics_server.h"
 
 #include <poll.h>
