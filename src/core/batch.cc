@@ -64,12 +64,19 @@ size_t BatchState::Cancel(const Status& why) {
   size_t failed = 0;
   bool idle = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (!cancelled_.load(std::memory_order_relaxed)) {
       cancel_status_ = why;
-      // seq_cst: pairs with BeginLanding (a transport either sees the flag
-      // or is counted in landing_ before this thread waits for it).
+      // seq_cst: pairs with BeginLanding and the Completer's constructor (a
+      // transport thread either sees the flag or is counted in landing_ /
+      // completing_ before this thread waits for it).
       cancelled_.store(true, std::memory_order_seq_cst);
+      // Completers that began before the flag store final states without a
+      // compare-and-swap: let them finish (one frame's worth; they may take
+      // mu_ for a failure, so not under it).
+      lock.unlock();
+      while (completing_.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+      lock.lock();
       const size_t n = reserved();
       const auto pending = static_cast<uint8_t>(TransferState::kPending);
       for (size_t i = 0; i < n; ++i) {
@@ -143,11 +150,12 @@ void BatchState::Completer::Complete(size_t index, uint32_t slices, const Status
   // every state final), then pending_ (waiters and FreeBatch see everything
   // above). A request Cancel already failed stays failed and was counted
   // there.
-  uint8_t expected = static_cast<uint8_t>(TransferState::kPending);
-  if (!r.state.compare_exchange_strong(
-          expected, static_cast<uint8_t>(failed ? TransferState::kFailed : TransferState::kCompleted),
-          std::memory_order_acq_rel)) {
-    return;
+  const uint8_t final_state = static_cast<uint8_t>(failed ? TransferState::kFailed : TransferState::kCompleted);
+  if (!careful_) {
+    r.state.store(final_state, std::memory_order_release);  // no cancel claims states while this lives
+  } else {
+    uint8_t expected = static_cast<uint8_t>(TransferState::kPending);
+    if (!r.state.compare_exchange_strong(expected, final_state, std::memory_order_acq_rel)) return;
   }
   ++(failed ? failed_ : completed_);
   if (batch_.info_) Count(batch_.info_[index], failed);

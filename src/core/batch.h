@@ -117,8 +117,18 @@ class BatchState {
   // when the Completer publishes. One thread, short-lived (one frame).
   class Completer {
    public:
-    explicit Completer(BatchState& batch) : batch_(batch) {}
-    ~Completer() { Publish(); }
+    // While a Completer lives, Cancel waits for it (completing_), so it
+    // claims its requests' final states with plain stores; one made after a
+    // cancel began claims them by compare-and-swap against the cancel's
+    // (a locked instruction per request costs 2 KiB-entry batches ~8 %).
+    explicit Completer(BatchState& batch) : batch_(batch) {
+      batch_.completing_.fetch_add(1, std::memory_order_seq_cst);
+      careful_ = batch_.cancelled_.load(std::memory_order_seq_cst);
+    }
+    ~Completer() {
+      Publish();
+      batch_.completing_.fetch_sub(1, std::memory_order_release);
+    }
     Completer(const Completer&) = delete;
     Completer& operator=(const Completer&) = delete;
 
@@ -141,6 +151,7 @@ class BatchState {
     void Count(uint64_t info, bool failed);
 
     BatchState& batch_;
+    bool careful_ = false;  // the batch was being cancelled when this began
     size_t completed_ = 0;
     size_t failed_ = 0;
     Tally tally_[2];
@@ -189,6 +200,7 @@ class BatchState {
   std::atomic<int64_t> busy_since_ns_{0};
   std::atomic<bool> cancelled_{false};
   std::atomic<uint32_t> landing_{0};
+  std::atomic<uint32_t> completing_{0};  // Completers alive
   std::shared_ptr<BatchState> landing_parent_;
   std::atomic<size_t> reserved_{0};
   std::atomic<size_t> pending_{0};

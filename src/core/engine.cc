@@ -283,7 +283,7 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   std::vector<PeerPost> posts;  // a handful: one per route
   std::vector<uint8_t> post_of(requests.size());
   std::vector<uint32_t> region_of(requests.size());
-  std::vector<Transport*> transport_of;  // by post
+  std::vector<Impl::Routed> routed_of;  // by post
   for (int attempt = 0;; ++attempt) {
     std::map<Segment*, std::shared_ptr<const PeerInfo>> infos;
     for (auto& [h, seg] : distinct) {
@@ -329,13 +329,13 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
       post_of[i] = static_cast<uint8_t>(last_post);
     }
     bool changed = false;
-    transport_of.assign(posts.size(), nullptr);
+    routed_of.assign(posts.size(), {});
     for (size_t k = 0; k < posts.size(); ++k) {
       PeerPost& p = posts[k];
       auto routed = impl_->EnsureRoute(*p.key.seg, p.key.local, p.key.remote);
       if (!routed.ok()) return routed.status().WithPrefix("peer " + p.key.seg->name);
       p.post.SetRoute(routed->link, *routed->transport);
-      transport_of[k] = routed->transport;
+      routed_of[k] = *routed;
       std::lock_guard<std::mutex> lock(p.key.seg->mu);
       changed = changed || p.key.seg->peer != p.post.peer;
     }
@@ -347,7 +347,7 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   routes.reserve(posts.size());
   for (size_t k = 0; k < posts.size(); ++k) {
     routes.push_back(std::move(posts[k].post));
-    routes.back().Tag(*batch, *impl_->metrics, *transport_of[k]);
+    routes.back().Tag(*batch, routed_of[k]);
   }
   const Clock::time_point deadline = Clock::now() + impl_->options.transfer_timeout;
   const bool posted = impl_->SliceAndPost(batch, base, requests.size(), routes, deadline, [&](size_t i) {

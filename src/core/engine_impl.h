@@ -84,6 +84,14 @@ struct Segment {
   // Set by a metadata watch: the peer published a new descriptor; fetch it
   // before the next transfer.
   std::atomic<bool> stale{false};
+  // The metrics' counters of this peer per transport (by opcode), found
+  // once instead of on every submit. Guarded by mu.
+  struct Counters {
+    Transport* transport;
+    std::string peer_id;
+    RouteCounters* by_opcode[2];
+  };
+  std::vector<Counters> counters;
 
   std::shared_ptr<PeerLink>* LinkOf(Transport* t) {
     for (auto& [tr, link] : links) {
@@ -399,6 +407,7 @@ class Engine::Impl {
   struct Routed {
     std::shared_ptr<internal::PeerLink> link;
     Transport* transport = nullptr;
+    internal::RouteCounters* counters[2] = {nullptr, nullptr};  // by Opcode (EnsureRoute fills them)
   };
 
   // The live link for moving bytes between the two kinds, reconnecting (and
@@ -461,7 +470,19 @@ class Engine::Impl {
   StatusOr<Routed> EnsureRoute(Segment& seg, MemoryKind local, MemoryKind remote) {
     std::lock_guard<std::mutex> lock(seg.mu);
     FERRY_RETURN_IF_ERROR(Refresh(seg));
-    return EnsureRouteLocked(seg, local, remote);
+    FERRY_ASSIGN_OR_RETURN(Routed routed, EnsureRouteLocked(seg, local, remote));
+    const std::string& peer = seg.peer->desc().peer_id;
+    auto c = std::find_if(seg.counters.begin(), seg.counters.end(),
+                          [&](const Segment::Counters& x) { return x.transport == routed.transport && x.peer_id == peer; });
+    if (c == seg.counters.end()) {
+      c = seg.counters.insert(seg.counters.end(),
+                              {routed.transport, peer,
+                               {metrics->Route(peer, routed.transport->Name(), Opcode::kRead),
+                                metrics->Route(peer, routed.transport->Name(), Opcode::kWrite)}});
+    }
+    routed.counters[0] = c->by_opcode[0];
+    routed.counters[1] = c->by_opcode[1];
+    return routed;
   }
 
   StatusOr<std::shared_ptr<Segment>> GetSegment(SegmentHandle h) const {
@@ -531,10 +552,8 @@ class Engine::Impl {
       max_slice = t.MaxSlice();
       order = t.PreferredOrder();
     }
-    void Tag(BatchState& batch, internal::Metrics& m, const Transport& t) {
-      for (Opcode op : {Opcode::kRead, Opcode::kWrite}) {
-        tags[static_cast<int>(op)] = batch.RouteTag(m.Route(peer->desc().peer_id, t.Name(), op));
-      }
+    void Tag(BatchState& batch, const Routed& routed) {
+      for (int op = 0; op < 2; ++op) tags[op] = batch.RouteTag(routed.counters[op]);
     }
   };
   // One request as SliceAndPost sees it.

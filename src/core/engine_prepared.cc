@@ -118,13 +118,13 @@ Status Engine::PostTransfer(TransferHandle h, std::optional<Notification> notifi
   FERRY_RETURN_IF_ERROR(same_instance());
   const internal::PreparedPairs& pairs = t->pairs;
   std::vector<Impl::RoutePost> routes(pairs.kinds.size());
-  std::vector<Transport*> transports(pairs.kinds.size());
+  std::vector<Impl::Routed> routed_of(pairs.kinds.size());
   for (size_t k = 0; k < routes.size(); ++k) {
     auto routed = impl_->EnsureRoute(seg, pairs.kinds[k].first, pairs.kinds[k].second);
     if (!routed.ok()) return routed.status().WithPrefix(TransferName(h) + " to peer " + seg.name);
     routes[k].SetRoute(routed->link, *routed->transport);
     routes[k].peer = t->peer;
-    transports[k] = routed->transport;
+    routed_of[k] = *routed;
   }
   FERRY_RETURN_IF_ERROR(same_instance());  // connecting may have found a restart
 
@@ -135,7 +135,7 @@ Status Engine::PostTransfer(TransferHandle h, std::optional<Notification> notifi
   post->telemetry.entries = n;
   std::optional<Notification> note = notification ? std::move(notification) : t->notification;
   post->has_notification = note.has_value();
-  for (size_t k = 0; k < routes.size(); ++k) routes[k].Tag(*post->batch, *impl_->metrics, *transports[k]);
+  for (size_t k = 0; k < routes.size(); ++k) routes[k].Tag(*post->batch, routed_of[k]);
 
   // Once its data finished: the notification (on the notifier's thread,
   // which may block for a round trip), or the end of the post.
