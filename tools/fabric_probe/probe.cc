@@ -613,17 +613,33 @@ int cmd_bench(int argc, char** argv) {
         uint32_t i = 0;
         double t0 = now_s(), end = t0 + secs;
         while (now_s() < end) {
-          while (outstanding < w) {
+          while (outstanding < w && now_s() < end) {  // posts can reap completions (EAGAIN): check time here too
             long reaped = 0;
             int rc = post(in, s, i++, slots, 0, in.h.key, &reaped);
+            if (rc == -FI_ETIMEDOUT) {
+              std::printf("BENCH-STALL prov=%s %s size=%zu inflight=%d: -FI_EAGAIN for 10 s on a post; %ld done, %ld "
+                          "outstanding, %ld EAGAIN\n", prov, wr ? "write" : "read", sz, w, done + reaped, outstanding - reaped,
+                          in.eagain);
+              std::fflush(stdout);
+              kill(in.child, SIGKILL);
+              _exit(5);
+            }
             if (rc) die("post", rc);
             outstanding += 1 - reaped;
             done += reaped;
           }
-          long g = reap(in, 1, 10);
-          if (!g) die("bench reap timeout", -FI_ETIMEDOUT);
-          outstanding -= g;
-          done += g;
+          long g = outstanding > 0 ? reap(in, 1, 10) : 1;
+          if (!g) {
+            std::printf("BENCH-STALL prov=%s %s size=%zu inflight=%d: no completion in 10 s; %ld done, %ld outstanding, "
+                        "%ld EAGAIN\n", prov, wr ? "write" : "read", sz, w, done, outstanding, in.eagain);
+            std::fflush(stdout);
+            kill(in.child, SIGKILL);
+            _exit(5);
+          }
+          if (outstanding > 0) {
+            outstanding -= g;
+            done += g;
+          }
         }
         done += reap(in, outstanding, 10);
         double t = now_s() - t0;
