@@ -45,6 +45,13 @@ struct EngineOptions {
   // the forced transport cannot reach the peer).
   std::string transport = "auto";
 
+  // The libfabric provider of the `fabric` transport (RDMA-class networks:
+  // verbs, efa, cxi, ...; here also "tcp" = tcp;ofi_rxm and "shm"). Empty
+  // (the default): the best hardware provider found, or none, in which case
+  // the fabric transport is not started and `auto` keeps using shm and tcp.
+  // Its endpoints bind to listen_host (so 127.0.0.1 pins them to loopback).
+  std::string fabric_provider;
+
   // A file holding the cluster secret (at least 16 bytes; trailing newlines
   // are not part of it), read by Engine::Create; empty = no secret. With
   // it, every connection to or from a peer (handshake, tcp and same-host

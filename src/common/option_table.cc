@@ -115,6 +115,13 @@ constexpr Row kRows[] = {
      .values = "auto or a transport name (see ferry info)",
      .get_string = [](const EngineOptions& o) -> const std::string& { return o.transport; },
      .set_string = [](EngineOptions& o, std::string_view v) { o.transport = v; }},
+    {.name = "fabric_provider",
+     .variable = "FERRY_FABRIC_PROVIDER",
+     .meaning = "libfabric provider of the fabric transport (bound to listen_host); empty = the best "
+                "hardware provider found, else the fabric transport is off",
+     .values = "a provider name (see ferry info: verbs, efa, tcp, shm, ...), or empty",
+     .get_string = [](const EngineOptions& o) -> const std::string& { return o.fabric_provider; },
+     .set_string = [](EngineOptions& o, std::string_view v) { o.fabric_provider = v; }},
     {.name = "secret_file",
      .variable = "FERRY_SECRET_FILE",
      .meaning = "a file holding the cluster secret (at least 16 bytes): peers must prove they share it "

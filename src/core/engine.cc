@@ -339,7 +339,19 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
       std::lock_guard<std::mutex> lock(p.key.seg->mu);
       changed = changed || p.key.seg->peer != p.post.peer;
     }
-    if (!changed || attempt == 1) break;  // a second restart within one submit: its target validates
+    // A transport with per-region keys cannot post a range outside the
+    // descriptor it has (the peer may have registered it since): fetch the
+    // descriptor again, once. Ranges still outside it fail in the transport.
+    bool missing_keys = false;
+    if (attempt == 0 && !changed) {
+      for (size_t i = 0; i < requests.size(); ++i) {
+        if (region_of[i] == internal::kNoRegion && routed_of[post_of[i]].transport->caps().needs_region_keys) {
+          segs[i]->stale.store(true, std::memory_order_release);
+          missing_keys = true;
+        }
+      }
+    }
+    if (!(changed || missing_keys) || attempt == 1) break;  // a second restart within one submit: its target validates
   }
   // 4. Reserve, then slice, order and post chunk by chunk.
   FERRY_ASSIGN_OR_RETURN(size_t base, batch->Reserve(requests.size()));

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "transport/fabric/fabric_transport.h"
 #include "transport/fault/fault_transport.h"
 #include "transport/local/local_transport.h"
 #include "transport/shm/shm_transport.h"
@@ -19,6 +20,7 @@ std::string AlwaysAvailable() { return ""; }
 constexpr TransportEntry kBuiltin[] = {
     {LocalCaps, AlwaysAvailable, MakeLocalTransport},
     {ShmCaps, ShmAvailability, MakeShmTransport},
+    {FabricCaps, FabricAvailability, MakeFabricTransport, FabricEnabled},
     {TcpCaps, AlwaysAvailable, MakeTcpTransport},
 };
 
@@ -60,6 +62,8 @@ Status TransportSet::Start(const TransportContext& given) {
   ctx.streams = streams_.get();
   streams_->SetSecret(ctx.secret);  // every listener of this engine checks it
   for (const auto& e : entries_) {
+    const bool forced = ctx.options->transport == e.caps().name;
+    if (e.enabled != nullptr && !forced && !e.enabled(*ctx.options)) continue;
     auto t = e.make(ctx);
     if (t.ok()) {
       const auto& faults = ctx.options->testing.link_faults;

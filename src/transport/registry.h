@@ -26,6 +26,10 @@ struct TransportEntry {
   // "" if the transport can work on this machine, else why not. May probe.
   std::string (*availability)();
   StatusOr<std::unique_ptr<Transport>> (*make)(const TransportContext& ctx);
+  // Whether the engine's options turn it on (null: always). An engine
+  // skips a transport that is off, without a word, unless it is forced
+  // (`transport`), when `make` says why it cannot start.
+  bool (*enabled)(const EngineOptions& options) = nullptr;
 };
 
 // By preference: the cheapest that reaches a peer first.

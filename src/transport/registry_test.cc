@@ -34,11 +34,11 @@ using ::testing::IsEmpty;
 
 // ---------------------------------------------------------------- registry
 
-TEST(Registry, BuiltinTransportsAreLocalShmTcpInThatOrder) {
+TEST(Registry, BuiltinTransportsAreLocalShmFabricTcpInThatOrder) {
   std::vector<std::string> names;
   for (const TransportEntry& e : BuiltinTransports()) names.emplace_back(e.caps().name);
-  EXPECT_THAT(names, ElementsAre("local", "shm", "tcp"));
-  EXPECT_EQ(TransportNames(), "local, shm, tcp");
+  EXPECT_THAT(names, ElementsAre("local", "shm", "fabric", "tcp"));
+  EXPECT_EQ(TransportNames(), "local, shm, fabric, tcp");
 }
 
 TEST(Registry, FindTransportAgreesWithTheList) {
@@ -56,20 +56,25 @@ TEST(Registry, FindTransportAgreesWithTheList) {
 
 TEST(Registry, ListTransportsDescribesEachBuiltinTransport) {
   const std::vector<TransportInfo> list = ListTransports();
-  ASSERT_EQ(list.size(), 3u);
+  ASSERT_EQ(list.size(), 4u);
   EXPECT_EQ(list[0].name, "local");
   EXPECT_EQ(list[0].reach, "same process");
   EXPECT_THAT(list[0].memory_kinds, ElementsAre("cpu", "test-opaque"));
   EXPECT_EQ(list[1].name, "shm");
   EXPECT_EQ(list[1].reach, "same host");
   EXPECT_THAT(list[1].memory_kinds, ElementsAre("cpu"));
-  EXPECT_EQ(list[2].name, "tcp");
+  EXPECT_EQ(list[2].name, "fabric");
   EXPECT_EQ(list[2].reach, "network");
   EXPECT_THAT(list[2].memory_kinds, ElementsAre("cpu"));
-  for (const TransportInfo& t : list) EXPECT_FALSE(t.needs_region_keys) << t.name;
-  // Always available (shm depends on this machine's ptrace settings).
+  EXPECT_TRUE(list[2].needs_region_keys);  // the provider's remote keys
+  EXPECT_EQ(list[3].name, "tcp");
+  EXPECT_EQ(list[3].reach, "network");
+  EXPECT_THAT(list[3].memory_kinds, ElementsAre("cpu"));
+  for (size_t i : {0, 1, 3}) EXPECT_FALSE(list[i].needs_region_keys) << list[i].name;
+  // Always available (shm depends on this machine's ptrace settings, fabric
+  // on libfabric).
   EXPECT_EQ(list[0].unavailable, "");
-  EXPECT_EQ(list[2].unavailable, "");
+  EXPECT_EQ(list[3].unavailable, "");
   // The same order and names as the internal list.
   const auto builtin = BuiltinTransports();
   ASSERT_EQ(builtin.size(), list.size());

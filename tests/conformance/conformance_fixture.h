@@ -21,20 +21,54 @@ namespace ferry::test {
 
 // The transports the conformance suite runs against: every one the registry
 // lists (src/transport/registry.cc), so a new transport runs the suite
-// without a change here.
+// without a change here. The fabric transport runs once per provider this
+// machine has for it: "fabric_tcp" (tcp;ofi_rxm) and "fabric_shm".
+inline constexpr const char* kFabricProviders[] = {"tcp", "shm"};
 inline const std::vector<std::string> kTransports = [] {
   std::vector<std::string> names;
-  for (const TransportInfo& t : ListTransports()) names.push_back(t.name);
+  for (const TransportInfo& t : ListTransports()) {
+    if (t.name != "fabric") {
+      names.push_back(t.name);
+      continue;
+    }
+    for (const char* p : kFabricProviders) names.push_back("fabric_" + std::string(p));
+  }
   return names;
 }();
+
+// A conformance parameter's transport ("fabric_tcp" -> "fabric") and fabric
+// provider ("tcp"; "" for the others).
+inline std::string TransportOf(const std::string& param) {
+  return param.starts_with("fabric_") ? "fabric" : param;
+}
+inline std::string FabricProviderOf(const std::string& param) {
+  return param.starts_with("fabric_") ? param.substr(7) : "";
+}
+
+// Why `param` cannot run on this machine ("" if it can): shm without
+// same-host copies, a fabric provider libfabric does not list here.
+inline std::string TransportRefusal(const std::string& param) {
+  if (param == "shm") return SameHostCopyRefusal();
+  if (param.starts_with("fabric_")) {
+    const FabricInfo f = DescribeFabric(FabricProviderOf(param), "127.0.0.1");
+    if (f.chosen.empty()) return "fabric provider " + FabricProviderOf(param) + ": " + f.why_none;
+  }
+  return "";
+}
+#define FERRY_SKIP_UNLESS_TRANSPORT_WORKS(param)                                    \
+  do {                                                                              \
+    const std::string why_not = ::ferry::test::TransportRefusal(param);             \
+    if (!why_not.empty()) GTEST_SKIP() << (param) << " cannot run here: " << why_not; \
+  } while (0)
 
 // Generous bounds; no test asserts how fast anything is.
 inline constexpr std::chrono::milliseconds kTransferTimeout{60000};
 inline constexpr std::chrono::milliseconds kWaitTimeout{120000};
 
-inline EngineOptions ConformanceOptions(const std::string& transport) {
+inline EngineOptions ConformanceOptions(const std::string& param) {
   EngineOptions o;
-  o.transport = transport;
+  o.transport = TransportOf(param);
+  o.fabric_provider = FabricProviderOf(param);
   o.listen_host = "127.0.0.1";
   o.listen_port = 0;
   o.transfer_timeout = kTransferTimeout;
@@ -53,7 +87,7 @@ struct Piece {
 class EnginePair {
  public:
   void Start(const std::string& transport) {
-    if (transport == "shm") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
+    FERRY_SKIP_UNLESS_TRANSPORT_WORKS(transport);
     Start(ConformanceOptions(transport), ConformanceOptions(transport));
   }
   void Start(const EngineOptions& initiator_options, const EngineOptions& target_options) {

@@ -29,7 +29,7 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, LimitsTest, ::testing::ValuesIn(kTranspo
                          [](const auto& info) { return info.param; });
 
 TEST_P(LimitsTest, FullNotificationInboxRefusesTheNextOneUntilDrained) {
-  if (GetParam() == "shm") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
   EngineOptions t = ConformanceOptions(GetParam());
   t.notify_inbox_bytes = 64 * 1024;
   EnginePair pair;
@@ -57,7 +57,7 @@ TEST_P(LimitsTest, FullNotificationInboxRefusesTheNextOneUntilDrained) {
 // Thousands of small requests under a budget of a few slices and bytes:
 // back-pressure only delays them; every byte lands.
 TEST_P(LimitsTest, SmallPeerBudgetDelaysButLosesNothing) {
-  if (GetParam() == "shm") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
   EngineOptions i = ConformanceOptions(GetParam());
   i.peer_max_requests = 16;
   i.peer_max_bytes = 1 << 20;

@@ -364,7 +364,15 @@ TEST_P(PreparedTest, ARemoteListOfARestartedPeerIsRefused) {
   ASSERT_OK(again->RegisterMemory(remote, kLen));
   std::memset(remote, 0, kLen);
   FillPattern(local, kLen, 4);
-  const Status refused = initiator().PostTransfer(t);
+  Status refused = initiator().PostTransfer(t);
+  if (TransportOf(GetParam()) == "fabric" && refused.ok()) {
+    // Reliable datagrams have no connection that closes when the peer
+    // goes: the link learns of it from this post, which fails (unreachable:
+    // the old instance's address answers no more). The next post re-learns
+    // the peer and is refused.
+    EXPECT_THAT(Wait(t), StatusIs(StatusCode::kUnavailable));
+    refused = initiator().PostTransfer(t);
+  }
   EXPECT_THAT(refused, StatusIs(StatusCode::kFailedPrecondition, HasSubstr("restarted")));
   EXPECT_EQ(remote[0], 0) << "nothing was written into the new instance";
   // Prepared again against the new instance, it works.
@@ -456,7 +464,7 @@ TEST_P(PreparedTest, MetricsCountBytesByPeerTransportAndOutcome) {
   uint64_t written = 0, read = 0, failed = 0;
   for (const RouteMetrics& r : m.routes) {
     EXPECT_EQ(r.peer, target().PeerId());
-    EXPECT_EQ(r.transport, GetParam());
+    EXPECT_EQ(r.transport, TransportOf(GetParam()));
     (r.opcode == Opcode::kWrite ? written : read) += r.bytes_completed;
     failed += r.requests_failed;
   }
@@ -465,7 +473,7 @@ TEST_P(PreparedTest, MetricsCountBytesByPeerTransportAndOutcome) {
   EXPECT_EQ(failed, 1u);
   EXPECT_EQ(m.transfer_latency.count, 3u);
   const std::string text = engine->MetricsText();
-  EXPECT_THAT(text, HasSubstr("ferry_bytes_total{peer=\"" + target().PeerId() + "\",transport=\"" + GetParam() +
+  EXPECT_THAT(text, HasSubstr("ferry_bytes_total{peer=\"" + target().PeerId() + "\",transport=\"" + TransportOf(GetParam()) +
                               "\",op=\"write\",outcome=\"completed\"} " + std::to_string(kLen)));
   EXPECT_THAT(text, HasSubstr("ferry_transfer_latency_seconds_count 3"));
   ASSERT_FALSE(engine->MetricsAddress().empty());

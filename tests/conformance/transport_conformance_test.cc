@@ -108,7 +108,7 @@ TEST_P(TransportConformanceTest, OpenSegmentIsCachedAndDescribesPeer) {
   ASSERT_OK_AND_ASSIGN(SegmentInfo info, initiator().QuerySegment(segment()));
   EXPECT_EQ(info.peer_id, target().PeerId());
   EXPECT_EQ(info.engine_name, target().LocalName());
-  EXPECT_EQ(info.transport, GetParam());
+  EXPECT_EQ(info.transport, TransportOf(GetParam()));
   EXPECT_GE(info.wire_version, kWireVersionMin);
   EXPECT_LE(info.wire_version, kWireVersionMax);
   bool found = false;
@@ -118,9 +118,9 @@ TEST_P(TransportConformanceTest, OpenSegmentIsCachedAndDescribesPeer) {
   EXPECT_TRUE(found) << "QuerySegment does not list the region registered at "
                      << static_cast<void*>(remote);
 
-  EXPECT_THAT(initiator().GetCapabilities().transports, ::testing::Contains(GetParam()));
-  EXPECT_THAT(target().GetCapabilities().transports, ::testing::Contains(GetParam()));
-  EXPECT_EQ(initiator().options().transport, GetParam());
+  EXPECT_THAT(initiator().GetCapabilities().transports, ::testing::Contains(TransportOf(GetParam())));
+  EXPECT_THAT(target().GetCapabilities().transports, ::testing::Contains(TransportOf(GetParam())));
+  EXPECT_EQ(initiator().options().transport, TransportOf(GetParam()));
   EXPECT_EQ(target().PeerId(), "127.0.0.1:" + std::to_string(target().RpcPort()));
   EXPECT_NE(target().RpcPort(), 0);
   EXPECT_NE(target().RpcPort(), initiator().RpcPort());
