@@ -55,8 +55,13 @@ class RestartAfterKill : public ::testing::TestWithParam<std::string> {
 
   void SetUp() override {
     if (GetParam() == "shm") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
+    if (GetParam() == "fabric_tcp") {
+      const FabricInfo f = DescribeFabric("tcp", "127.0.0.1");
+      if (f.chosen.empty()) GTEST_SKIP() << "fabric provider tcp: " << f.why_none;
+    }
     EngineOptions o;
-    o.transport = GetParam();
+    o.transport = GetParam() == "fabric_tcp" ? "fabric" : GetParam();
+    o.fabric_provider = GetParam() == "fabric_tcp" ? "tcp" : "";
     o.listen_host = "127.0.0.1";
     o.transfer_timeout = kTimeout;
     o.connect_timeout = 5s;
@@ -80,6 +85,7 @@ class RestartAfterKill : public ::testing::TestWithParam<std::string> {
       args.push_back("--port");
       args.push_back(std::to_string(port));
     }
+    if (GetParam() == "fabric_tcp") args.insert(args.end(), {"--fabric-provider", "tcp"});
     return peer_->Start(FERRY_TEST_PEER_PATH, args);
   }
 
@@ -132,7 +138,7 @@ class RestartAfterKill : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<PeerProcess> peer_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Transports, RestartAfterKill, ::testing::Values("shm", "tcp"),
+INSTANTIATE_TEST_SUITE_P(Transports, RestartAfterKill, ::testing::Values("shm", "tcp", "fabric_tcp"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // Frozen (so the batch is surely in flight), killed, restarted on the same
@@ -143,7 +149,7 @@ TEST_P(RestartAfterKill, PeerKilledMidBatchAndRestartedIsReachedAgain) {
   const uint16_t port = peer_->port();
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine_->OpenSegment(peer_id));
   ASSERT_OK_AND_ASSIGN(SegmentInfo before, engine_->QuerySegment(seg));
-  EXPECT_EQ(before.transport, GetParam());
+  EXPECT_EQ(before.transport, GetParam() == "fabric_tcp" ? "fabric" : GetParam());
   WriteVerifyReadBack(seg, 702, "before the kill");
 
   const std::vector<TransferRequest> doomed = Writes(seg, 703);

@@ -5,6 +5,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -57,8 +58,10 @@ class MultiProcessBase : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { signal(SIGPIPE, SIG_IGN); }
 
-  // EngineOptions.transport of this process's engine.
+  // EngineOptions.transport of this process's engine, and its fabric
+  // provider (the peers get the same: --fabric-provider).
   virtual std::string Transport() const { return "auto"; }
+  virtual std::string FabricProvider() const { return ""; }
 
   void TearDown() override {
     for (auto& p : peers_) p->Kill();
@@ -67,6 +70,7 @@ class MultiProcessBase : public ::testing::Test {
   EngineOptions Options(std::chrono::milliseconds transfer_timeout = 30s) const {
     EngineOptions o;
     o.transport = Transport();
+    o.fabric_provider = FabricProvider();
     o.listen_host = "127.0.0.1";
     o.listen_port = 0;
     o.transfer_timeout = transfer_timeout;
@@ -89,6 +93,7 @@ class MultiProcessBase : public ::testing::Test {
     std::vector<std::string> args = {"--size", std::to_string(size), "--seed",
                                      std::to_string(seed)};
     args.insert(args.end(), extra.begin(), extra.end());
+    if (!FabricProvider().empty()) args.insert(args.end(), {"--fabric-provider", FabricProvider()});
     const ::testing::AssertionResult started = p->Start(FERRY_TEST_PEER_PATH, args);
     EXPECT_TRUE(started);
     return started ? p : nullptr;
@@ -112,16 +117,22 @@ class MultiProcessBase : public ::testing::Test {
 };
 
 // Every test of this fixture runs once per transport that reaches a peer
-// process on this host.
+// process on this host ("fabric_tcp": the fabric transport on libfabric's
+// tcp provider, pinned to 127.0.0.1).
 class MultiProcessTest : public MultiProcessBase, public ::testing::WithParamInterface<std::string> {
  protected:
   void SetUp() override {
     if (GetParam() == "shm") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
+    if (GetParam() == "fabric_tcp") {
+      const FabricInfo f = DescribeFabric("tcp", "127.0.0.1");
+      if (f.chosen.empty()) GTEST_SKIP() << "fabric provider tcp: " << f.why_none;
+    }
   }
-  std::string Transport() const override { return GetParam(); }
+  std::string Transport() const override { return GetParam() == "fabric_tcp" ? "fabric" : GetParam(); }
+  std::string FabricProvider() const override { return GetParam() == "fabric_tcp" ? "tcp" : ""; }
 };
 
-INSTANTIATE_TEST_SUITE_P(Transports, MultiProcessTest, ::testing::Values("shm", "tcp"),
+INSTANTIATE_TEST_SUITE_P(Transports, MultiProcessTest, ::testing::Values("shm", "tcp", "fabric_tcp"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // Tests of tcp itself (the rpc port, the stream window) and of what happens
@@ -155,7 +166,7 @@ TEST_P(MultiProcessTest, WrittenDataIsVerifiedInPeerAndReadsBackIntact) {
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(peer->peer_id()));
   ASSERT_OK_AND_ASSIGN(SegmentInfo info, engine().QuerySegment(seg));
   EXPECT_EQ(info.peer_id, peer->peer_id());
-  EXPECT_EQ(info.transport, GetParam());
+  EXPECT_EQ(info.transport, Transport());
   bool found = false;
   for (const RemoteRegion& r : info.regions) {
     found = found || (r.addr == peer->buffer_addr() && r.length == kSize);
@@ -329,6 +340,62 @@ TEST_P(MultiProcessTest, NotificationArrivesAfterTheWritesBeforeIt) {
     EXPECT_OK(engine().WaitBatch(b, kWait));
     EXPECT_OK(engine().FreeBatch(b));
   }
+}
+
+// A write completes only once its bytes are in the target's memory: the
+// peer's buffer is a shared mapping of a file, the peer is killed (SIGKILL)
+// the moment the batch completed, and every byte of every request must be in
+// the file. A transport that completed writes when they were merely sent
+// (in a socket buffer, a provider's queue: fabric without delivery
+// complete) loses the tail here. Many small and large writes in flight.
+TEST_P(MultiProcessTest, CompletedWritesAreInTheTargetsMemoryWhenItIsKilledAtOnce) {
+  constexpr uint64_t kSize = 8 * kMiB;
+  const std::string file = "/dev/shm/ferry-dc-" + std::to_string(getpid()) + "-" + GetParam();
+  struct Unlink {
+    std::string path;
+    ~Unlink() { ::unlink(path.c_str()); }
+  } unlink_at_end{file};
+  CreateEngine();
+  PeerProcess* peer = SpawnPeer(kSize, 3101, {"--buffer-file", file});
+  ASSERT_NE(peer, nullptr);
+  unsigned char* local = Alloc(kSize);
+  ASSERT_NE(local, nullptr);
+  constexpr uint64_t kSeed = 3102;
+  FillPattern(local, kSize, kSeed, 0);
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(peer->peer_id()));
+  // Sizes cycle through small (inline / inject-sized) and large ones.
+  const uint64_t sizes[] = {64, 4096, 100, 60 * kKiB, 1, 256 * kKiB, 2048, kMiB, 4095, 65 * kKiB};
+  std::vector<TransferRequest> reqs;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (uint64_t off = 0, i = 0; off < kSize; ++i) {
+    const uint64_t len = std::min(sizes[i % std::size(sizes)], kSize - off);
+    reqs.push_back({Opcode::kWrite, local + off, seg, peer->buffer_addr() + off, len});
+    ranges.emplace_back(off, len);
+    off += len + 64;  // gaps keep the peer's own pattern
+  }
+  ASSERT_OK_AND_ASSIGN(BatchId b, engine().AllocateBatch(reqs.size()));
+  ASSERT_OK(engine().Submit(b, reqs));
+  ASSERT_OK(engine().WaitBatch(b, kWait));
+  ::kill(peer->pid(), SIGKILL);
+  peer->Kill();  // reaps it
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << file;
+  void* m = ::mmap(nullptr, kSize, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(m, MAP_FAILED);
+  const auto* bytes = static_cast<const unsigned char*>(m);
+  size_t bad = 0;
+  for (size_t i = 0; i < ranges.size() && bad < 5; ++i) {
+    const auto [off, len] = ranges[i];
+    const std::string mismatch = DescribePatternMismatch(bytes + off, len, kSeed, off);
+    if (!mismatch.empty()) {
+      ADD_FAILURE() << "request " << i << " (" << len << " bytes at offset " << off
+                    << ") completed but is not in the killed peer's memory: " << mismatch;
+      ++bad;
+    }
+  }
+  ::munmap(m, kSize);
+  EXPECT_OK(engine().FreeBatch(b));
 }
 
 // Builds `count` 1 MiB writes to `peer` (pattern position = remote offset).

@@ -4,6 +4,7 @@
 //   ferry_test_peer [--host H] [--port N] [--size BYTES] [--seed S]
 //                   [--wire-min V] [--wire-max V] [--handshake-timeout-ms MS]
 //                   [--transfer-timeout-ms MS] [--refuse-same-host-copy 1]
+//                   [--fabric-provider NAME] [--buffer-file PATH]
 //
 // Registers one buffer of --size bytes (default 16 MiB) filled with the
 // pattern stream --seed at position = offset in the buffer, then prints
@@ -23,7 +24,9 @@
 //   QUIT                          -> BYE, then exits 0
 // Errors at start-up print "ERROR <text>" and exit 2.
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -84,6 +87,40 @@ struct Options {
   int64_t handshake_timeout_ms = -1;
   int64_t transfer_timeout_ms = -1;
   bool refuse_same_host_copy = false;
+  std::string fabric_provider;  // EngineOptions::fabric_provider
+  // The buffer is this file, mapped shared (the test reads it after killing
+  // the peer: what a completed write put there must be in it).
+  std::string buffer_file;
+};
+
+// The peer's buffer: anonymous, or a shared mapping of --buffer-file.
+class PeerBuffer {
+ public:
+  PeerBuffer(uint64_t size, const std::string& file) : size_(size) {
+    if (file.empty()) {
+      anon_ = std::make_unique<ferry::test::AlignedBuffer>(size);
+      data_ = anon_->data();
+      return;
+    }
+    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT, 0600);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) Fail("cannot size --buffer-file " + file);
+    void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (m == MAP_FAILED) Fail("cannot map --buffer-file " + file);
+    data_ = static_cast<unsigned char*>(m);
+    mapped_ = true;
+  }
+  ~PeerBuffer() {
+    if (mapped_) ::munmap(data_, size_);
+  }
+  unsigned char* data() { return data_; }
+  uint64_t addr() const { return reinterpret_cast<uintptr_t>(data_); }
+
+ private:
+  uint64_t size_;
+  std::unique_ptr<ferry::test::AlignedBuffer> anon_;
+  unsigned char* data_ = nullptr;
+  bool mapped_ = false;
 };
 
 Options ParseArgs(int argc, char** argv) {
@@ -108,6 +145,10 @@ Options ParseArgs(int argc, char** argv) {
       o.handshake_timeout_ms = static_cast<int64_t>(ParseNumber(argv[i - 1], value));
     } else if (flag == "--transfer-timeout-ms") {
       o.transfer_timeout_ms = static_cast<int64_t>(ParseNumber(argv[i - 1], value));
+    } else if (flag == "--buffer-file") {
+      o.buffer_file = value;
+    } else if (flag == "--fabric-provider") {
+      o.fabric_provider = value;
     } else if (flag == "--refuse-same-host-copy") {
       o.refuse_same_host_copy = ParseNumber(argv[i - 1], value) != 0;
     } else {
@@ -247,7 +288,7 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  ferry::test::AlignedBuffer buffer(opt.size);
+  PeerBuffer buffer(opt.size, opt.buffer_file);
   ferry::test::FillPattern(buffer.data(), opt.size, opt.seed, 0);
 
   ferry::EngineOptions eo;
@@ -256,6 +297,7 @@ int main(int argc, char** argv) {
   eo.testing.wire_version_min = opt.wire_min;
   eo.testing.wire_version_max = opt.wire_max;
   eo.testing.refuse_same_host_copy = opt.refuse_same_host_copy;
+  eo.fabric_provider = opt.fabric_provider;
   if (opt.handshake_timeout_ms >= 0) {
     eo.handshake_timeout = std::chrono::milliseconds(opt.handshake_timeout_ms);
   }

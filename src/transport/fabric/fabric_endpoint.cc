@@ -624,6 +624,13 @@ struct Endpoint::Impl {
     // The operations stay in flight (their buffers are the provider's until
     // they complete or the endpoint closes); their slices fail now.
     for (Op* op : late) {
+      // A read past its deadline no longer holds its batch's landing fence,
+      // so a cancel is bounded by the deadline; the provider may still
+      // store its bytes until the operation ends (docs/reliability.md).
+      if (op->landing) {
+        op->landing = false;
+        op->batch->EndLanding();
+      }
       BatchState::Completer done(*op->batch);
       for (uint32_t i = 0; i < op->n; ++i) {
         done.Complete(op->slices[i].request, 1,
@@ -736,8 +743,15 @@ struct Endpoint::Impl {
       FERRY_LOG(kWarning, "fabric " << cfg.provider << ": completion error without context: " << ErrorText(err.err));
       return;
     }
+    // tcp;ofi_rxm cancels what was in flight to a peer whose connection
+    // broke (prov_errno ENOTCONN, ENOENT): the peer is gone, not this engine.
+    int code = err.err;
+    if (code == FI_ECANCELED && !stop.load()) {
+      code = FI_ECONNABORTED;
+      provider_text = "the provider cancelled it: " + provider_text;
+    }
     switch (c->kind) {
-      case Kind::kRma: FinishOp(static_cast<Op*>(c), err.err, provider_text); break;
+      case Kind::kRma: FinishOp(static_cast<Op*>(c), code, provider_text); break;
       case Kind::kRecv:
         if (!stop.load()) {
           FERRY_LOG(kWarning, "fabric " << cfg.provider << ": a receive failed: " << ErrorText(err.err) << " "
@@ -745,7 +759,7 @@ struct Endpoint::Impl {
           (void)PostRecv(*static_cast<MsgBuf*>(c));
         }
         break;
-      case Kind::kSend: OnSendDone(static_cast<MsgBuf*>(c), err.err, provider_text); break;
+      case Kind::kSend: OnSendDone(static_cast<MsgBuf*>(c), code, provider_text); break;
     }
   }
 
