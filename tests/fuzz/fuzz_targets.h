@@ -23,7 +23,7 @@ namespace ferry::fuzz {
 void FuzzFrames(std::string_view in);        // frame header, bodies, FrameReader, ExchangeFrame
 void FuzzDescriptor(std::string_view in);    // descriptor, handshake response, version negotiation, peer ids
 void FuzzAuth(std::string_view in);          // AuthHello, AuthChallenge, AuthProof bodies
-void FuzzCopyFrames(std::string_view in);    // the same-host transport's CopyEntryList, CopyHello
+void FuzzCopyFrames(std::string_view in);    // shm's CopyEntryList, CopyHello; fabric's messages
 void FuzzStoreEntries(std::string_view in);  // a store's value: DecodeEntry raw/base64, CheckClaim, keys
 #ifdef FERRY_FUZZ_STORES
 // The real etcd and HTTP stores against a loopback server that answers

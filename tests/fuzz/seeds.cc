@@ -6,6 +6,7 @@
 
 #include "fuzz_targets.h"
 #include "metadata/entries.h"
+#include "transport/fabric/fabric_messages.h"
 #include "transport/shm/copy_frames.h"
 #include "wire/descriptor.h"
 #include "wire/frame.h"
@@ -175,6 +176,22 @@ std::vector<std::string> CopyFrameSeeds() {
   s.clear();
   shm::EncodeCopyReturn(7, &s);
   seeds.push_back(Pick(2, s));
+  {
+    namespace fabric = ferry::internal::fabric;
+    fabric::Message n;
+    n.type = fabric::MessageType::kNotify;
+    n.seq = 5;
+    n.reply_to = std::string("\x02\x00\x9c\x40\x7f\x00\x00\x01\0\0\0\0\0\0\0\0", 16);
+    n.notify = {"127.0.0.1:1", "kv-done", "layer 3"};
+    fabric::EncodeMessage(n, &s);
+    seeds.push_back(Pick(2, s));
+    fabric::Message a;
+    a.type = fabric::MessageType::kAck;
+    a.seq = 5;
+    a.status = ferry::ResourceExhaustedError("inbox full");
+    fabric::EncodeMessage(a, &s);
+    seeds.push_back(Pick(2, s));
+  }
   return seeds;
 }
 

@@ -21,6 +21,7 @@
 #include "common/net.h"
 #include "fuzz_targets.h"
 #include "metadata/entries.h"
+#include "transport/fabric/fabric_messages.h"
 #include "transport/shm/copy_frames.h"
 #include "transport/stream/frame_reader.h"
 #include "wire/descriptor.h"
@@ -342,6 +343,24 @@ void FuzzCopyFrames(std::string_view input) {
         std::string out(in.substr(0, 8));
         ferry::internal::shm::EncodeCopyEntries(lend->entries.data(), lend->entries.size(), &out);
         Check(out == in);
+      }
+      // The same bytes as the fabric transport's messages (notification,
+      // acknowledgement).
+      {
+        namespace fabric = ferry::internal::fabric;
+        auto m = fabric::DecodeMessage(in);
+        if (m.ok()) {
+          std::string out;
+          fabric::EncodeMessage(*m, &out);
+          if (m->type == fabric::MessageType::kNotify) {
+            Check(out == in);
+          } else {
+            auto again = fabric::DecodeMessage(out);  // unknown codes read as UNKNOWN
+            Check(again.ok() && again->seq == m->seq && again->status.code() == m->status.code());
+          }
+        } else {
+          Check(!m.status().message().empty());
+        }
       }
       break;
     }

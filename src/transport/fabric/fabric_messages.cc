@@ -46,6 +46,7 @@ StatusOr<Message> DecodeMessage(std::string_view bytes) {
   if (type != static_cast<uint8_t>(MessageType::kNotify) && type != static_cast<uint8_t>(MessageType::kAck)) {
     return InvalidArgumentError("fabric message of unknown type " + std::to_string(type));
   }
+  if (reserved8 != 0 || reserved16 != 0) return InvalidArgumentError("fabric message has non-zero reserved header bytes");
   m.type = static_cast<MessageType>(type);
   if (addr_len > kMaxAddress) {
     return InvalidArgumentError("fabric message carries a " + std::to_string(addr_len) +
