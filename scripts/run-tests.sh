@@ -57,7 +57,9 @@ cmake -G Ninja -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_WERROR=ON \
 cmake --build build -j "$(nproc)" || exit 1
 
 ctest_rc=0
-(cd build && ctest --output-on-failure --timeout 600) || ctest_rc=$?
+# Two at a time: most cases wait on sockets and peers more than they
+# compute; the soak and the netns suite run alone (RUN_SERIAL).
+(cd build && ctest --output-on-failure --timeout 600 -j 2) || ctest_rc=$?
 
 pytest_rc=0
 if [ -d python/tests ]; then
