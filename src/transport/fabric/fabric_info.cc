@@ -25,10 +25,12 @@ std::string ProviderRefusal(std::string_view provider) {
   const std::string_view core = provider.substr(0, provider.find(';'));
   if (core == "shm" && fi_version() < FI_VERSION(1, 18)) {
     return "libfabric " + std::to_string(FI_MAJOR(fi_version())) + "." + std::to_string(FI_MINOR(fi_version())) +
-           "'s shm provider is refused: measured here, it reports success for writes and reads whose bytes "
-           "landed elsewhere (small delivery-complete writes with several in flight; every operation "
-           "with FI_SHM_DISABLE_CMA=1), and crashes the initiator (SIGSEGV in fi_writemsg) when the peer endpoint is gone; on one host Ferry's own "
-           "shm transport (cross-memory attach) does this job";
+           "'s shm provider is refused: measured here (tools/fabric_probe/README.md), it checks neither "
+           "keys nor bounds (a write out of range lands outside the region, a read out of range returns the "
+           "bytes outside it), gives no completion at all for delivery-complete operations to a killed peer, "
+           "has no completion-queue wait object (an idle engine would poll), and crashed the initiator "
+           "(SIGSEGV in fi_writemsg) writing to a peer endpoint that had closed; on one host Ferry's own "
+           "shm transport does this job";
   }
   return "";
 }

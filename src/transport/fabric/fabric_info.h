@@ -40,8 +40,9 @@ std::string ErrorText(int ret);
 bool IsHardwareProvider(std::string_view provider);
 
 // Why Ferry refuses `provider` (as libfabric names it), or "" if it does not:
-// providers measured to report success for bytes that did not arrive, or
-// to crash, on these versions (docs/benchmarks.md, "fabric").
+// providers measured not to enforce what Ferry relies on (keys and bounds,
+// completions from dead peers), or to crash, on these versions
+// (tools/fabric_probe/README.md).
 std::string ProviderRefusal(std::string_view provider);
 
 // fi_getinfo for Ferry's endpoints at `node` ("" = any), optionally of one
