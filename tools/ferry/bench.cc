@@ -35,6 +35,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "control.h"
+#include "fabric_baseline.h"
 #include "ferry/ferry.h"
 #include "pattern.h"
 #include "stats.h"
@@ -1002,6 +1003,8 @@ struct Report {
   std::optional<PhaseResult> plain;
   Percentiles plain_batch_lat;
   PrepareMicro micro;
+  // --transport fabric: the plain libfabric RMA loop on the same entries.
+  std::optional<FabricBaselineResult> fabric;
 };
 
 Report MakeReport(PhaseResult r, std::optional<Baseline> base, int streams, bool in_process) {
@@ -1148,6 +1151,20 @@ void PrintTable(const Report& rep, std::ostream& os) {
        << f.mismatched_blocks << " blocks" << (f.mismatches == 0 ? " (all good)" : " (FAILED)")
        << "\n";
   }
+  if (rep.fabric) {
+    const FabricBaselineResult& fb = *rep.fabric;
+    if (!fb.error.empty()) {
+      os << "\nfabric baseline (plain libfabric RMA, " << fb.provider << "): not run: " << fb.error << "\n";
+    } else {
+      os << "\nfabric baseline: plain libfabric RMA loop, " << fb.provider
+         << ", two endpoints in this process, " << fb.depth << " ops in flight, one entry per op"
+         << (f.op == Operation::kRead ? "" : ", writes FI_DELIVERY_COMPLETE") << "\n"
+         << Pad("throughput GB/s", 24, true) << Pad(Fixed(fb.gbps(), 3), W) << "   ("
+         << Fixed(fb.ops / std::max(fb.seconds, 1e-9), 0) << " ops/s, CPU "
+         << Fixed(fb.bytes ? fb.cpu_seconds / (fb.bytes / 1e9) : kNaN, 3) << " s/GB)\n"
+         << "Ferry fabric / libfabric baseline: " << Fixed(Ratio(f.gbps(), fb.gbps()), 2) << "x\n";
+    }
+  }
   if (rep.plain) PrintPrepared(rep, os);
 }
 
@@ -1225,6 +1242,21 @@ void AddJsonBody(Json& j, const Report& rep) {
           {"remote_list_ms", Figure(m.remote_ms)}}}};
   } else {
     j["prepared"] = nullptr;
+  }
+  if (rep.fabric) {
+    const FabricBaselineResult& fb = *rep.fabric;
+    j["fabric_baseline"] = {
+        {"provider", fb.provider},
+        {"error", fb.error},
+        {"in_process", true},
+        {"ops_in_flight", fb.depth},
+        {"throughput_gbps", Figure(fb.error.empty() ? fb.gbps() : kNaN)},
+        {"ops", fb.ops},
+        {"seconds", Figure(fb.seconds)},
+        {"cpu_s_per_gb", Figure(fb.bytes ? fb.cpu_seconds / (fb.bytes / 1e9) : kNaN)},
+        {"ratio", Figure(fb.error.empty() ? Ratio(f.gbps(), fb.gbps()) : kNaN)}};
+  } else {
+    j["fabric_baseline"] = nullptr;
   }
   if (!rep.base || rep.base->single.seconds <= 0) {
     j["baseline"] = nullptr;
@@ -1480,7 +1512,25 @@ int RunInitiator(const BenchOptions& o, Session& s) {
     }
     base = RunBaselines(s, o, w, std::clamp(r.seconds, 0.5, 1.0), streams, small_entries);
   }
+  std::optional<FabricBaselineResult> fabric;
+  if (!o.no_baseline && s.engine->options().transport == "fabric") {
+    const EngineOptions& eo = s.engine->options();
+    const FabricInfo fi = DescribeFabric(eo.fabric_provider, eo.listen_host);
+    std::vector<Entry> all;
+    for (const auto& batch : w.batches) all.insert(all.end(), batch.begin(), batch.end());
+    if (fi.chosen.empty()) {
+      fabric = FabricBaselineResult{};
+      fabric->provider = eo.fabric_provider;
+      fabric->error = fi.why_none.empty() ? fi.error : fi.why_none;
+    } else {
+      // As many in flight as the bench's batches hold, at most Ferry's 256.
+      const uint32_t depth = static_cast<uint32_t>(std::min<size_t>(all.size(), 256));
+      fabric = RunFabricBaseline(fi.chosen, eo.listen_host, all, w.local_bytes, w.remote_bytes,
+                                 depth, std::clamp(r.seconds, 0.5, 1.5));
+    }
+  }
   Report rep = MakeReport(std::move(r), std::move(base), streams, s.target_in_process);
+  rep.fabric = std::move(fabric);
   bool bad = rep.ferry.mismatches > 0;
   if (plain) {
     bad = bad || plain->mismatches > 0;

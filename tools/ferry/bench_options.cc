@@ -62,9 +62,16 @@ Workload:
                             pages (madvise); default: ordinary 4 KiB pages
 
 Engine:
-  --transport auto|tcp|local|shm   (auto: shm for the target this bench starts,
-                            tcp for another host; local: both engines in this
-                            process; shm: another process on this host)
+  --transport auto|tcp|local|shm|fabric   (auto: shm for the target this bench
+                            starts, tcp for another host; local: both engines in
+                            this process; shm: another process on this host;
+                            fabric: libfabric RMA, needs a provider)
+  --fabric-provider NAME    libfabric provider of both engines' fabric transport
+                            (EngineOptions.fabric_provider; default
+                            FERRY_FABRIC_PROVIDER): e.g. tcp (= tcp;ofi_rxm),
+                            verbs, efa; endpoints bind to --listen. With
+                            --transport fabric the baselines include a plain
+                            libfabric RMA loop (two endpoints in this process)
   --streams N               connections per peer (EngineOptions.tcp_streams)
   --io-threads N            TCP event-loop threads (0: one per stream)
   --slice-size SIZE         TCP slice size
@@ -197,6 +204,10 @@ void BenchOptions::AddFlags(CLI::App& app) {
     }
     transport = v;
   });
+  value("--fabric-provider", [this](const std::string& v) {
+    if (v.empty()) throw cli::UsageError("bad value '' for --fabric-provider: expected a libfabric provider");
+    fabric_provider = v;
+  });
   value("--streams", [this](const std::string& v) {
     streams = PositiveInt("--streams", v, OptionMax("tcp_streams"));
   });
@@ -316,13 +327,19 @@ void BenchOptions::Finish() {
     throw cli::UsageError("--prepared posts whole batches; it does not take --sync");
   }
   if (o.prepared && o.sweep) throw cli::UsageError("--prepared does not take --sweep");
+  if (o.transport == "fabric" && o.fabric_provider.empty() &&
+      EngineOptions{}.WithEnvironment().fabric_provider.empty()) {
+    throw cli::UsageError(
+        "--transport fabric needs a libfabric provider: --fabric-provider NAME (e.g. tcp) or "
+        "FERRY_FABRIC_PROVIDER (what this machine has: ferry info)");
+  }
   if (o.role == Role::kTarget) {
     // The target only needs what shapes its engine and buffer.
     if (o.json || o.verify || o.sweep || o.sync || o.prepared || o.kv || o.block_set || o.batch_set ||
         o.threads_set || o.duration > 0 || o.total_bytes > 0 || o.no_baseline) {
       throw cli::UsageError(
           "--role target takes only --listen, --metadata, --name, --buffer-size, --hugepages, "
-          "--transport, --streams, --io-threads, --slice-size, --spin-us and --wait-spin-us; the "
+          "--transport, --fabric-provider, --streams, --io-threads, --slice-size, --spin-us and --wait-spin-us; the "
           "initiator chooses the workload");
     }
   }
@@ -349,6 +366,7 @@ std::vector<std::string> BenchOptions::TargetArgs(uint64_t buffer_size) const {
   if (ByName()) a.insert(a.end(), {"--metadata", metadata, "--name", name});
   if (hugepages) a.push_back("--hugepages");
   if (transport != "auto") a.insert(a.end(), {"--transport", transport});
+  if (!fabric_provider.empty()) a.insert(a.end(), {"--fabric-provider", fabric_provider});
   if (streams > 0) a.insert(a.end(), {"--streams", std::to_string(streams)});
   if (io_threads >= 0) a.insert(a.end(), {"--io-threads", std::to_string(io_threads)});
   if (slice_size > 0) a.insert(a.end(), {"--slice-size", std::to_string(slice_size)});
@@ -362,6 +380,7 @@ EngineOptions BenchOptions::MakeEngineOptions() const {
   e.listen_host = listen;
   e.metadata = metadata;
   if (transport != "auto") e.transport = transport;
+  if (!fabric_provider.empty()) e.fabric_provider = fabric_provider;
   if (streams > 0) e.tcp_streams = streams;
   if (io_threads >= 0) e.io_threads = io_threads;
   if (slice_size > 0) e.slice_size = static_cast<uint32_t>(slice_size);

@@ -47,6 +47,9 @@ struct BenchOptions {
   bool prepared = false;
 
   std::string transport = "auto";
+  // --fabric-provider NAME: EngineOptions::fabric_provider of both engines
+  // ("" = FERRY_FABRIC_PROVIDER, if set). --transport fabric needs one.
+  std::string fabric_provider;
   int streams = 0;      // 0: the engine's default (EngineOptions::tcp_streams)
   int io_threads = -1;  // -1: the engine's default
   uint64_t slice_size = 0;

@@ -57,7 +57,8 @@ constexpr const char* kInfoHelp = R"(Usage: ferry info [--json] [--version]
 
 Starts an engine on 127.0.0.1 (any free port) with the settings from the
 environment (FERRY_*), prints what it reports, and stops it:
-version, transports, features, wire versions, and every effective option.
+version, transports, features, wire versions, every effective option, and
+what libfabric offers the fabric transport at listen_host (last).
 
   --json      one JSON object
   --version   print only the version
@@ -126,6 +127,22 @@ std::string OptionLines(const EngineOptions& o) {
   return out;
 }
 
+// What libfabric lists for the fabric transport at the options' listen_host,
+// and which provider the transport would use with these options.
+std::string FabricLines(const FabricInfo& f, const EngineOptions& o) {
+  std::string out = "fabric (libfabric)  " + (f.library.empty() ? "not in this build" : f.library) +
+                    "; node " + o.listen_host + "\n";
+  if (!f.error.empty()) out += "  " + f.error + "\n";
+  for (const auto& d : f.domains) {
+    out += "  " + Pad(d.provider, 16) + Pad("domain " + d.domain, 16) + Pad("fabric " + d.fabric, 24) +
+           (d.hardware ? "hardware" : "emulated (no hardware)") + "\n";
+  }
+  if (f.domains.empty() && f.error.empty() && !f.library.empty()) out += "  (no provider listed)\n";
+  out += "  fabric_provider " + (o.fabric_provider.empty() ? std::string("(unset: best hardware)") : o.fabric_provider) +
+         " -> " + (f.chosen.empty() ? "none: " + f.why_none : f.chosen) + "\n";
+  return out;
+}
+
 }  // namespace
 
 int InfoMain(const std::vector<std::string>& args) {
@@ -152,6 +169,7 @@ int InfoMain(const std::vector<std::string>& args) {
   const EngineOptions& o = (*engine)->options();
   const std::vector<MetadataBackendInfo> backends = ListMetadataBackends();
   const std::string backend = MetadataBackendOf(o.metadata);
+  const FabricInfo fabric = DescribeFabric(o.fabric_provider, o.listen_host);
   if (json) {
     Json j;
     j["version"] = Version();
@@ -201,6 +219,18 @@ int InfoMain(const std::vector<std::string>& args) {
                    {"same_host_access", SameHostAccess()},
                    {"same_host_copy", SameHostCopyProbe(registry)}};
     j["peer_id_of_this_probe"] = (*engine)->PeerId();
+    Json domains = Json::array();
+    for (const auto& d : fabric.domains) {
+      domains.push_back(
+          {{"provider", d.provider}, {"fabric", d.fabric}, {"domain", d.domain}, {"hardware", d.hardware}});
+    }
+    j["fabric"] = {{"library", fabric.library},
+                   {"node", o.listen_host},
+                   {"error", fabric.error},
+                   {"domains", std::move(domains)},
+                   {"fabric_provider", o.fabric_provider},
+                   {"chosen", fabric.chosen},
+                   {"why_none", fabric.why_none}};
     std::cout << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;
     return 0;
   }
@@ -230,7 +260,8 @@ int InfoMain(const std::vector<std::string>& args) {
             << "  registered memory   any amount: local, shm and tcp do not pin pages\n"
             << "  same-host (shm)     " << SameHostAccess()
             << "; probe of a child: " << SameHostCopyProbe(registry) << "\n"
-            << "  RLIMIT_MEMLOCK      " << MemlockSoft() << " (for pinning transports, later)\n";
+            << "  RLIMIT_MEMLOCK      " << MemlockSoft() << " (for pinning transports, later)\n"
+            << "\n" << FabricLines(fabric, o);
   return 0;
 }
 
