@@ -50,7 +50,13 @@ class Engine {
   // only: peers do not see it and their requests into it are refused.
   // kInvalidArgument: null address, zero length or an unknown location.
   // kAlreadyExists: the range overlaps a registered region (named).
-  // kUnimplemented: a memory kind this build cannot register ("cuda:N").
+  // kInvalidArgument too: a host ("cpu", "*") registration of memory the CUDA
+  // driver reports as GPU memory (checked when this process has loaded
+  // libcuda.so.1), or "cuda:N" for a device N this machine does not have.
+  // kFailedPrecondition: "cuda:N" without a usable CUDA driver (naming why:
+  // libcuda.so.1 not found, cuInit failed).
+  // kUnimplemented: "cuda:N" of a device that exists: the GPU data paths are
+  // not built yet.
   Status RegisterMemory(void* addr, size_t length, std::string_view location = "*");
   // All or nothing: on failure no region of the list stays registered.
   Status RegisterMemory(std::span<const MemoryRegion> regions);

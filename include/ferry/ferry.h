@@ -1,6 +1,7 @@
 // Umbrella header: everything in the public C++ API.
 #pragma once
 
+#include "ferry/cuda.h"
 #include "ferry/engine.h"
 #include "ferry/limits.h"
 #include "ferry/metadata.h"

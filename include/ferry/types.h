@@ -99,8 +99,10 @@ struct MemoryRegion {
   void* addr = nullptr;
   size_t length = 0;
   // Names the memory kind: "cpu", "cpu:N" or "*" (Mooncake's "anywhere"):
-  // host memory. "cuda:N" (GPU memory) is refused with kUnimplemented by this
-  // build. Transfers are routed by the kinds of both sides (see
+  // host memory. "cuda:N" (GPU memory) is refused by this build: with
+  // kFailedPrecondition without a CUDA driver, kInvalidArgument for a device
+  // that does not exist, else kUnimplemented (see Engine::RegisterMemory).
+  // Transfers are routed by the kinds of both sides (see
   // docs/architecture.md, "Memory kinds").
   std::string location = "*";
   // true (the default): peers may read and write it — it is in this engine's

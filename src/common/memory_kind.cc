@@ -5,9 +5,11 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include "common/cuda_driver.h"
 #include "common/net.h"
 
 namespace ferry::internal {
@@ -45,20 +47,83 @@ Status ProcMemCopy(void* dst, const void* src, size_t length, bool to_opaque) {
   return OkStatus();
 }
 
+bool IsCpuLocation(std::string_view location) {
+  return location.empty() || location == "*" || location == "cpu" || DeviceSuffix(location, "cpu:") >= 0;
+}
+
+// The device a cuda location names ("cuda" is device 0), or -1.
+int CudaLocationDevice(std::string_view location) {
+  return location == "cuda" ? 0 : DeviceSuffix(location, "cuda:");
+}
+
+std::string Hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%#llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
+  return buf;
+}
+
+// Why a registration of GPU memory on device `n` is refused (see FromLocation).
+Status CudaLocationRefusal(std::string_view location, int n, const CudaDriver& driver) {
+  const std::string what = "memory location '" + std::string(location) + "' is GPU memory";
+  if (!driver.loaded()) return FailedPreconditionError(what + ", and there is no CUDA driver: " + driver.why_unavailable());
+  if (!driver.available()) {
+    return FailedPreconditionError(what + ", and the CUDA driver (" + driver.library() +
+                                   ") is not usable: " + driver.why_unavailable());
+  }
+  auto count = driver.DeviceCount();
+  if (!count.ok()) return count.status().WithPrefix(what);
+  if (n >= *count) {
+    return InvalidArgumentError(what + " of CUDA device " + std::to_string(n) + ", which does not exist: this machine has " +
+                                std::to_string(*count) + " CUDA device" + (*count == 1 ? "" : "s") +
+                                (*count > 0 ? " (cuda:0..cuda:" + std::to_string(*count - 1) + ")" : ""));
+  }
+  auto name = driver.DeviceName(n);
+  return UnimplementedError(what + (name.ok() ? " (" + *name + ")" : "") +
+                            ": the GPU data paths are not built yet, so Ferry cannot register it");
+}
+
+StatusOr<MemoryKind> ParseLocation(std::string_view location, bool allow_test, const CudaDriver* driver) {
+  if (IsCpuLocation(location)) return MemoryKind::Cpu();
+  if (location == kTestOpaqueName && allow_test) return MemoryKind::TestOpaque();
+  const int n = CudaLocationDevice(location);
+  if (n >= 0) return CudaLocationRefusal(location, n, driver != nullptr ? *driver : CudaDriver::Get());
+  return InvalidArgumentError("unknown memory location '" + std::string(location) +
+                              "' (expected \"cpu\", \"cpu:N\" or \"*\")");
+}
+
 }  // namespace
 
 StatusOr<MemoryKind> MemoryKind::FromLocation(std::string_view location, bool allow_test) {
-  if (location.empty() || location == "*" || location == "cpu" || DeviceSuffix(location, "cpu:") >= 0) {
-    return Cpu();
+  return ParseLocation(location, allow_test, nullptr);
+}
+
+StatusOr<MemoryKind> MemoryKind::FromLocation(std::string_view location, bool allow_test, const CudaDriver& driver) {
+  return ParseLocation(location, allow_test, &driver);
+}
+
+const CudaDriver* CudaDriverForRegistrations() {
+  return CudaDriver::LoadedInProcess() ? &CudaDriver::Get() : nullptr;
+}
+
+StatusOr<MemoryKind> KindOfRegistration(std::string_view location, const void* addr, size_t length, bool allow_test,
+                                        const CudaDriver* driver) {
+  FERRY_ASSIGN_OR_RETURN(MemoryKind kind, ParseLocation(location, allow_test, driver));
+  if (kind.type() != MemoryKind::Type::kCpu || driver == nullptr || !driver->available()) return kind;
+  const char* first = static_cast<const char*>(addr);
+  const char* ends[] = {first, length > 1 ? first + (length - 1) : first};
+  for (const char* p : ends) {
+    auto device = driver->DeviceOfPointer(p);
+    if (!device.ok()) {
+      return device.status().WithPrefix("cannot tell whether " + Hex(p) + " (region at " + Hex(addr) +
+                                        ", location '" + std::string(location) + "') is host memory");
+    }
+    if (device->has_value()) {
+      return InvalidArgumentError("memory at " + Hex(addr) + " (" + std::to_string(length) + " bytes, location '" +
+                                  std::string(location) + "') is GPU memory of cuda:" + std::to_string(**device) +
+                                  " (" + Hex(p) + "), not host memory; Ferry cannot register GPU memory yet");
+    }
   }
-  if (location == kTestOpaqueName && allow_test) return TestOpaque();
-  if (location == "cuda" || DeviceSuffix(location, "cuda:") >= 0) {
-    return UnimplementedError("memory location '" + std::string(location) +
-                              "' is GPU memory, which this build of Ferry cannot register yet "
-                              "(the cuda memory kind is not built in)");
-  }
-  return InvalidArgumentError("unknown memory location '" + std::string(location) +
-                              "' (expected \"cpu\", \"cpu:N\" or \"*\")");
+  return kind;
 }
 
 MemoryKind MemoryKind::FromName(std::string_view name) {

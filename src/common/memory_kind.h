@@ -1,8 +1,10 @@
 // Memory kinds: what registered memory is, and so who may touch it and how.
 //
 // `cpu` is host memory that any CPU copy may read and write (every transport
-// today). `cuda:N` is GPU memory (not in this build: registering it fails
-// with kUnimplemented). `test-opaque` exists for the tests of the seam: pages
+// today). `cuda:N` is GPU memory: the CUDA driver is loaded at run time
+// (common/cuda_driver.h) to check the device and to tell device pointers from
+// host ones, but no GPU data path is built yet, so registering it is refused
+// (see FromLocation for the codes). `test-opaque` exists for the tests of the seam: pages
 // the CPU must not touch directly (mapped PROT_NONE), reached only through
 // CopyMemory; only engines created with EngineOptions::testing.
 // allow_test_memory_kind accept it. A kind read from a peer's descriptor that
@@ -18,6 +20,8 @@
 
 namespace ferry::internal {
 
+class CudaDriver;
+
 class MemoryKind {
  public:
   enum class Type : uint8_t { kCpu, kCuda, kTestOpaque, kUnknown };
@@ -27,10 +31,17 @@ class MemoryKind {
   static MemoryKind TestOpaque() { return MemoryKind(Type::kTestOpaque, 0); }
 
   // The kind a registration's location names: "cpu", "cpu:N", "*" or "" →
-  // cpu; "cuda:N" → kUnimplemented (no GPU memory in this build yet);
-  // "test-opaque" (only with `allow_test`); anything else kInvalidArgument
-  // listing what is accepted.
+  // cpu; "test-opaque" (only with `allow_test`); anything else
+  // kInvalidArgument listing what is accepted. "cuda:N" ("cuda" is cuda:0)
+  // asks the CUDA driver (CudaDriver::Get(), or `driver`) and is refused:
+  //   kFailedPrecondition: no usable driver (no libcuda.so.1, or cuInit
+  //     failed), naming why — the machine, not the request, is at fault;
+  //   kInvalidArgument: there is no device N (naming N and the count);
+  //   kUnimplemented: the device exists, but the GPU data paths are not
+  //     built yet.
+  // Every message names the location and says "GPU".
   static StatusOr<MemoryKind> FromLocation(std::string_view location, bool allow_test);
+  static StatusOr<MemoryKind> FromLocation(std::string_view location, bool allow_test, const CudaDriver& driver);
   // The kind a peer advertised (its Name()); unknown names give kUnknown.
   static MemoryKind FromName(std::string_view name);
 
@@ -54,6 +65,23 @@ class MemoryKind {
   Type type_ = Type::kCpu;
   int device_ = 0;
 };
+
+// The driver registrations check host memory against: CudaDriver::Get() if
+// this process has loaded libcuda.so.1 already (only then can any of its
+// pointers be device memory), else nullptr. Loads nothing.
+const CudaDriver* CudaDriverForRegistrations();
+
+// The kind of a registration of [addr, addr + length) at `location`
+// (FromLocation, asking `driver` about "cuda:N"; CudaDriver::Get() if
+// `driver` is null). A cpu location whose first or last byte the driver
+// reports as device memory is refused with kInvalidArgument naming the
+// address, the location and the device: nothing may treat GPU memory as host
+// memory (memcpy, sendmsg, process_vm_writev would fault or read the wrong
+// bytes). When the driver cannot tell, its error is returned (code kept,
+// address and location named). With a null or unavailable `driver` a cpu
+// location is taken as host memory.
+StatusOr<MemoryKind> KindOfRegistration(std::string_view location, const void* addr, size_t length, bool allow_test,
+                                        const CudaDriver* driver);
 
 // Copies `length` bytes from `src` (memory of `src_kind`) to `dst` (of
 // `dst_kind`) through the kinds' own copy functions (memmove for cpu).

@@ -2,6 +2,7 @@
 // reads back, and CopyMemory between cpu and test-opaque (PROT_NONE) memory.
 #include "common/memory_kind.h"
 
+#include <dlfcn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_driver.h"
 #include "tests/testing/status_matchers.h"
 
 namespace ferry::internal {
@@ -38,12 +40,147 @@ TEST(MemoryKind, CpuLocationsAreCpu) {
   }
 }
 
-TEST(MemoryKind, CudaLocationsAreUnimplementedAndSayGpu) {
+// This process's driver: none on a machine without a GPU.
+TEST(MemoryKind, CudaLocationsWithoutADriverAreFailedPreconditionNamingLibcuda) {
+  const CudaDriver& driver = CudaDriver::Get();
+  if (driver.available()) {
+    GTEST_SKIP() << "this machine has a usable CUDA driver (" << driver.library()
+                 << "); the refusal without one is checked with a missing library below";
+  }
   for (const char* loc : {"cuda:0", "cuda:7", "cuda"}) {
-    EXPECT_THAT(MemoryKind::FromLocation(loc, false),
-                StatusIs(StatusCode::kUnimplemented, AllOf(HasSubstr("GPU"), HasSubstr(loc))))
+    for (bool allow_test : {false, true}) {
+      EXPECT_THAT(MemoryKind::FromLocation(loc, allow_test),
+                  StatusIs(StatusCode::kFailedPrecondition,
+                           AllOf(HasSubstr("GPU"), HasSubstr(std::string("'") + loc + "'"),
+                                 HasSubstr("libcuda.so.1"), HasSubstr(driver.why_unavailable()))))
+          << loc;
+    }
+  }
+}
+
+TEST(MemoryKind, CudaLocationsWithAMissingDriverLibraryNameIt) {
+  CudaDriver missing("libferry-no-such-cuda-driver.so.1");
+  EXPECT_THAT(MemoryKind::FromLocation("cuda:0", false, missing),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("'cuda:0' is GPU memory"), HasSubstr("no CUDA driver"),
+                             HasSubstr("libferry-no-such-cuda-driver.so.1 not found"))));
+}
+
+// The fake driver (tests/testing/fake_cuda_driver.cc): two devices, and the
+// range of "device memory" a test sets.
+class FakeCuda {
+ public:
+  FakeCuda() : h_(::dlopen(FERRY_FAKE_CUDA_PATH, RTLD_NOW | RTLD_LOCAL)) {}
+  ~FakeCuda() {
+    if (h_ == nullptr) return;
+    SetInitResult(0);
+    SetDeviceMemory(nullptr, 0, 0);
+    SetPointerResult(0);
+    ::dlclose(h_);
+  }
+  bool ok() const { return h_ != nullptr; }
+  void SetInitResult(int r) { reinterpret_cast<void (*)(int)>(::dlsym(h_, "ferry_fake_cuda_set_init_result"))(r); }
+  void SetDeviceMemory(const void* lo, size_t n, int ordinal) {
+    const auto a = reinterpret_cast<uintptr_t>(lo);
+    reinterpret_cast<void (*)(uintptr_t, uintptr_t, int)>(::dlsym(h_, "ferry_fake_cuda_set_device_memory"))(
+        a, a + n, ordinal);
+  }
+  void SetPointerResult(int r) {
+    reinterpret_cast<void (*)(int)>(::dlsym(h_, "ferry_fake_cuda_set_pointer_result"))(r);
+  }
+
+ private:
+  void* h_;
+};
+
+TEST(MemoryKind, CudaLocationsWithADriverCheckTheDeviceAndAreUnimplemented) {
+  FakeCuda fake;
+  ASSERT_TRUE(fake.ok()) << ::dlerror();
+  CudaDriver driver(FERRY_FAKE_CUDA_PATH);
+  ASSERT_TRUE(driver.available()) << driver.why_unavailable();
+  for (const char* loc : {"cuda:0", "cuda:1", "cuda"}) {
+    EXPECT_THAT(MemoryKind::FromLocation(loc, false, driver),
+                StatusIs(StatusCode::kUnimplemented,
+                         AllOf(HasSubstr(std::string("'") + loc + "' is GPU memory"), HasSubstr("Ferry Fake GPU"),
+                               HasSubstr("GPU data paths are not built yet"))))
         << loc;
-    EXPECT_THAT(MemoryKind::FromLocation(loc, true), StatusIs(StatusCode::kUnimplemented)) << loc;
+  }
+  for (const char* loc : {"cuda:2", "cuda:7"}) {
+    EXPECT_THAT(MemoryKind::FromLocation(loc, true, driver),
+                StatusIs(StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(std::string("'") + loc + "'"),
+                               HasSubstr("CUDA device " + std::string(loc + 5) + ", which does not exist"),
+                               HasSubstr("has 2 CUDA devices (cuda:0..cuda:1)"))))
+        << loc;
+  }
+  // A driver whose cuInit failed.
+  fake.SetInitResult(100);
+  CudaDriver no_device(FERRY_FAKE_CUDA_PATH);
+  EXPECT_THAT(MemoryKind::FromLocation("cuda:0", false, no_device),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("is not usable"), HasSubstr("cuInit failed: CUDA_ERROR_NO_DEVICE"))));
+}
+
+std::string Hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%#llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
+  return buf;
+}
+
+TEST(KindOfRegistration, DeviceMemoryRegisteredAsCpuIsRefusedNamingAddressAndLocation) {
+  FakeCuda fake;
+  ASSERT_TRUE(fake.ok()) << ::dlerror();
+  CudaDriver driver(FERRY_FAKE_CUDA_PATH);
+  ASSERT_TRUE(driver.available()) << driver.why_unavailable();
+  // One buffer: its second half is "device memory" to the fake driver.
+  std::vector<char> buffer(3 * 4096);
+  char* const host = buffer.data();
+  char* const device = buffer.data() + 4096;
+  fake.SetDeviceMemory(device, 2 * 4096, 1);
+  for (const char* loc : {"cpu", "cpu:0", "*", ""}) {
+    EXPECT_THAT(KindOfRegistration(loc, device, 4096, false, &driver),
+                StatusIs(StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(Hex(device)), HasSubstr(std::string("location '") + loc + "'"),
+                               HasSubstr("GPU memory of cuda:1"), HasSubstr("not host memory"))))
+        << "'" << loc << "'";
+  }
+  // Only the last byte in device memory: refused too.
+  EXPECT_THAT(KindOfRegistration("cpu", device - 16, 32, false, &driver),
+              StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr(Hex(device - 16)), HasSubstr(Hex(device + 15)))));
+  // Host memory next to it is host memory.
+  auto k = KindOfRegistration("cpu", host, 4096, false, &driver);
+  ASSERT_THAT(k, IsOk());
+  EXPECT_EQ(*k, MemoryKind::Cpu());
+  // Other kinds are not asked about; cuda locations still say why not.
+  EXPECT_THAT(KindOfRegistration("test-opaque", device, 4096, true, &driver), IsOk());
+  EXPECT_THAT(KindOfRegistration("cuda:1", device, 4096, false, &driver),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("GPU data paths")));
+  EXPECT_THAT(KindOfRegistration("bogus", host, 64, false, &driver), StatusIs(StatusCode::kInvalidArgument));
+  // A driver that cannot tell: refused with its error, naming the address.
+  fake.SetPointerResult(999);
+  EXPECT_THAT(KindOfRegistration("cpu", host, 4096, false, &driver),
+              StatusIs(StatusCode::kInternal, AllOf(HasSubstr("cannot tell whether"), HasSubstr(Hex(host)),
+                                                    HasSubstr("location 'cpu'"), HasSubstr("CUresult 999"))));
+}
+
+TEST(KindOfRegistration, WithoutAUsableDriverCpuIsHostMemory) {
+  FakeCuda fake;
+  ASSERT_TRUE(fake.ok()) << ::dlerror();
+  std::vector<char> buf(4096);
+  auto k = KindOfRegistration("cpu", buf.data(), buf.size(), false, nullptr);
+  ASSERT_THAT(k, IsOk());
+  EXPECT_EQ(*k, MemoryKind::Cpu());
+  fake.SetInitResult(100);
+  fake.SetDeviceMemory(buf.data(), buf.size(), 0);
+  CudaDriver no_device(FERRY_FAKE_CUDA_PATH);
+  ASSERT_FALSE(no_device.available());
+  EXPECT_THAT(KindOfRegistration("*", buf.data(), buf.size(), false, &no_device), IsOk());
+}
+
+TEST(KindOfRegistration, TheProcessDriverIsAskedOnlyIfTheProcessLoadedIt) {
+  EXPECT_EQ(CudaDriverForRegistrations() != nullptr, CudaDriver::LoadedInProcess());
+  if (CudaDriverForRegistrations() != nullptr) {
+    EXPECT_EQ(CudaDriverForRegistrations(), &CudaDriver::Get());
   }
 }
 

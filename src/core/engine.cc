@@ -126,8 +126,12 @@ Status Engine::RegisterMemory(std::span<const MemoryRegion> regions) {
   if (regions.empty()) return InvalidArgumentError("empty list of regions to register");
   std::vector<MemoryKind> kinds;
   kinds.reserve(regions.size());
+  // Host memory is checked against the CUDA driver if this process uses one:
+  // a device pointer registered as "cpu" is refused, never copied as host memory.
+  const internal::CudaDriver* cuda = internal::CudaDriverForRegistrations();
   for (size_t i = 0; i < regions.size(); ++i) {
-    auto kind = MemoryKind::FromLocation(regions[i].location, impl_->options.testing.allow_test_memory_kind);
+    auto kind = internal::KindOfRegistration(regions[i].location, regions[i].addr, regions[i].length,
+                                             impl_->options.testing.allow_test_memory_kind, cuda);
     if (!kind.ok()) {
       return regions.size() > 1 ? kind.status().WithPrefix("region " + std::to_string(i) + " of the list")
                                 : kind.status();
