@@ -73,6 +73,16 @@ case "$CASE" in
   info)
     expect_status 0 "$FERRY" info
     check_json "d['version'] != '' and 'tcp' in d['transports']" "$FERRY" info --json ;;
+  info_cuda)
+    # The cuda section: the driver found, or why not (none on a machine without a GPU).
+    out=$("$FERRY" info) || fail "ferry info exited $?"
+    printf '%s\n' "$out" | grep -q '^cuda (driver API)   ' || fail "no cuda section in: $out"
+    printf '%s\n' "$out" | grep -q '^  memory kind cuda:N  ' || fail "no cuda memory kind line in: $out"
+    check_json "d['cuda']['library'] == 'libcuda.so.1' and d['cuda']['gpu_data_paths'] is False and ((d['cuda']['available'] and d['cuda']['why_unavailable'] == '' and d['cuda']['driver_version'] > 0) or (not d['cuda']['available'] and ('libcuda.so.1 not found' in d['cuda']['why_unavailable'] or 'cuInit failed' in d['cuda']['why_unavailable'])))" \
+      "$FERRY" info --json
+    if printf '%s\n' "$out" | grep -q '^cuda (driver API)   no driver: '; then
+      printf '%s\n' "$out" | grep -q 'libcuda.so.1 not found' || fail "no driver, but the reason does not name libcuda.so.1"
+    fi ;;
   info_environment)
     # The one environment reader: FERRY_* variables reach the effective settings.
     check_json "d['options']['spin_us'] == 77 and d['options']['wait_spin_us'] == 123 and d['options']['tcp_streams'] == 3 and d['options']['io_threads'] == 1 and d['options']['tcp_send_buffer'] == 0" \

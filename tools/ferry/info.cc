@@ -58,7 +58,8 @@ constexpr const char* kInfoHelp = R"(Usage: ferry info [--json] [--version]
 Starts an engine on 127.0.0.1 (any free port) with the settings from the
 environment (FERRY_*), prints what it reports, and stops it:
 version, transports, features, wire versions, every effective option, and
-what libfabric offers the fabric transport at listen_host (last).
+what libfabric offers the fabric transport at listen_host, and the CUDA
+driver found (last).
 
   --json      one JSON object
   --version   print only the version
@@ -143,6 +144,27 @@ std::string FabricLines(const FabricInfo& f, const EngineOptions& o) {
   return out;
 }
 
+// The CUDA driver this process finds (loaded at run time) and what that
+// means for the cuda memory kind.
+std::string CudaLines(const CudaInfo& c) {
+  std::string out = "cuda (driver API)   ";
+  if (!c.loaded) {
+    out += "no driver: " + c.why_unavailable + "\n";
+  } else {
+    out += c.library + ", CUDA " + std::to_string(c.driver_version / 1000) + "." +
+           std::to_string(c.driver_version % 1000 / 10) + " (" + std::to_string(c.driver_version) + ")" +
+           (c.available ? "" : "; unusable: " + c.why_unavailable) + "\n";
+  }
+  if (!c.error.empty()) out += "  " + c.error + "\n";
+  for (const auto& d : c.devices) out += "  cuda:" + std::to_string(d.ordinal) + "  " + d.name + "\n";
+  if (c.available && c.devices.empty() && c.error.empty()) out += "  (no device)\n";
+  out += std::string("  memory kind cuda:N  ") +
+         (c.available ? "devices checked, registrations refused: the GPU data paths are not built yet"
+                      : "refused: no usable CUDA driver (and the GPU data paths are not built yet)") +
+         "\n";
+  return out;
+}
+
 }  // namespace
 
 int InfoMain(const std::vector<std::string>& args) {
@@ -170,6 +192,7 @@ int InfoMain(const std::vector<std::string>& args) {
   const std::vector<MetadataBackendInfo> backends = ListMetadataBackends();
   const std::string backend = MetadataBackendOf(o.metadata);
   const FabricInfo fabric = DescribeFabric(o.fabric_provider, o.listen_host);
+  const CudaInfo cuda = DescribeCuda();
   if (json) {
     Json j;
     j["version"] = Version();
@@ -231,6 +254,16 @@ int InfoMain(const std::vector<std::string>& args) {
                    {"fabric_provider", o.fabric_provider},
                    {"chosen", fabric.chosen},
                    {"why_none", fabric.why_none}};
+    Json cuda_devices = Json::array();
+    for (const auto& d : cuda.devices) cuda_devices.push_back({{"ordinal", d.ordinal}, {"name", d.name}});
+    j["cuda"] = {{"library", cuda.library},
+                 {"loaded", cuda.loaded},
+                 {"available", cuda.available},
+                 {"why_unavailable", cuda.why_unavailable},
+                 {"driver_version", cuda.driver_version},
+                 {"devices", std::move(cuda_devices)},
+                 {"error", cuda.error},
+                 {"gpu_data_paths", false}};
     std::cout << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;
     return 0;
   }
@@ -261,7 +294,7 @@ int InfoMain(const std::vector<std::string>& args) {
             << "  same-host (shm)     " << SameHostAccess()
             << "; probe of a child: " << SameHostCopyProbe(registry) << "\n"
             << "  RLIMIT_MEMLOCK      " << MemlockSoft() << " (for pinning transports, later)\n"
-            << "\n" << FabricLines(fabric, o);
+            << "\n" << FabricLines(fabric, o) << "\n" << CudaLines(cuda);
   return 0;
 }
 
