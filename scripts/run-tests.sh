@@ -30,17 +30,44 @@ if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
       grep -E "error|FAILED" "$dir.log" | head -n 20
       return 1
     fi
-    local rc=0 t
-    # Leaks inside libfabric itself are suppressed (tests/lsan.supp says why).
+    # Two at a time (the machines have two cores and most cases wait on
+    # sockets and peers); the two longest binaries in two shards each,
+    # longest first. Each one's output is printed when it ends.
     export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
-    for t in "$@"; do
-      local bin
-      bin=$(find "$dir" -type f -name "$t" -perm -u+x | head -n 1)
-      if [ "$t" = wire_fuzz_replay ]; then
-        "$bin" 300000 || rc=1
+    local logs="$dir/san-logs" t names=()
+    rm -rf "$logs" && mkdir -p "$logs"
+    san_one() {  # name, binary, shard index, shard count
+      local name="$1" bin="$2"
+      if [ "$(basename "$bin")" = wire_fuzz_replay ]; then
+        "$bin" 300000 >"$logs/$name.log" 2>&1
       else
-        "$bin" --gtest_brief=1 || rc=1
+        GTEST_SHARD_INDEX="$3" GTEST_TOTAL_SHARDS="$4" "$bin" --gtest_brief=1 >"$logs/$name.log" 2>&1
       fi
+      echo $? >"$logs/$name.rc"
+    }
+    local ordered=()
+    for t in conformance_test integration_test; do
+      for x in "$@"; do [ "$x" = "$t" ] && ordered+=("$t"); done
+    done
+    for t in "$@"; do
+      [ "$t" = conformance_test ] || [ "$t" = integration_test ] || ordered+=("$t")
+    done
+    for t in "${ordered[@]}"; do
+      local bin shards=1 k
+      bin=$(find "$dir" -type f -name "$t" -perm -u+x | head -n 1)
+      if [ "$t" = conformance_test ] || [ "$t" = integration_test ]; then shards=2; fi
+      for ((k = 0; k < shards; k++)); do
+        while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
+        names+=("$t.$k")
+        san_one "$t.$k" "$bin" "$k" "$shards" &
+      done
+    done
+    wait
+    local rc=0 n
+    for n in "${names[@]}"; do
+      echo "run-tests: ${san} ${n}:"
+      cat "$logs/$n.log"
+      [ "$(cat "$logs/$n.rc" 2>/dev/null)" = 0 ] || { echo "run-tests: ${san} ${n} FAILED"; rc=1; }
     done
     return $rc
   }

@@ -52,6 +52,14 @@ struct EngineOptions {
   // Its endpoints bind to listen_host (so 127.0.0.1 pins them to loopback).
   std::string fabric_provider;
 
+  // The fabric transport's NICs, for striping: addresses (one per NIC,
+  // comma-separated, e.g. "10.0.1.5,10.0.2.5"), each opening its own
+  // domain and endpoint (a rail). Requests larger than a stripe are sliced
+  // and spread over the rails; rail i of this engine talks to rail i of the
+  // peer (modulo the peer's count). Empty (the default): one rail, bound to
+  // listen_host.
+  std::string fabric_nics;
+
   // A file holding the cluster secret (at least 16 bytes; trailing newlines
   // are not part of it), read by Engine::Create; empty = no secret. With
   // it, every connection to or from a peer (handshake, tcp and same-host

@@ -122,6 +122,13 @@ constexpr Row kRows[] = {
      .values = "a provider name (see ferry info: verbs, efa, tcp, shm, ...), or empty",
      .get_string = [](const EngineOptions& o) -> const std::string& { return o.fabric_provider; },
      .set_string = [](EngineOptions& o, std::string_view v) { o.fabric_provider = v; }},
+    {.name = "fabric_nics",
+     .variable = "FERRY_FABRIC_NICS",
+     .meaning = "addresses of the NICs the fabric transport stripes requests across, one domain and "
+                "endpoint each (rail i talks to the peer's rail i); empty = one, at listen_host",
+     .values = "comma-separated addresses, or empty",
+     .get_string = [](const EngineOptions& o) -> const std::string& { return o.fabric_nics; },
+     .set_string = [](EngineOptions& o, std::string_view v) { o.fabric_nics = v; }},
     {.name = "secret_file",
      .variable = "FERRY_SECRET_FILE",
      .meaning = "a file holding the cluster secret (at least 16 bytes): peers must prove they share it "

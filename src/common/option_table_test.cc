@@ -82,7 +82,8 @@ TEST(OptionTable, CoversEveryVariable) {
                                         "FERRY_WAIT_SPIN_US", "FERRY_TCP_SEND_BUFFER",
                                         "FERRY_TRANSFER_TIMEOUT_MS", "FERRY_TRANSPORT",
                                         "FERRY_SECRET_FILE", "FERRY_PEER_MAX_REQUESTS",
-                                        "FERRY_PEER_MAX_BYTES", "FERRY_METRICS_ADDRESS", "FERRY_FABRIC_PROVIDER"}));
+                                        "FERRY_PEER_MAX_BYTES", "FERRY_METRICS_ADDRESS", "FERRY_FABRIC_PROVIDER",
+                                        "FERRY_FABRIC_NICS"}));
 }
 
 std::string ConfigurationSection() {

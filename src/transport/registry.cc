@@ -85,15 +85,15 @@ Status TransportSet::OnRegister(Region& region) {
   for (size_t i = 0; i < transports_.size(); ++i) {
     Transport& t = *transports_[i];
     if (!t.caps().needs_region_keys) continue;
-    auto key = t.RegisterRegion(region);
-    if (!key.ok()) {
+    auto keys = t.RegisterRegion(region);
+    if (!keys.ok()) {
       for (size_t k = 0; k < i; ++k) {
         if (transports_[k]->caps().needs_region_keys) transports_[k]->UnregisterRegion(region);
       }
       region.keys.clear();
-      return key.status().WithPrefix("transport " + std::string(t.Name()));
+      return keys.status().WithPrefix("transport " + std::string(t.Name()));
     }
-    if (key->has_value()) region.keys.push_back({std::string(t.Name()), **key});
+    region.keys.insert(region.keys.end(), keys->begin(), keys->end());
   }
   return OkStatus();
 }

@@ -121,13 +121,13 @@ class FakeTransport : public Transport {
                                               Clock::time_point) override {
     return UnimplementedError("fake transport connects nowhere");
   }
-  StatusOr<std::optional<uint64_t>> RegisterRegion(const Region& region) override {
+  StatusOr<std::vector<wire::RegionKey>> RegisterRegion(const Region& region) override {
     ++state_->register_calls;
     if (state_->fail_at != 0 && region.addr == state_->fail_at) {
       return ResourceExhaustedError("device out of memory registrations");
     }
     ++state_->live[region.addr];
-    return std::optional<uint64_t>(KeyFor(region.addr));
+    return std::vector<wire::RegionKey>{{std::string(Name()), KeyFor(region.addr)}};
   }
   void UnregisterRegion(const Region& region) override {
     ++state_->unregister_calls;

@@ -141,9 +141,12 @@ class Transport {
   virtual StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> peer,
                                                       uint16_t wire_version, Clock::time_point deadline) = 0;
   // The memory half (caps.needs_region_keys): registers `region` with this
-  // transport's device and returns the key peers use for it; undone by
-  // UnregisterRegion once no transfer uses the region any more.
-  virtual StatusOr<std::optional<uint64_t>> RegisterRegion(const Region&) { return std::nullopt; }
+  // transport's devices and returns the keys peers use for it, each named
+  // ("fabric"; a transport with several devices may add "fabric.1", ...);
+  // undone by UnregisterRegion once no transfer uses the region any more.
+  virtual StatusOr<std::vector<wire::RegionKey>> RegisterRegion(const Region&) {
+    return std::vector<wire::RegionKey>{};
+  }
   virtual void UnregisterRegion(const Region&) {}
   // Stops its threads; fails everything in flight with kCancelled.
   virtual void Shutdown() = 0;

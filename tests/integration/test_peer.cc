@@ -88,6 +88,7 @@ struct Options {
   int64_t transfer_timeout_ms = -1;
   bool refuse_same_host_copy = false;
   std::string fabric_provider;  // EngineOptions::fabric_provider
+  std::string fabric_nics;      // EngineOptions::fabric_nics
   // The buffer is this file, mapped shared (the test reads it after killing
   // the peer: what a completed write put there must be in it).
   std::string buffer_file;
@@ -149,6 +150,8 @@ Options ParseArgs(int argc, char** argv) {
       o.buffer_file = value;
     } else if (flag == "--fabric-provider") {
       o.fabric_provider = value;
+    } else if (flag == "--fabric-nics") {
+      o.fabric_nics = value;
     } else if (flag == "--refuse-same-host-copy") {
       o.refuse_same_host_copy = ParseNumber(argv[i - 1], value) != 0;
     } else {
@@ -298,6 +301,7 @@ int main(int argc, char** argv) {
   eo.testing.wire_version_max = opt.wire_max;
   eo.testing.refuse_same_host_copy = opt.refuse_same_host_copy;
   eo.fabric_provider = opt.fabric_provider;
+  eo.fabric_nics = opt.fabric_nics;
   if (opt.handshake_timeout_ms >= 0) {
     eo.handshake_timeout = std::chrono::milliseconds(opt.handshake_timeout_ms);
   }

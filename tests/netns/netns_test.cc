@@ -19,8 +19,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -155,13 +157,14 @@ class NetnsTest : public ::testing::Test {
   }
 
   // Starts ferry_test_peer inside namespace `tag`, listening on `addr`.
-  PeerProcess* StartPeer(const std::string& tag, const std::string& addr, uint64_t seed) {
+  PeerProcess* StartPeer(const std::string& tag, const std::string& addr, uint64_t seed,
+                         const std::vector<std::string>& extra = {}) {
     peers_.push_back(std::make_unique<PeerProcess>());
     PeerProcess* p = peers_.back().get();
-    const std::vector<std::string> argv =
-        lab_.InNamespace(tag, FERRY_TEST_PEER_PATH,
-                         {"--host", addr, "--size", std::to_string(kPeerSize), "--seed",
-                          std::to_string(seed)});
+    std::vector<std::string> args = {"--host", addr, "--size", std::to_string(kPeerSize), "--seed",
+                                     std::to_string(seed)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const std::vector<std::string> argv = lab_.InNamespace(tag, FERRY_TEST_PEER_PATH, args);
     const ::testing::AssertionResult started = p->Start(netns::Tool("ip"), argv);
     EXPECT_TRUE(started);
     if (p->pid() > 0) peer_slots_.push_back(netns::RememberProcess(p->pid()));
@@ -171,9 +174,15 @@ class NetnsTest : public ::testing::Test {
     return p;
   }
 
-  Engine* StartEngine(const std::string& addr, std::chrono::milliseconds transfer_timeout) {
+  Engine* StartEngine(const std::string& addr, std::chrono::milliseconds transfer_timeout,
+                      const std::string& fabric_nics = "") {
     EngineOptions o;
     o.transport = "tcp";  // the peers share our boot id, but not our network namespace
+    if (!fabric_nics.empty()) {
+      o.transport = "fabric";
+      o.fabric_provider = "tcp";
+      o.fabric_nics = fabric_nics;
+    }
     o.listen_host = addr;
     o.listen_port = 0;
     o.transfer_timeout = transfer_timeout;
@@ -553,6 +562,105 @@ TEST_F(NetnsTest, OnePeersLinkDownDoesNotDisturbTransfersWithTheOther) {
   ASSERT_TRUE(lab_.SetLink("c", "to-a", true));
   CleanRound(e, rc, src, dst, 806);
   CleanRound(e, rb, src, dst, 807);
+}
+
+// ---------------------------------------------------------------------------
+// (e) Striping: the fabric transport with two NICs (two veth pairs between
+// the same two hosts, one domain and endpoint each) spreads large requests
+// over both; every byte still arrives.
+
+// This thread's network namespace's counters of `dev`: bytes sent and
+// received (/proc/thread-self/net/dev is the namespace of the reading
+// thread, which Enter moved into a).
+struct DevBytes {
+  uint64_t rx = 0, tx = 0;
+};
+DevBytes ReadDev(const std::string& dev) {
+  std::ifstream in("/proc/thread-self/net/dev");
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    if (name != dev) continue;
+    std::istringstream fields(line.substr(colon + 1));
+    std::vector<uint64_t> v;
+    uint64_t x = 0;
+    while (fields >> x) v.push_back(x);
+    // rx: bytes packets errs drop fifo frame compressed multicast; tx: bytes ...
+    if (v.size() >= 9) return {v[0], v[8]};
+  }
+  ADD_FAILURE() << "no counters for " << dev << " in /proc/thread-self/net/dev";
+  return {};
+}
+
+constexpr const char* kAddrA2 = "10.77.3.1";
+constexpr const char* kAddrB2 = "10.77.3.2";
+
+TEST_F(NetnsTest, FabricWithTwoNicsStripesLargeRequestsAcrossBothAndEveryByteArrives) {
+  ASSERT_TRUE(lab_.AddNamespace("a"));
+  ASSERT_TRUE(lab_.AddNamespace("b"));
+  ASSERT_TRUE(lab_.Connect("a", "to-b", kAddrA, "b", "to-a", kAddrB));
+  ASSERT_TRUE(lab_.Connect("a", "to-b2", kAddrA2, "b", "to-a2", kAddrB2));
+  ASSERT_TRUE(lab_.Enter("a"));
+  const std::string nics_b = std::string(kAddrB) + "," + kAddrB2;
+  PeerProcess* pb = StartPeer("b", kAddrB, 901, {"--fabric-provider", "tcp", "--fabric-nics", nics_b});
+  ASSERT_NE(pb, nullptr);
+  Engine* e = StartEngine(kAddrA, 20s, std::string(kAddrA) + "," + kAddrA2);
+  if (e == nullptr) return;  // the failure says why
+  constexpr uint64_t kReq = kMiB;
+  constexpr size_t kCount = 16;
+  unsigned char* src = Alloc(e, kCount * kReq);
+  unsigned char* dst = Alloc(e, kCount * kReq);
+  ASSERT_NE(src, nullptr);
+  ASSERT_NE(dst, nullptr);
+  const Remote r = Open(e, pb, 901);
+  ASSERT_NE(r.seg.value, 0u);
+  // (The engine's transport is forced to fabric: no tcp fallback.)
+
+  const DevBytes before1 = ReadDev("to-b"), before2 = ReadDev("to-b2");
+  // Writes: 16 requests of 1 MiB (stripes of 512 KiB), checked in the peer.
+  std::vector<TransferRequest> writes;
+  for (size_t i = 0; i < kCount; ++i) {
+    FillPattern(src + i * kReq, kReq, 902, i * kReq);
+    writes.push_back({Opcode::kWrite, src + i * kReq, r.seg, r.base() + i * kReq, kReq});
+  }
+  const Outcomes w = RunBatch(e, writes);
+  EXPECT_EQ(w.completed, kCount) << w.Summary();
+  for (size_t i = 0; i < kCount; ++i) {
+    EXPECT_EQ(pb->Call(Checked(902, i * kReq, kReq)), "OK") << "write " << i;
+  }
+  const DevBytes mid1 = ReadDev("to-b"), mid2 = ReadDev("to-b2");
+  // Reads: from the peer's own pattern, checked here.
+  std::vector<TransferRequest> reads;
+  for (size_t i = 0; i < kCount; ++i) {
+    reads.push_back({Opcode::kRead, dst + i * kReq, r.seg, r.base() + kReadBase + i * kReq, kReq});
+  }
+  const Outcomes rd = RunBatch(e, reads);
+  EXPECT_EQ(rd.completed, kCount) << rd.Summary();
+  for (size_t i = 0; i < kCount; ++i) {
+    EXPECT_EQ(DescribePatternMismatch(dst + i * kReq, kReq, 901, kReadBase + i * kReq), "") << "read " << i;
+  }
+  const DevBytes after1 = ReadDev("to-b"), after2 = ReadDev("to-b2");
+
+  // Each NIC carried a fair part of the data both ways (an even split is
+  // half; a quarter leaves room for the dealing's rounding).
+  const uint64_t total = kCount * kReq, quarter = total / 4;
+  const uint64_t sent1 = mid1.tx - before1.tx, sent2 = mid2.tx - before2.tx;
+  const uint64_t got1 = after1.rx - mid1.rx, got2 = after2.rx - mid2.rx;
+  std::printf("writes of %llu bytes: to-b sent %llu, to-b2 sent %llu; reads: to-b received %llu, to-b2 %llu\n",
+              static_cast<unsigned long long>(total), static_cast<unsigned long long>(sent1),
+              static_cast<unsigned long long>(sent2), static_cast<unsigned long long>(got1),
+              static_cast<unsigned long long>(got2));
+  EXPECT_GE(sent1, quarter);
+  EXPECT_GE(sent2, quarter);
+  EXPECT_GE(got1, quarter);
+  EXPECT_GE(got2, quarter);
+  // And nothing went anywhere else: the two NICs together carried no more
+  // than the data and its headers (an eighth more at most).
+  EXPECT_LE(sent1 + sent2, total + total / 8);
+  EXPECT_LE(got1 + got2, total + total / 8);
 }
 
 }  // namespace

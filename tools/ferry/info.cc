@@ -141,6 +141,9 @@ std::string FabricLines(const FabricInfo& f, const EngineOptions& o) {
   if (f.domains.empty() && f.error.empty() && !f.library.empty()) out += "  (no provider listed)\n";
   out += "  fabric_provider " + (o.fabric_provider.empty() ? std::string("(unset: best hardware)") : o.fabric_provider) +
          " -> " + (f.chosen.empty() ? "none: " + f.why_none : f.chosen) + "\n";
+  out += "  fabric_nics " + (o.fabric_nics.empty() ? "(unset: one rail at listen_host " + o.listen_host + ")"
+                                                    : o.fabric_nics + " (one rail each, striped)") +
+         "\n";
   return out;
 }
 
@@ -252,6 +255,7 @@ int InfoMain(const std::vector<std::string>& args) {
                    {"error", fabric.error},
                    {"domains", std::move(domains)},
                    {"fabric_provider", o.fabric_provider},
+                   {"fabric_nics", o.fabric_nics},
                    {"chosen", fabric.chosen},
                    {"why_none", fabric.why_none}};
     Json cuda_devices = Json::array();

@@ -388,7 +388,8 @@ struct Endpoint::Impl {
                                   "descriptor says (unregistered, or registered but not exported; RMA needs the "
                                   "region's key)");
     }
-    const auto key = c.info->KeyOf(s.remote_region, "fabric");
+    auto key = c.info->KeyOf(s.remote_region, cfg.key_name);
+    if (!key && cfg.key_name != "fabric") key = c.info->KeyOf(s.remote_region, "fabric");
     if (!key) {
       return FailedPreconditionError(SliceName(s, *c.peer) + ": the peer published no fabric key for the region");
     }
@@ -921,12 +922,9 @@ void Endpoint::Post(const std::shared_ptr<RemotePeer>& peer, const PostContext& 
   impl_->Post(peer, ctx, std::move(slices));
 }
 
-Status Endpoint::Notify(const std::shared_ptr<RemotePeer>& peer, const wire::NotifyBody& body,
-                        Clock::time_point deadline) {
+Status Endpoint::WaitForWrites(const std::shared_ptr<RemotePeer>& peer, Clock::time_point deadline) {
   Impl& im = *impl_;
-  if (peer->broken()) return UnavailableError(peer->why_broken());
   std::unique_lock<std::mutex> lock(im.notify_mu);
-  // After every earlier write of this engine to the peer.
   if (!im.notify_cv.wait_until(lock, deadline, [&] {
         return peer->writes_pending_.load(std::memory_order_acquire) == 0 || im.stop.load();
       })) {
@@ -934,6 +932,17 @@ Status Endpoint::Notify(const std::shared_ptr<RemotePeer>& peer, const wire::Not
                                  " not sent before its deadline: " +
                                  std::to_string(peer->writes_pending_.load()) + " earlier writes still pending");
   }
+  if (im.stop.load()) return CancelledError("the fabric endpoint was shut down");
+  return OkStatus();
+}
+
+Status Endpoint::Notify(const std::shared_ptr<RemotePeer>& peer, const wire::NotifyBody& body,
+                        Clock::time_point deadline) {
+  Impl& im = *impl_;
+  if (peer->broken()) return UnavailableError(peer->why_broken());
+  // After every earlier write of this engine to the peer.
+  FERRY_RETURN_IF_ERROR(WaitForWrites(peer, deadline));
+  std::unique_lock<std::mutex> lock(im.notify_mu);
   if (im.stop.load()) return CancelledError("the fabric endpoint was shut down");
   const uint64_t seq = im.next_seq++;
   im.acks[seq] = std::nullopt;

@@ -53,6 +53,10 @@ struct EndpointConfig {
   // flight) for this long is unreachable: its requests fail kUnavailable.
   std::chrono::milliseconds unreachable_after{5000};
   std::shared_ptr<EngineTarget> target;  // notifications go to its inbox
+  // The name of this endpoint's keys in the peers' region entries: "fabric"
+  // (rail 0), "fabric.N" (rail N, where its keys differ from rail 0's).
+  // A region without a key of that name is reached with its "fabric" key.
+  std::string key_name = "fabric";
 };
 
 class Endpoint;
@@ -105,7 +109,11 @@ class Endpoint {
   void RemovePeer(const std::shared_ptr<RemotePeer>& peer);
 
   void Post(const std::shared_ptr<RemotePeer>& peer, const PostContext& ctx, std::vector<Slice> slices);
+  // Sends after every write posted to `peer` before it has completed.
   Status Notify(const std::shared_ptr<RemotePeer>& peer, const wire::NotifyBody& body, Clock::time_point deadline);
+  // Returns once every write posted to `peer` before it has completed
+  // (kDeadlineExceeded at `deadline`, kUnavailable if the peer broke).
+  Status WaitForWrites(const std::shared_ptr<RemotePeer>& peer, Clock::time_point deadline);
 
   // Fails what is queued or in flight with kCancelled and closes everything.
   void Shutdown();

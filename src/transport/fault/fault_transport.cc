@@ -157,7 +157,7 @@ class FaultyTransport : public Transport {
     FERRY_ASSIGN_OR_RETURN(auto link, inner_->Connect(std::move(peer), version, deadline));
     return std::shared_ptr<PeerLink>(std::make_shared<FaultyLink>(std::move(link), dice_, std::string(Name())));
   }
-  StatusOr<std::optional<uint64_t>> RegisterRegion(const Region& r) override { return inner_->RegisterRegion(r); }
+  StatusOr<std::vector<wire::RegionKey>> RegisterRegion(const Region& r) override { return inner_->RegisterRegion(r); }
   void UnregisterRegion(const Region& r) override { inner_->UnregisterRegion(r); }
   void Shutdown() override { inner_->Shutdown(); }
 
