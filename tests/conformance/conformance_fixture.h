@@ -16,6 +16,7 @@
 #include "tests/testing/pattern.h"
 #include "tests/testing/same_host.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/transport_params.h"
 
 namespace ferry::test {
 
@@ -36,30 +37,6 @@ inline const std::vector<std::string> kTransports = [] {
   return names;
 }();
 
-// A conformance parameter's transport ("fabric_tcp" -> "fabric") and fabric
-// provider ("tcp"; "" for the others).
-inline std::string TransportOf(const std::string& param) {
-  return param.starts_with("fabric_") ? "fabric" : param;
-}
-inline std::string FabricProviderOf(const std::string& param) {
-  return param.starts_with("fabric_") ? param.substr(7) : "";
-}
-
-// Why `param` cannot run on this machine ("" if it can): shm without
-// same-host copies, a fabric provider libfabric does not list here.
-inline std::string TransportRefusal(const std::string& param) {
-  if (param == "shm") return SameHostCopyRefusal();
-  if (param.starts_with("fabric_")) {
-    const FabricInfo f = DescribeFabric(FabricProviderOf(param), "127.0.0.1");
-    if (f.chosen.empty()) return "fabric provider " + FabricProviderOf(param) + ": " + f.why_none;
-  }
-  return "";
-}
-#define FERRY_SKIP_UNLESS_TRANSPORT_WORKS(param)                                    \
-  do {                                                                              \
-    const std::string why_not = ::ferry::test::TransportRefusal(param);             \
-    if (!why_not.empty()) GTEST_SKIP() << (param) << " cannot run here: " << why_not; \
-  } while (0)
 
 // Generous bounds; no test asserts how fast anything is.
 inline constexpr std::chrono::milliseconds kTransferTimeout{60000};
@@ -67,8 +44,7 @@ inline constexpr std::chrono::milliseconds kWaitTimeout{120000};
 
 inline EngineOptions ConformanceOptions(const std::string& param) {
   EngineOptions o;
-  o.transport = TransportOf(param);
-  o.fabric_provider = FabricProviderOf(param);
+  SetTransportOptions(param, &o);
   o.listen_host = "127.0.0.1";
   o.listen_port = 0;
   o.transfer_timeout = kTransferTimeout;

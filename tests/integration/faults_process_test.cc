@@ -25,6 +25,7 @@
 #include "tests/testing/pattern.h"
 #include "tests/testing/same_host.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/transport_params.h"
 
 #ifndef FERRY_TEST_PEER_PATH
 #error "FERRY_TEST_PEER_PATH must name the ferry_test_peer executable"
@@ -54,14 +55,9 @@ class RestartAfterKill : public ::testing::TestWithParam<std::string> {
   static void SetUpTestSuite() { signal(SIGPIPE, SIG_IGN); }
 
   void SetUp() override {
-    if (GetParam() == "shm") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
-    if (GetParam() == "fabric_tcp") {
-      const FabricInfo f = DescribeFabric("tcp", "127.0.0.1");
-      if (f.chosen.empty()) GTEST_SKIP() << "fabric provider tcp: " << f.why_none;
-    }
+    FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
     EngineOptions o;
-    o.transport = GetParam() == "fabric_tcp" ? "fabric" : GetParam();
-    o.fabric_provider = GetParam() == "fabric_tcp" ? "tcp" : "";
+    SetTransportOptions(GetParam(), &o);
     o.listen_host = "127.0.0.1";
     o.transfer_timeout = kTimeout;
     o.connect_timeout = 5s;
@@ -85,7 +81,9 @@ class RestartAfterKill : public ::testing::TestWithParam<std::string> {
       args.push_back("--port");
       args.push_back(std::to_string(port));
     }
-    if (GetParam() == "fabric_tcp") args.insert(args.end(), {"--fabric-provider", "tcp"});
+    if (!FabricProviderOf(GetParam()).empty()) {
+      args.insert(args.end(), {"--fabric-provider", FabricProviderOf(GetParam())});
+    }
     return peer_->Start(FERRY_TEST_PEER_PATH, args);
   }
 
@@ -149,7 +147,7 @@ TEST_P(RestartAfterKill, PeerKilledMidBatchAndRestartedIsReachedAgain) {
   const uint16_t port = peer_->port();
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine_->OpenSegment(peer_id));
   ASSERT_OK_AND_ASSIGN(SegmentInfo before, engine_->QuerySegment(seg));
-  EXPECT_EQ(before.transport, GetParam() == "fabric_tcp" ? "fabric" : GetParam());
+  EXPECT_EQ(before.transport, TransportOf(GetParam()));
   WriteVerifyReadBack(seg, 702, "before the kill");
 
   const std::vector<TransferRequest> doomed = Writes(seg, 703);

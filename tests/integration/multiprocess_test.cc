@@ -33,6 +33,7 @@
 #include "tests/testing/pattern.h"
 #include "tests/testing/same_host.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/transport_params.h"
 
 #ifndef FERRY_TEST_PEER_PATH
 #error "FERRY_TEST_PEER_PATH must name the ferry_test_peer executable"
@@ -122,14 +123,10 @@ class MultiProcessBase : public ::testing::Test {
 class MultiProcessTest : public MultiProcessBase, public ::testing::WithParamInterface<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "shm") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
-    if (GetParam() == "fabric_tcp") {
-      const FabricInfo f = DescribeFabric("tcp", "127.0.0.1");
-      if (f.chosen.empty()) GTEST_SKIP() << "fabric provider tcp: " << f.why_none;
-    }
+    FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
   }
-  std::string Transport() const override { return GetParam() == "fabric_tcp" ? "fabric" : GetParam(); }
-  std::string FabricProvider() const override { return GetParam() == "fabric_tcp" ? "tcp" : ""; }
+  std::string Transport() const override { return TransportOf(GetParam()); }
+  std::string FabricProvider() const override { return FabricProviderOf(GetParam()); }
 };
 
 INSTANTIATE_TEST_SUITE_P(Transports, MultiProcessTest, ::testing::Values("shm", "tcp", "fabric_tcp"),

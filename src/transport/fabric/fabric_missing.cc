@@ -6,14 +6,6 @@
 
 namespace ferry::internal {
 
-TransportCaps FabricCaps() {
-  TransportCaps c;
-  c.name = "fabric";
-  c.reach = Reach::kNetwork;
-  c.needs_region_keys = true;
-  return c;
-}
-
 std::string FabricAvailability() { return "this build has no libfabric (install libfabric-dev and rebuild)"; }
 
 bool FabricEnabled(const EngineOptions& options) { return !options.fabric_provider.empty(); }

@@ -297,14 +297,6 @@ std::string ThisHost() {
 
 }  // namespace
 
-TransportCaps FabricCaps() {
-  TransportCaps c;
-  c.name = "fabric";
-  c.reach = Reach::kNetwork;
-  c.needs_region_keys = true;
-  return c;
-}
-
 std::string FabricAvailability() {
   auto domains = fabric::ListDomains("");
   if (!domains.ok()) return domains.status().message();

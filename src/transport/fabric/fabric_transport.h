@@ -23,7 +23,14 @@
 
 namespace ferry::internal {
 
-TransportCaps FabricCaps();
+// What the transport is, with libfabric or without (fabric_missing.cc).
+inline TransportCaps FabricCaps() {
+  TransportCaps c;
+  c.name = "fabric";
+  c.reach = Reach::kNetwork;
+  c.needs_region_keys = true;
+  return c;
+}
 // "" if libfabric offers a provider Ferry could use here, else why not.
 std::string FabricAvailability();
 // Whether the engine's options turn the transport on: a provider is named,

@@ -1,0 +1,47 @@
+// Test parameters that name a transport, and for the fabric transport a
+// provider: "tcp", "shm", "local", "fabric_tcp" (the fabric transport on
+// libfabric's tcp;ofi_rxm), "fabric_shm". Shared by the conformance suite
+// and the multi-process tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "ferry/ferry.h"
+#include "tests/testing/same_host.h"
+
+namespace ferry::test {
+
+// A test parameter's transport ("fabric_tcp" -> "fabric") and fabric
+// provider ("tcp"; "" for the others).
+inline std::string TransportOf(const std::string& param) {
+  return param.starts_with("fabric_") ? "fabric" : param;
+}
+inline std::string FabricProviderOf(const std::string& param) {
+  return param.starts_with("fabric_") ? param.substr(7) : "";
+}
+
+// Why `param` cannot run on this machine ("" if it can): shm without
+// same-host copies, a fabric provider libfabric does not list here.
+inline std::string TransportRefusal(const std::string& param) {
+  if (param == "shm") return SameHostCopyRefusal();
+  if (param.starts_with("fabric_")) {
+    const FabricInfo f = DescribeFabric(FabricProviderOf(param), "127.0.0.1");
+    if (f.chosen.empty()) return "fabric provider " + FabricProviderOf(param) + ": " + f.why_none;
+  }
+  return "";
+}
+#define FERRY_SKIP_UNLESS_TRANSPORT_WORKS(param)                                    \
+  do {                                                                              \
+    const std::string why_not = ::ferry::test::TransportRefusal(param);             \
+    if (!why_not.empty()) GTEST_SKIP() << (param) << " cannot run here: " << why_not; \
+  } while (0)
+
+// Engine options for `param`: its transport and fabric provider.
+inline void SetTransportOptions(const std::string& param, EngineOptions* o) {
+  o->transport = TransportOf(param);
+  o->fabric_provider = FabricProviderOf(param);
+}
+
+}  // namespace ferry::test
