@@ -4,8 +4,9 @@ on Ferry, for vLLM's NixlConnector and SGLang's nixl backend.
 One ``ferry.Engine`` per agent (its local name is the agent's name; it
 listens on 127.0.0.1 unless FERRY_* settings or ``listen_port`` say
 otherwise). Backends ``UCX``, ``LIBFABRIC`` and ``FERRY`` all map onto Ferry's
-transport ``auto``: ``local`` within a process, ``shm`` on the same host, ``tcp``
-elsewhere (RDMA-class fabrics later). Memory: ``DRAM`` / ``cpu`` only; ``VRAM``
+transport ``auto``: ``local`` within a process, ``shm`` on the same host, then
+``fabric`` (libfabric RMA) where a hardware provider (verbs, efa, cxi) is found or
+FERRY_FABRIC_PROVIDER names one, else ``tcp``. Memory: ``DRAM`` / ``cpu`` only; ``VRAM``
 raises nixlNotSupportedError until GPU memory lands (issue 13).
 
 Differences from upstream NIXL 1.5 (none that vLLM or SGLang rely on):
