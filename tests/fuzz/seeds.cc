@@ -191,6 +191,8 @@ std::vector<std::string> CopyFrameSeeds() {
     a.status = ferry::ResourceExhaustedError("inbox full");
     fabric::EncodeMessage(a, &s);
     seeds.push_back(Pick(2, s));
+    seeds.push_back(Pick(2, fabric::EncodeEndpoint({"tcp;ofi_rxm", 2, {std::string("\x02\x00\x9c\x40\x7f\x00\x00\x01", 8),
+                                                                        std::string("\x02\x00\x9c\x41\x7f\x00\x00\x02", 8)}})));
   }
   return seeds;
 }

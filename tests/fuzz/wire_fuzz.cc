@@ -361,6 +361,17 @@ void FuzzCopyFrames(std::string_view input) {
         } else {
           Check(!m.status().message().empty());
         }
+        // And as a descriptor's fabric endpoint string: what decodes
+        // encodes to a string that decodes to the same.
+        auto e = fabric::DecodeEndpoint(in);
+        if (e.ok()) {
+          Check(!e->rails.empty() && e->rails.size() <= fabric::kMaxRails);
+          auto again = fabric::DecodeEndpoint(fabric::EncodeEndpoint(*e));
+          Check(again.ok() && again->provider == e->provider && again->format == e->format &&
+                again->rails == e->rails);
+        } else {
+          Check(!e.status().message().empty());
+        }
       }
       break;
     }

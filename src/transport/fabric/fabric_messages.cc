@@ -72,4 +72,69 @@ StatusOr<Message> DecodeMessage(std::string_view bytes) {
   return m;
 }
 
+// ---- the descriptor's endpoint string ----------------------------------------
+
+namespace {
+
+std::string Hex(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 15]);
+  }
+  return out;
+}
+
+StatusOr<std::string> Unhex(std::string_view hex) {
+  if (hex.size() % 2 != 0) return InvalidArgumentError("odd number of hex digits");
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) {
+    auto digit = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      return -1;
+    };
+    const int hi = digit(hex[2 * i]), lo = digit(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return InvalidArgumentError("not a hex digit");
+    out[i] = static_cast<char>(hi << 4 | lo);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string EncodeEndpoint(const FabricEndpoint& a) {
+  std::string out = a.provider + "/" + std::to_string(a.format) + "/";
+  for (size_t i = 0; i < a.rails.size(); ++i) out += (i == 0 ? "" : ",") + Hex(a.rails[i]);
+  return out;
+}
+
+StatusOr<FabricEndpoint> DecodeEndpoint(std::string_view s) {
+  const size_t a = s.find('/'), b = a == std::string_view::npos ? a : s.find('/', a + 1);
+  if (b == std::string_view::npos) return InvalidArgumentError("fabric endpoint '" + std::string(s.substr(0, 64)) + "' is not PROVIDER/FORMAT/HEX[,HEX...]");
+  FabricEndpoint out;
+  out.provider = std::string(s.substr(0, a));
+  const std::string format(s.substr(a + 1, b - a - 1));
+  if (format.empty() || format.size() > 9 || format.find_first_not_of("0123456789") != std::string::npos) {
+    return InvalidArgumentError("fabric endpoint has a bad address format '" + format + "'");
+  }
+  out.format = static_cast<uint32_t>(std::stoul(format));
+  std::string_view rest = s.substr(b + 1);
+  for (;;) {
+    const size_t comma = rest.find(',');
+    auto raw = Unhex(rest.substr(0, comma));
+    if (!raw.ok()) return raw.status().WithPrefix("fabric endpoint address " + std::to_string(out.rails.size()));
+    if (raw->empty()) return InvalidArgumentError("fabric endpoint address " + std::to_string(out.rails.size()) + " is empty");
+    out.rails.push_back(std::move(*raw));
+    if (out.rails.size() > kMaxRails) {
+      return InvalidArgumentError("fabric endpoint names more than " + std::to_string(kMaxRails) + " rails");
+    }
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return out;
+}
+
 }  // namespace ferry::internal::fabric

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ferry/status.h"
 #include "wire/frame.h"
@@ -35,5 +36,20 @@ struct Message {
 void EncodeMessage(const Message& m, std::string* out);
 // kInvalidArgument (kDataLoss for a wrong magic) naming what is wrong.
 StatusOr<Message> DecodeMessage(std::string_view bytes);
+
+// A descriptor's "fabric" entry: "PROVIDER/ADDR_FORMAT/HEX[,HEX...]", one
+// address per rail (NIC), rail 0 first, lower-case hex (docs/wire-format.md).
+// Fuzzed with the messages.
+struct FabricEndpoint {
+  std::string provider;
+  uint32_t format = 0;
+  std::vector<std::string> rails;  // fi_getname bytes
+};
+// More rails than any host has NICs: an endpoint naming more is refused.
+inline constexpr size_t kMaxRails = 16;
+
+std::string EncodeEndpoint(const FabricEndpoint& e);
+// kInvalidArgument naming what is wrong.
+StatusOr<FabricEndpoint> DecodeEndpoint(std::string_view s);
 
 }  // namespace ferry::internal::fabric

@@ -12,6 +12,7 @@
 #include "ferry/transports.h"
 #include "transport/fabric/fabric_endpoint.h"
 #include "transport/fabric/fabric_info.h"
+#include "transport/fabric/fabric_messages.h"
 
 namespace ferry::internal {
 namespace {
@@ -42,76 +43,6 @@ bool SameHostOnly(std::string_view provider) {
   return core == "shm" || core == "sm2";
 }
 
-std::string Hex(std::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kDigits[c >> 4]);
-    out.push_back(kDigits[c & 15]);
-  }
-  return out;
-}
-
-StatusOr<std::string> Unhex(std::string_view hex) {
-  if (hex.size() % 2 != 0) return InvalidArgumentError("odd number of hex digits");
-  std::string out(hex.size() / 2, '\0');
-  for (size_t i = 0; i < out.size(); ++i) {
-    auto digit = [](char c) -> int {
-      if (c >= '0' && c <= '9') return c - '0';
-      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-      return -1;
-    };
-    const int hi = digit(hex[2 * i]), lo = digit(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return InvalidArgumentError("not a hex digit");
-    out[i] = static_cast<char>(hi << 4 | lo);
-  }
-  return out;
-}
-
-// A descriptor's "fabric" entry: "PROVIDER/ADDR_FORMAT/HEX[,HEX...]", one
-// address per rail (NIC), rail 0 first.
-struct FabricAddress {
-  std::string provider;
-  uint32_t format = 0;
-  std::vector<std::string> rails;  // fi_getname bytes
-};
-
-// More rails than any host has NICs: a descriptor naming more is refused.
-constexpr size_t kMaxRails = 16;
-
-std::string EncodeAddress(const FabricAddress& a) {
-  std::string out = a.provider + "/" + std::to_string(a.format) + "/";
-  for (size_t i = 0; i < a.rails.size(); ++i) out += (i == 0 ? "" : ",") + Hex(a.rails[i]);
-  return out;
-}
-
-StatusOr<FabricAddress> DecodeAddress(std::string_view s) {
-  const size_t a = s.find('/'), b = a == std::string_view::npos ? a : s.find('/', a + 1);
-  if (b == std::string_view::npos) return InvalidArgumentError("fabric endpoint '" + std::string(s.substr(0, 64)) + "' is not PROVIDER/FORMAT/HEX[,HEX...]");
-  FabricAddress out;
-  out.provider = std::string(s.substr(0, a));
-  const std::string format(s.substr(a + 1, b - a - 1));
-  if (format.empty() || format.size() > 9 || format.find_first_not_of("0123456789") != std::string::npos) {
-    return InvalidArgumentError("fabric endpoint has a bad address format '" + format + "'");
-  }
-  out.format = static_cast<uint32_t>(std::stoul(format));
-  std::string_view rest = s.substr(b + 1);
-  for (;;) {
-    const size_t comma = rest.find(',');
-    auto raw = Unhex(rest.substr(0, comma));
-    if (!raw.ok()) return raw.status().WithPrefix("fabric endpoint address " + std::to_string(out.rails.size()));
-    if (raw->empty()) return InvalidArgumentError("fabric endpoint address " + std::to_string(out.rails.size()) + " is empty");
-    out.rails.push_back(std::move(*raw));
-    if (out.rails.size() > kMaxRails) {
-      return InvalidArgumentError("fabric endpoint names more than " + std::to_string(kMaxRails) + " rails");
-    }
-    if (comma == std::string_view::npos) break;
-    rest = rest.substr(comma + 1);
-  }
-  return out;
-}
-
 // The NIC addresses an engine's rails bind to: fabric_nics, else one at the
 // listen host, so an engine on 127.0.0.1 stays on loopback (with no node,
 // libfabric's tcp provider takes the machine's first interface; "" = the
@@ -137,9 +68,9 @@ StatusOr<std::vector<std::string>> RailNodes(const EngineOptions& o, std::string
       return InvalidArgumentError("fabric_nics '" + o.fabric_nics + "' names " + node + " twice");
     }
     nodes.push_back(std::move(node));
-    if (nodes.size() > kMaxRails) {
+    if (nodes.size() > fabric::kMaxRails) {
       return InvalidArgumentError("fabric_nics '" + o.fabric_nics + "' names more than " +
-                                  std::to_string(kMaxRails) + " NICs");
+                                  std::to_string(fabric::kMaxRails) + " NICs");
     }
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
@@ -218,15 +149,15 @@ class FabricTransport : public Transport {
   ~FabricTransport() override { Shutdown(); }
 
   void Describe(wire::PeerDescriptor* self) const override {
-    FabricAddress a{provider(), rails_[0]->addr_format(), {}};
+    fabric::FabricEndpoint a{provider(), rails_[0]->addr_format(), {}};
     for (const auto& r : rails_) a.rails.push_back(r->address());
-    self->transports.push_back({"fabric", EncodeAddress(a)});
+    self->transports.push_back({"fabric", fabric::EncodeEndpoint(a)});
   }
 
   bool CanReach(const wire::PeerDescriptor& peer) const override {
     const wire::TransportEndpoint* e = peer.FindTransport("fabric");
     if (e == nullptr) return false;
-    auto a = DecodeAddress(e->endpoint);
+    auto a = fabric::DecodeEndpoint(e->endpoint);
     if (!a.ok() || a->provider != provider() || a->format != rails_[0]->addr_format()) return false;
     return !SameHostOnly(provider()) || peer.hostname == hostname_;
   }
@@ -235,7 +166,7 @@ class FabricTransport : public Transport {
                                               Clock::time_point) override {
     const wire::TransportEndpoint* e = info->desc().FindTransport("fabric");
     if (e == nullptr) return UnimplementedError("peer " + info->Label() + " offers no fabric endpoint");
-    auto a = DecodeAddress(e->endpoint);
+    auto a = fabric::DecodeEndpoint(e->endpoint);
     if (!a.ok()) return a.status().WithPrefix("peer " + info->Label());
     if (a->provider != provider()) {
       return FailedPreconditionError("peer " + info->Label() + " uses fabric provider " + a->provider +
