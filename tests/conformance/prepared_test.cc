@@ -6,8 +6,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/conformance/conformance_fixture.h"
@@ -460,7 +462,13 @@ TEST_P(PreparedTest, MetricsCountBytesByPeerTransportAndOutcome) {
   // Outside the peer's memory: a failed request.
   EXPECT_THAT(engine->TransferSync(TransferRequest{Opcode::kWrite, local, seg, Addr(remote) + kLen, 4096}),
               IsError());
+  // A batch's latency is observed when it goes idle, just after its last
+  // completion wakes the waiter: wait (bounded) for the third.
   EngineMetrics m = engine->GetMetrics();
+  for (int i = 0; i < 1000 && m.transfer_latency.count < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    m = engine->GetMetrics();
+  }
   uint64_t written = 0, read = 0, failed = 0;
   for (const RouteMetrics& r : m.routes) {
     EXPECT_EQ(r.peer, target().PeerId());
