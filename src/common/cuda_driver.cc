@@ -36,7 +36,14 @@ const CudaDriver& CudaDriver::Get() {
 
 bool CudaDriver::LoadedInProcess() {
   void* h = ::dlopen(kLibrary, RTLD_NOW | RTLD_NOLOAD);
-  if (h == nullptr) return false;
+  if (h == nullptr) {
+    // The probe's failure is no error of the application's: clear it from
+    // this thread's dlerror state (the first call reads the message, the
+    // second frees it), so the application's own dlerror() never reports it.
+    (void)::dlerror();
+    (void)::dlerror();
+    return false;
+  }
   ::dlclose(h);  // drops only the reference RTLD_NOLOAD took
   return true;
 }
