@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ferry/cuda.h"
+#include "tests/testing/fake_cuda.h"
 #include "tests/testing/status_matchers.h"
 
 namespace ferry::internal {
@@ -22,32 +23,7 @@ using ::ferry::test::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-// The fake driver's controls (the same copy CudaDriver loads by this path).
-class FakeCuda {
- public:
-  FakeCuda() : h_(::dlopen(FERRY_FAKE_CUDA_PATH, RTLD_NOW | RTLD_LOCAL)) {}
-  ~FakeCuda() {
-    if (h_ == nullptr) return;
-    Fn<void (*)(int)>("ferry_fake_cuda_set_init_result")(0);
-    Fn<void (*)(uintptr_t, uintptr_t, int)>("ferry_fake_cuda_set_device_memory")(0, 0, 0);
-    Fn<void (*)(int)>("ferry_fake_cuda_set_pointer_result")(0);
-    ::dlclose(h_);
-  }
-  bool ok() const { return h_ != nullptr; }
-  void SetInitResult(int r) { Fn<void (*)(int)>("ferry_fake_cuda_set_init_result")(r); }
-  void SetDeviceMemory(const void* lo, size_t n, int ordinal) {
-    const auto a = reinterpret_cast<uintptr_t>(lo);
-    Fn<void (*)(uintptr_t, uintptr_t, int)>("ferry_fake_cuda_set_device_memory")(a, a + n, ordinal);
-  }
-  void SetPointerResult(int r) { Fn<void (*)(int)>("ferry_fake_cuda_set_pointer_result")(r); }
-
- private:
-  template <typename F>
-  F Fn(const char* name) {
-    return reinterpret_cast<F>(::dlsym(h_, name));
-  }
-  void* h_;
-};
+using ::ferry::test::FakeCuda;
 
 TEST(CudaDriver, ALibraryThatIsNotThereIsUnavailableNamingIt) {
   CudaDriver d("libferry-no-such-cuda-driver.so.1");

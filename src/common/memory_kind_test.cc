@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/cuda_driver.h"
+#include "tests/testing/fake_cuda.h"
 #include "tests/testing/status_matchers.h"
 
 namespace ferry::internal {
@@ -66,32 +67,7 @@ TEST(MemoryKind, CudaLocationsWithAMissingDriverLibraryNameIt) {
                              HasSubstr("libferry-no-such-cuda-driver.so.1 not found"))));
 }
 
-// The fake driver (tests/testing/fake_cuda_driver.cc): two devices, and the
-// range of "device memory" a test sets.
-class FakeCuda {
- public:
-  FakeCuda() : h_(::dlopen(FERRY_FAKE_CUDA_PATH, RTLD_NOW | RTLD_LOCAL)) {}
-  ~FakeCuda() {
-    if (h_ == nullptr) return;
-    SetInitResult(0);
-    SetDeviceMemory(nullptr, 0, 0);
-    SetPointerResult(0);
-    ::dlclose(h_);
-  }
-  bool ok() const { return h_ != nullptr; }
-  void SetInitResult(int r) { reinterpret_cast<void (*)(int)>(::dlsym(h_, "ferry_fake_cuda_set_init_result"))(r); }
-  void SetDeviceMemory(const void* lo, size_t n, int ordinal) {
-    const auto a = reinterpret_cast<uintptr_t>(lo);
-    reinterpret_cast<void (*)(uintptr_t, uintptr_t, int)>(::dlsym(h_, "ferry_fake_cuda_set_device_memory"))(
-        a, a + n, ordinal);
-  }
-  void SetPointerResult(int r) {
-    reinterpret_cast<void (*)(int)>(::dlsym(h_, "ferry_fake_cuda_set_pointer_result"))(r);
-  }
-
- private:
-  void* h_;
-};
+using ::ferry::test::FakeCuda;
 
 TEST(MemoryKind, CudaLocationsWithADriverCheckTheDeviceAndAreUnimplemented) {
   FakeCuda fake;
