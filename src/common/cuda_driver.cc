@@ -3,6 +3,9 @@
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -21,6 +24,16 @@ constexpr int kCudaErrorInvalidDevice = 101;
 constexpr int kPointerAttributeMemoryType = 2;     // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 constexpr int kPointerAttributeDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 constexpr unsigned kMemoryTypeDevice = 2;          // CU_MEMORYTYPE_DEVICE
+constexpr int kCudaErrorNotReady = 600;
+constexpr unsigned kStreamNonBlocking = 0x1;      // CU_STREAM_NON_BLOCKING
+constexpr unsigned kEventDisableTiming = 0x2;     // CU_EVENT_DISABLE_TIMING
+constexpr unsigned kMemHostAllocPortable = 0x1;   // CU_MEMHOSTALLOC_PORTABLE
+constexpr unsigned kIpcLazyEnablePeerAccess = 0x1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+
+unsigned long long AsPtr(const void* p) {
+  return static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p));
+}
+void* FromPtr(unsigned long long p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
 
 std::string DlErrorText() {
   const char* e = ::dlerror();
@@ -32,6 +45,17 @@ std::string DlErrorText() {
 const CudaDriver& CudaDriver::Get() {
   static const CudaDriver driver(kLibrary);
   return driver;
+}
+
+const CudaDriver& CudaDriver::Load(const std::string& library) {
+  if (library == kLibrary) return Get();
+  // Never destroyed: drivers are never unloaded (see Get()).
+  static std::mutex* mu = new std::mutex;
+  static auto* loaded = new std::map<std::string, std::unique_ptr<CudaDriver>>;
+  std::lock_guard<std::mutex> lock(*mu);
+  auto& slot = (*loaded)[library];
+  if (!slot) slot = std::make_unique<CudaDriver>(library);
+  return *slot;
 }
 
 bool CudaDriver::LoadedInProcess() {
@@ -77,12 +101,47 @@ CudaDriver::CudaDriver(const std::string& library) : library_(library) {
   find("cuGetErrorName", get_error_name_, false);
   if (!why_unavailable_.empty()) return;
   loaded_ = true;
+  // The data paths' entry points, by the names cuda.h maps the calls to.
+  std::string missing;
+  auto need = [&](const char* name, auto& fn) {
+    ::dlerror();
+    void* sym = ::dlsym(h, name);
+    if (sym == nullptr) {
+      if (missing.empty()) missing = library + " has no " + name + " (" + DlErrorText() + ")";
+      return;
+    }
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(sym);
+  };
+  need("cuDevicePrimaryCtxRetain", primary_ctx_retain_);
+  need("cuCtxPushCurrent_v2", ctx_push_);
+  need("cuCtxPopCurrent_v2", ctx_pop_);
+  need("cuStreamCreate", stream_create_);
+  need("cuStreamDestroy_v2", stream_destroy_);
+  need("cuStreamSynchronize", stream_synchronize_);
+  need("cuEventCreate", event_create_);
+  need("cuEventDestroy_v2", event_destroy_);
+  need("cuEventRecord", event_record_);
+  need("cuEventQuery", event_query_);
+  need("cuEventSynchronize", event_synchronize_);
+  need("cuMemcpyAsync", memcpy_async_);
+  need("cuMemAlloc_v2", mem_alloc_);
+  need("cuMemFree_v2", mem_free_);
+  need("cuMemHostAlloc", mem_host_alloc_);
+  need("cuMemFreeHost", mem_free_host_);
+  need("cuMemsetD8_v2", memset_d8_);
+  need("cuMemGetAddressRange_v2", mem_get_address_range_);
+  need("cuIpcGetMemHandle", ipc_get_mem_handle_);
+  need("cuIpcOpenMemHandle_v2", ipc_open_mem_handle_);
+  need("cuIpcCloseMemHandle", ipc_close_mem_handle_);
   const Result r = init_(0);
   if (r != kCudaSuccess) {
     why_unavailable_ = "cuInit failed: " + ResultText(r);
+    why_no_data_path_ = why_unavailable_;
     return;
   }
   available_ = true;
+  data_path_ = missing.empty();
+  why_no_data_path_ = missing;
 }
 
 std::string CudaDriver::ResultText(int result) const {
@@ -154,6 +213,181 @@ StatusOr<std::optional<int>> CudaDriver::DeviceOfPointer(const void* p) const {
   if (r != kCudaSuccess) return CallFailed("cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)", r);
   return std::optional<int>(ordinal);
 }
+
+// ---- the data paths' calls ---------------------------------------------------
+
+#define FERRY_CUDA_DATA_PATH(call)                                                           \
+  do {                                                                                       \
+    if (!data_path_) {                                                                       \
+      return FailedPreconditionError(std::string(call) + ": the CUDA driver cannot move GPU " \
+                                     "memory: " + (available_ ? why_no_data_path_ : why_unavailable_)); \
+    }                                                                                        \
+  } while (0)
+
+Status CudaDriver::PushContext(int ordinal) const {
+  FERRY_CUDA_DATA_PATH("cuCtxPushCurrent");
+  if (ordinal < 0) return InvalidArgumentError("no CUDA device " + std::to_string(ordinal));
+  void* ctx = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(contexts_mu_);
+    if (static_cast<size_t>(ordinal) < contexts_.size()) ctx = contexts_[ordinal];
+    if (ctx == nullptr) {
+      int dev = 0;
+      Result r = device_get_(&dev, ordinal);
+      if (r != kCudaSuccess) return CallFailed(("cuDeviceGet(" + std::to_string(ordinal) + ")").c_str(), r);
+      r = primary_ctx_retain_(&ctx, dev);
+      if (r != kCudaSuccess) {
+        return CallFailed(("cuDevicePrimaryCtxRetain(" + std::to_string(ordinal) + ")").c_str(), r);
+      }
+      if (contexts_.size() <= static_cast<size_t>(ordinal)) contexts_.resize(ordinal + 1, nullptr);
+      contexts_[ordinal] = ctx;  // kept for the process's life, like the driver
+    }
+  }
+  const Result r = ctx_push_(ctx);
+  if (r != kCudaSuccess) return CallFailed("cuCtxPushCurrent", r);
+  return OkStatus();
+}
+
+void CudaDriver::PopContext() const {
+  if (!data_path_) return;
+  void* ctx = nullptr;
+  (void)ctx_pop_(&ctx);
+}
+
+StatusOr<CudaDriver::Stream> CudaDriver::CreateStream() const {
+  FERRY_CUDA_DATA_PATH("cuStreamCreate");
+  void* s = nullptr;
+  const Result r = stream_create_(&s, kStreamNonBlocking);
+  if (r != kCudaSuccess) return CallFailed("cuStreamCreate", r);
+  return s;
+}
+
+void CudaDriver::DestroyStream(Stream s) const {
+  if (data_path_ && s != nullptr) (void)stream_destroy_(s);
+}
+
+StatusOr<CudaDriver::Event> CudaDriver::CreateEvent() const {
+  FERRY_CUDA_DATA_PATH("cuEventCreate");
+  void* e = nullptr;
+  const Result r = event_create_(&e, kEventDisableTiming);
+  if (r != kCudaSuccess) return CallFailed("cuEventCreate", r);
+  return e;
+}
+
+void CudaDriver::DestroyEvent(Event e) const {
+  if (data_path_ && e != nullptr) (void)event_destroy_(e);
+}
+
+Status CudaDriver::CopyAsync(void* dst, const void* src, size_t length, Stream stream) const {
+  FERRY_CUDA_DATA_PATH("cuMemcpyAsync");
+  const Result r = memcpy_async_(AsPtr(dst), AsPtr(src), length, stream);
+  if (r != kCudaSuccess) return CallFailed("cuMemcpyAsync", r);
+  return OkStatus();
+}
+
+Status CudaDriver::RecordEvent(Event event, Stream stream) const {
+  FERRY_CUDA_DATA_PATH("cuEventRecord");
+  const Result r = event_record_(event, stream);
+  if (r != kCudaSuccess) return CallFailed("cuEventRecord", r);
+  return OkStatus();
+}
+
+StatusOr<bool> CudaDriver::EventDone(Event event) const {
+  FERRY_CUDA_DATA_PATH("cuEventQuery");
+  const Result r = event_query_(event);
+  if (r == kCudaSuccess) return true;
+  if (r == kCudaErrorNotReady) return false;
+  return CallFailed("cuEventQuery", r);
+}
+
+Status CudaDriver::WaitEvent(Event event) const {
+  FERRY_CUDA_DATA_PATH("cuEventSynchronize");
+  const Result r = event_synchronize_(event);
+  if (r != kCudaSuccess) return CallFailed("cuEventSynchronize", r);
+  return OkStatus();
+}
+
+Status CudaDriver::WaitStream(Stream stream) const {
+  FERRY_CUDA_DATA_PATH("cuStreamSynchronize");
+  const Result r = stream_synchronize_(stream);
+  if (r != kCudaSuccess) return CallFailed("cuStreamSynchronize", r);
+  return OkStatus();
+}
+
+StatusOr<void*> CudaDriver::AllocateDevice(size_t length) const {
+  FERRY_CUDA_DATA_PATH("cuMemAlloc");
+  Ptr p = 0;
+  const Result r = mem_alloc_(&p, length);
+  if (r != kCudaSuccess) return CallFailed(("cuMemAlloc(" + std::to_string(length) + ")").c_str(), r);
+  return FromPtr(p);
+}
+
+Status CudaDriver::FreeDevice(void* p) const {
+  FERRY_CUDA_DATA_PATH("cuMemFree");
+  const Result r = mem_free_(AsPtr(p));
+  if (r != kCudaSuccess) return CallFailed("cuMemFree", r);
+  return OkStatus();
+}
+
+StatusOr<void*> CudaDriver::AllocateHost(size_t length) const {
+  FERRY_CUDA_DATA_PATH("cuMemHostAlloc");
+  void* p = nullptr;
+  const Result r = mem_host_alloc_(&p, length, kMemHostAllocPortable);
+  if (r != kCudaSuccess) return CallFailed(("cuMemHostAlloc(" + std::to_string(length) + ")").c_str(), r);
+  return p;
+}
+
+Status CudaDriver::FreeHost(void* p) const {
+  FERRY_CUDA_DATA_PATH("cuMemFreeHost");
+  const Result r = mem_free_host_(p);
+  if (r != kCudaSuccess) return CallFailed("cuMemFreeHost", r);
+  return OkStatus();
+}
+
+Status CudaDriver::Fill(void* device, uint8_t value, size_t length) const {
+  FERRY_CUDA_DATA_PATH("cuMemsetD8");
+  const Result r = memset_d8_(AsPtr(device), value, length);
+  if (r != kCudaSuccess) return CallFailed("cuMemsetD8", r);
+  return OkStatus();
+}
+
+StatusOr<CudaDriver::Allocation> CudaDriver::AllocationOf(const void* p) const {
+  FERRY_CUDA_DATA_PATH("cuMemGetAddressRange");
+  Ptr base = 0;
+  size_t size = 0;
+  const Result r = mem_get_address_range_(&base, &size, AsPtr(p));
+  if (r != kCudaSuccess) return CallFailed("cuMemGetAddressRange", r);
+  return Allocation{base, size};
+}
+
+StatusOr<CudaDriver::IpcHandle> CudaDriver::GetIpcHandle(const void* base) const {
+  FERRY_CUDA_DATA_PATH("cuIpcGetMemHandle");
+  RawIpcHandle raw{};
+  const Result r = ipc_get_mem_handle_(&raw, AsPtr(base));
+  if (r != kCudaSuccess) return CallFailed("cuIpcGetMemHandle", r);
+  IpcHandle h;
+  std::memcpy(h.data(), raw.reserved, h.size());
+  return h;
+}
+
+StatusOr<void*> CudaDriver::OpenIpcHandle(const IpcHandle& handle) const {
+  FERRY_CUDA_DATA_PATH("cuIpcOpenMemHandle");
+  RawIpcHandle raw;
+  std::memcpy(raw.reserved, handle.data(), handle.size());
+  Ptr p = 0;
+  const Result r = ipc_open_mem_handle_(&p, raw, kIpcLazyEnablePeerAccess);
+  if (r != kCudaSuccess) return CallFailed("cuIpcOpenMemHandle", r);
+  return FromPtr(p);
+}
+
+Status CudaDriver::CloseIpcHandle(void* mapped) const {
+  FERRY_CUDA_DATA_PATH("cuIpcCloseMemHandle");
+  const Result r = ipc_close_mem_handle_(AsPtr(mapped));
+  if (r != kCudaSuccess) return CallFailed("cuIpcCloseMemHandle", r);
+  return OkStatus();
+}
+
+#undef FERRY_CUDA_DATA_PATH
 
 }  // namespace ferry::internal
 
