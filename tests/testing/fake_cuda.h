@@ -1,8 +1,11 @@
 // The controls of the fake CUDA driver (tests/testing/fake_cuda_driver.cc,
 // built as ferry_fake_cuda; FERRY_FAKE_CUDA_PATH names it): what cuInit and
 // cuPointerGetAttribute answer, and which address range is "device memory"
-// (two devices). The destructor puts everything back. The test binary opens
-// the same copy a CudaDriver of that path loads, so the settings reach it.
+// (two devices); the streams' copy delay, cuIpcOpenMemHandle's forced
+// result, the bytes copied by direction, the live allocations. The
+// destructor puts everything back (and zeroes the copy counters). The test
+// binary opens the same copy a CudaDriver of that path loads, so the
+// settings reach it.
 #pragma once
 
 #include <dlfcn.h>
@@ -20,6 +23,9 @@ class FakeCuda {
     SetInitResult(0);
     SetDeviceMemory(nullptr, 0, 0);
     SetPointerResult(0);
+    SetCopyDelayUs(kDefaultCopyDelayUs);
+    SetIpcOpenResult(0);
+    ResetCopiedBytes();
     ::dlclose(h_);
   }
   FakeCuda(const FakeCuda&) = delete;
@@ -32,6 +38,24 @@ class FakeCuda {
     Fn<void (*)(uintptr_t, uintptr_t, int)>("ferry_fake_cuda_set_device_memory")(a, a + n, ordinal);
   }
   void SetPointerResult(int r) { Fn<void (*)(int)>("ferry_fake_cuda_set_pointer_result")(r); }
+
+  // How long a stream's worker waits before each copy it runs (so that data
+  // used before its event completed is caught); kDefaultCopyDelayUs unless set.
+  static constexpr unsigned kDefaultCopyDelayUs = 200;
+  void SetCopyDelayUs(unsigned us) { Fn<void (*)(unsigned)>("ferry_fake_cuda_set_copy_delay_us")(us); }
+  // What cuIpcOpenMemHandle_v2 answers instead of opening (0: it opens).
+  void SetIpcOpenResult(int r) { Fn<void (*)(int)>("ferry_fake_cuda_set_ipc_open_result")(r); }
+  // Bytes the copies that ran so far moved, by direction (cuMemcpyAsync
+  // tells device memory from host memory, pinned or not, on either side).
+  enum Direction { kHostToDevice = 0, kDeviceToHost = 1, kDeviceToDevice = 2, kHostToHost = 3 };
+  unsigned long long CopiedBytes(Direction d) {
+    return Fn<unsigned long long (*)(int)>("ferry_fake_cuda_copied_bytes")(static_cast<int>(d));
+  }
+  void ResetCopiedBytes() { Fn<void (*)()>("ferry_fake_cuda_reset_copied_bytes")(); }
+  // Mappings of this process the fake holds now (not reset: a test that
+  // checks for leaks compares before and after).
+  enum Kind { kDeviceAllocations = 0, kImportedMappings = 1, kHostAllocations = 2 };
+  int LiveAllocations(Kind k) { return Fn<int (*)(int)>("ferry_fake_cuda_live_allocations")(static_cast<int>(k)); }
 
  private:
   template <typename F>
