@@ -78,7 +78,7 @@ case "$CASE" in
     out=$("$FERRY" info) || fail "ferry info exited $?"
     printf '%s\n' "$out" | grep -q '^cuda (driver API)   ' || fail "no cuda section in: $out"
     printf '%s\n' "$out" | grep -q '^  memory kind cuda:N  ' || fail "no cuda memory kind line in: $out"
-    check_json "d['cuda']['library'] == 'libcuda.so.1' and d['cuda']['gpu_data_paths'] is False and ((d['cuda']['available'] and d['cuda']['why_unavailable'] == '' and d['cuda']['driver_version'] > 0) or (not d['cuda']['available'] and ('libcuda.so.1 not found' in d['cuda']['why_unavailable'] or 'cuInit failed' in d['cuda']['why_unavailable'])))" \
+    check_json "d['cuda']['library'] == 'libcuda.so.1' and (d['cuda']['data_path'] == (d['cuda']['available'] and d['cuda']['why_no_data_path'] == '')) and ((d['cuda']['available'] and d['cuda']['why_unavailable'] == '' and d['cuda']['driver_version'] > 0) or (not d['cuda']['available'] and ('libcuda.so.1 not found' in d['cuda']['why_unavailable'] or 'cuInit failed' in d['cuda']['why_unavailable'])))" \
       "$FERRY" info --json
     if printf '%s\n' "$out" | grep -q '^cuda (driver API)   no driver: '; then
       printf '%s\n' "$out" | grep -q 'libcuda.so.1 not found' || fail "no driver, but the reason does not name libcuda.so.1"

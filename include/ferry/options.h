@@ -140,6 +140,9 @@ struct EngineOptions {
     // pages the CPU must not touch, reached only through their own copy
     // functions; see docs/architecture.md, "Memory kinds").
     bool allow_test_memory_kind = false;
+    // Load the CUDA driver from this library (a path) instead of
+    // libcuda.so.1: the tests' fake driver on machines without a GPU.
+    std::string cuda_driver;
     // Play a build that reads and writes descriptor formats up to this one
     // (0 = this build's newest).
     uint16_t descriptor_format_max = 0;

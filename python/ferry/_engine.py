@@ -98,6 +98,15 @@ def _is_address(obj: Any) -> bool:
     return isinstance(obj, numbers.Integral) and not isinstance(obj, bool)
 
 
+def _location_of(obj: Any, location: str) -> str:
+    """``location``, or for "*" the CUDA device of a tensor on one ("cuda:N")."""
+    device = getattr(obj, "device", None)
+    if location in ("*", "") and device is not None and getattr(device, "type", None) == "cuda":
+        index = getattr(device, "index", None)
+        return f"cuda:{0 if index is None else int(index)}"
+    return location
+
+
 def resolve_memory(obj: Any, length: int | None = None, *, writable: bool = True):
     """(address, nbytes, keepalive) of an int address, a contiguous object with
     the buffer protocol, or an object with ``data_ptr()`` (e.g. a torch tensor).
@@ -112,9 +121,9 @@ def resolve_memory(obj: Any, length: int | None = None, *, writable: bool = True
     data_ptr = getattr(obj, "data_ptr", None)
     if callable(data_ptr):  # torch.Tensor and friends
         device = getattr(obj, "device", None)
-        if device is not None and getattr(device, "type", str(device)) != "cpu":
-            raise Unimplemented(f"{type(obj).__name__} on {device}: only host memory can be "
-                                "registered so far")
+        if device is not None and getattr(device, "type", str(device)) not in ("cpu", "cuda"):
+            raise Unimplemented(f"{type(obj).__name__} on {device}: only host and CUDA memory can be "
+                                "registered")
         is_contiguous = getattr(obj, "is_contiguous", None)
         if callable(is_contiguous) and not is_contiguous():
             raise InvalidArgument(f"{type(obj).__name__} is not contiguous")
@@ -543,7 +552,7 @@ class Engine:
         False: for this engine's own transfers only; peers neither see it nor
         may read or write it."""
         addr, nbytes, keep = resolve_memory(obj, length, writable=True)
-        self._native.register_memory(addr, nbytes, location, exported)
+        self._native.register_memory(addr, nbytes, _location_of(obj, location), exported)
         with self._lock:
             self._registered[addr] = (nbytes, keep)
         return addr

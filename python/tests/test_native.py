@@ -492,19 +492,32 @@ def test_an_engine_dropped_without_close_is_closed():
         gc.enable()
 
 
-def test_device_tensors_are_refused(engine):
+def test_cuda_tensors_register_as_their_device_and_are_checked(engine):
     class FakeDevice:
         type = "cuda"
+        index = 0
 
         def __str__(self):
             return "cuda:0"
 
     class FakeCudaTensor:  # what a torch.Tensor on a GPU looks like to ferry
         device = FakeDevice()
+        nbytes = 4096
 
         def data_ptr(self):
             return 0x7000_0000_0000
 
-    with pytest.raises(ferry.Unimplemented, match="cuda:0"):
+    # Registered as cuda:0, where the driver says this is no GPU memory (or
+    # there is no driver at all): refused, nothing registered.
+    with pytest.raises((ferry.FailedPrecondition, ferry.InvalidArgument), match="cuda:0"):
         engine.register(FakeCudaTensor())
     assert engine.registered() == {}
+
+    class OtherDevice:
+        type = "mps"
+
+    class MpsTensor(FakeCudaTensor):
+        device = OtherDevice()
+
+    with pytest.raises(ferry.Unimplemented, match="host and CUDA memory"):
+        engine.register(MpsTensor())

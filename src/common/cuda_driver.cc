@@ -17,6 +17,7 @@ namespace {
 // Driver API facts (the values cuda.h gives them); nothing of cuda.h itself.
 constexpr int kCudaSuccess = 0;
 constexpr int kCudaErrorInvalidValue = 1;
+constexpr int kCudaErrorOutOfMemory = 2;
 constexpr int kCudaErrorNotInitialized = 3;
 constexpr int kCudaErrorDeinitialized = 4;
 constexpr int kCudaErrorNoDevice = 100;
@@ -78,6 +79,7 @@ CudaDriver::CudaDriver(const std::string& library) : library_(library) {
   void* h = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {
     why_unavailable_ = library + " not found (" + DlErrorText() + ")";
+    why_no_data_path_ = why_unavailable_;
     return;
   }
   auto find = [&](const char* name, auto& fn, bool required) {
@@ -99,7 +101,10 @@ CudaDriver::CudaDriver(const std::string& library) : library_(library) {
   find("cuPointerGetAttribute", pointer_get_attribute_, true);
   find("cuGetErrorString", get_error_string_, true);
   find("cuGetErrorName", get_error_name_, false);
-  if (!why_unavailable_.empty()) return;
+  if (!why_unavailable_.empty()) {
+    why_no_data_path_ = why_unavailable_;
+    return;
+  }
   loaded_ = true;
   // The data paths' entry points, by the names cuda.h maps the calls to.
   std::string missing;
@@ -164,6 +169,8 @@ Status CudaDriver::CallFailed(const char* call, Result r) const {
     case kCudaErrorInvalidValue:
     case kCudaErrorInvalidDevice:
       return InvalidArgumentError(std::move(m));
+    case kCudaErrorOutOfMemory:
+      return ResourceExhaustedError(std::move(m));
     default:
       return InternalError(std::move(m));
   }
@@ -400,6 +407,8 @@ CudaInfo DescribeCuda() {
   info.loaded = d.loaded();
   info.available = d.available();
   info.why_unavailable = d.why_unavailable();
+  info.data_path = d.data_path();
+  info.why_no_data_path = d.why_no_data_path();
   if (d.loaded()) {
     auto v = d.DriverVersion();
     if (v.ok()) {

@@ -71,7 +71,8 @@ class CudaDriver {
   // Codes: kFailedPrecondition when the driver is not available (naming
   // why_unavailable()) or answers CUDA_ERROR_NOT_INITIALIZED,
   // CUDA_ERROR_DEINITIALIZED or CUDA_ERROR_NO_DEVICE; kInvalidArgument for
-  // CUDA_ERROR_INVALID_VALUE and CUDA_ERROR_INVALID_DEVICE; kInternal for any
+  // CUDA_ERROR_INVALID_VALUE and CUDA_ERROR_INVALID_DEVICE; kResourceExhausted for
+  // CUDA_ERROR_OUT_OF_MEMORY; kInternal for any
   // other CUresult.
 
   // The number of CUDA devices.

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "common/cuda_driver.h"
@@ -62,13 +63,17 @@ std::string Hex(const void* p) {
   return buf;
 }
 
-// Why a registration of GPU memory on device `n` is refused (see FromLocation).
-Status CudaLocationRefusal(std::string_view location, int n, const CudaDriver& driver) {
+// Whether device `n` can be registered: the driver usable and the device there.
+Status CheckCudaDevice(std::string_view location, int n, const CudaDriver& driver) {
   const std::string what = "memory location '" + std::string(location) + "' is GPU memory";
   if (!driver.loaded()) return FailedPreconditionError(what + ", and there is no CUDA driver: " + driver.why_unavailable());
   if (!driver.available()) {
     return FailedPreconditionError(what + ", and the CUDA driver (" + driver.library() +
                                    ") is not usable: " + driver.why_unavailable());
+  }
+  if (!driver.data_path()) {
+    return FailedPreconditionError(what + ", and the CUDA driver (" + driver.library() +
+                                   ") cannot move it: " + driver.why_no_data_path());
   }
   auto count = driver.DeviceCount();
   if (!count.ok()) return count.status().WithPrefix(what);
@@ -77,18 +82,21 @@ Status CudaLocationRefusal(std::string_view location, int n, const CudaDriver& d
                                 std::to_string(*count) + " CUDA device" + (*count == 1 ? "" : "s") +
                                 (*count > 0 ? " (cuda:0..cuda:" + std::to_string(*count - 1) + ")" : ""));
   }
-  auto name = driver.DeviceName(n);
-  return UnimplementedError(what + (name.ok() ? " (" + *name + ")" : "") +
-                            ": the GPU data paths are not built yet, so Ferry cannot register it");
+  return OkStatus();
 }
+
+bool IsAutoLocation(std::string_view location) { return location.empty() || location == "*"; }
 
 StatusOr<MemoryKind> ParseLocation(std::string_view location, bool allow_test, const CudaDriver* driver) {
   if (IsCpuLocation(location)) return MemoryKind::Cpu();
   if (location == kTestOpaqueName && allow_test) return MemoryKind::TestOpaque();
   const int n = CudaLocationDevice(location);
-  if (n >= 0) return CudaLocationRefusal(location, n, driver != nullptr ? *driver : CudaDriver::Get());
+  if (n >= 0) {
+    FERRY_RETURN_IF_ERROR(CheckCudaDevice(location, n, driver != nullptr ? *driver : CudaDriver::Get()));
+    return MemoryKind::Cuda(n);
+  }
   return InvalidArgumentError("unknown memory location '" + std::string(location) +
-                              "' (expected \"cpu\", \"cpu:N\" or \"*\")");
+                              "' (expected \"cpu\", \"cpu:N\", \"cuda:N\" or \"*\")");
 }
 
 }  // namespace
@@ -108,22 +116,45 @@ const CudaDriver* CudaDriverForRegistrations() {
 StatusOr<MemoryKind> KindOfRegistration(std::string_view location, const void* addr, size_t length, bool allow_test,
                                         const CudaDriver* driver) {
   FERRY_ASSIGN_OR_RETURN(MemoryKind kind, ParseLocation(location, allow_test, driver));
-  if (kind.type() != MemoryKind::Type::kCpu || driver == nullptr || !driver->available()) return kind;
+  const bool is_cuda = kind.type() == MemoryKind::Type::kCuda;
+  if (!is_cuda && (kind.type() != MemoryKind::Type::kCpu || driver == nullptr || !driver->available())) return kind;
+  const CudaDriver& d = driver != nullptr ? *driver : CudaDriver::Get();
   const char* first = static_cast<const char*>(addr);
   const char* ends[] = {first, length > 1 ? first + (length - 1) : first};
-  for (const char* p : ends) {
-    auto device = driver->DeviceOfPointer(p);
+  std::optional<int> devices[2];
+  for (int i = 0; i < 2; ++i) {
+    auto device = d.DeviceOfPointer(ends[i]);
     if (!device.ok()) {
-      return device.status().WithPrefix("cannot tell whether " + Hex(p) + " (region at " + Hex(addr) +
-                                        ", location '" + std::string(location) + "') is host memory");
+      return device.status().WithPrefix("cannot tell whether " + Hex(ends[i]) + " (region at " + Hex(addr) +
+                                        ", location '" + std::string(location) + "') is " +
+                                        (is_cuda ? "GPU" : "host") + " memory");
     }
-    if (device->has_value()) {
-      return InvalidArgumentError("memory at " + Hex(addr) + " (" + std::to_string(length) + " bytes, location '" +
-                                  std::string(location) + "') is GPU memory of cuda:" + std::to_string(**device) +
-                                  " (" + Hex(p) + "), not host memory; Ferry cannot register GPU memory yet");
-    }
+    devices[i] = *device;
   }
-  return kind;
+  const std::string region = "memory at " + Hex(addr) + " (" + std::to_string(length) + " bytes, location '" +
+                             std::string(location) + "')";
+  if (is_cuda) {
+    for (int i = 0; i < 2; ++i) {
+      if (devices[i] == kind.device()) continue;
+      return InvalidArgumentError(region + (i == 0 ? " starts" : " ends") + " in " +
+                                  (devices[i].has_value() ? "GPU memory of cuda:" + std::to_string(*devices[i])
+                                                          : std::string("host memory")) +
+                                  " (" + Hex(ends[i]) + "), not in GPU memory of " + kind.Name());
+    }
+    return kind;
+  }
+  // A cpu location: host memory, unless the location is automatic ("*" or
+  // "") and both ends are on one device, which makes it that device's memory.
+  if (!devices[0].has_value() && !devices[1].has_value()) return kind;
+  if (IsAutoLocation(location) && devices[0].has_value() && devices[0] == devices[1] && d.data_path()) {
+    return MemoryKind::Cuda(*devices[0]);
+  }
+  const int dev = devices[0].has_value() ? *devices[0] : *devices[1];
+  const char* p = devices[0].has_value() ? ends[0] : ends[1];
+  return InvalidArgumentError(region + " is GPU memory of cuda:" + std::to_string(dev) + " (" + Hex(p) +
+                              "), not host memory" +
+                              (IsAutoLocation(location) ? std::string(" (and not all of it on one device)")
+                                                        : "; register it as cuda:" + std::to_string(dev)));
 }
 
 MemoryKind MemoryKind::FromName(std::string_view name) {

@@ -1,10 +1,9 @@
 // Memory kinds: what registered memory is, and so who may touch it and how.
 //
-// `cpu` is host memory that any CPU copy may read and write (every transport
-// today). `cuda:N` is GPU memory: the CUDA driver is loaded at run time
-// (common/cuda_driver.h) to check the device and to tell device pointers from
-// host ones, but no GPU data path is built yet, so registering it is refused
-// (see FromLocation for the codes). `test-opaque` exists for the tests of the seam: pages
+// `cpu` is host memory that any CPU copy may read and write. `cuda:N` is GPU
+// memory of device N: the CUDA driver is loaded at run time
+// (common/cuda_driver.h) to check the device, to tell device pointers from
+// host ones and to move the bytes; no CPU copy ever touches it. `test-opaque` exists for the tests of the seam: pages
 // the CPU must not touch directly (mapped PROT_NONE), reached only through
 // CopyMemory; only engines created with EngineOptions::testing.
 // allow_test_memory_kind accept it. A kind read from a peer's descriptor that
@@ -29,17 +28,18 @@ class MemoryKind {
   MemoryKind() = default;  // cpu
   static MemoryKind Cpu() { return MemoryKind(); }
   static MemoryKind TestOpaque() { return MemoryKind(Type::kTestOpaque, 0); }
+  static MemoryKind Cuda(int device) { return MemoryKind(Type::kCuda, device); }
 
   // The kind a registration's location names: "cpu", "cpu:N", "*" or "" →
   // cpu; "test-opaque" (only with `allow_test`); anything else
   // kInvalidArgument listing what is accepted. "cuda:N" ("cuda" is cuda:0)
-  // asks the CUDA driver (CudaDriver::Get(), or `driver`) and is refused:
-  //   kFailedPrecondition: no usable driver (no libcuda.so.1, or cuInit
-  //     failed), naming why — the machine, not the request, is at fault;
-  //   kInvalidArgument: there is no device N (naming N and the count);
-  //   kUnimplemented: the device exists, but the GPU data paths are not
-  //     built yet.
-  // Every message names the location and says "GPU".
+  // asks the CUDA driver (CudaDriver::Get(), or `driver`) and is refused
+  // with:
+  //   kFailedPrecondition: no usable driver (no libcuda.so.1, cuInit
+  //     failed, or a driver without the data paths' calls), naming why —
+  //     the machine, not the request, is at fault;
+  //   kInvalidArgument: there is no device N (naming N and the count).
+  // Every refusal names the location and says "GPU".
   static StatusOr<MemoryKind> FromLocation(std::string_view location, bool allow_test);
   static StatusOr<MemoryKind> FromLocation(std::string_view location, bool allow_test, const CudaDriver& driver);
   // The kind a peer advertised (its Name()); unknown names give kUnknown.
@@ -73,13 +73,18 @@ const CudaDriver* CudaDriverForRegistrations();
 
 // The kind of a registration of [addr, addr + length) at `location`
 // (FromLocation, asking `driver` about "cuda:N"; CudaDriver::Get() if
-// `driver` is null). A cpu location whose first or last byte the driver
-// reports as device memory is refused with kInvalidArgument naming the
-// address, the location and the device: nothing may treat GPU memory as host
-// memory (memcpy, sendmsg, process_vm_writev would fault or read the wrong
-// bytes). When the driver cannot tell, its error is returned (code kept,
-// address and location named). With a null or unavailable `driver` a cpu
-// location is taken as host memory.
+// `driver` is null), checked against the driver (first and last byte):
+//   - cuda:N: both ends must be GPU memory of device N, else
+//     kInvalidArgument naming the end, what it is and the location;
+//   - "*" or "": GPU memory of one device with both ends there is that
+//     device's kind; host memory is cpu;
+//   - any other cpu location whose first or last byte is device memory is
+//     refused with kInvalidArgument naming the address, the location and
+//     the device: nothing may treat GPU memory as host memory (memcpy,
+//     sendmsg, process_vm_writev would fault or read the wrong bytes).
+// When the driver cannot tell, its error is returned (code kept, address and
+// location named). With a null or unavailable `driver` a cpu location is
+// taken as host memory.
 StatusOr<MemoryKind> KindOfRegistration(std::string_view location, const void* addr, size_t length, bool allow_test,
                                         const CudaDriver* driver);
 

@@ -69,17 +69,18 @@ TEST(MemoryKind, CudaLocationsWithAMissingDriverLibraryNameIt) {
 
 using ::ferry::test::FakeCuda;
 
-TEST(MemoryKind, CudaLocationsWithADriverCheckTheDeviceAndAreUnimplemented) {
+TEST(MemoryKind, CudaLocationsWithADriverCheckTheDevice) {
   FakeCuda fake;
   ASSERT_TRUE(fake.ok()) << ::dlerror();
   CudaDriver driver(FERRY_FAKE_CUDA_PATH);
   ASSERT_TRUE(driver.available()) << driver.why_unavailable();
-  for (const char* loc : {"cuda:0", "cuda:1", "cuda"}) {
-    EXPECT_THAT(MemoryKind::FromLocation(loc, false, driver),
-                StatusIs(StatusCode::kUnimplemented,
-                         AllOf(HasSubstr(std::string("'") + loc + "' is GPU memory"), HasSubstr("Ferry Fake GPU"),
-                               HasSubstr("GPU data paths are not built yet"))))
-        << loc;
+  ASSERT_TRUE(driver.data_path()) << driver.why_no_data_path();
+  for (auto [loc, device] : {std::pair{"cuda:0", 0}, {"cuda:1", 1}, {"cuda", 0}}) {
+    auto kind = MemoryKind::FromLocation(loc, false, driver);
+    ASSERT_THAT(kind, IsOk()) << loc;
+    EXPECT_EQ(*kind, MemoryKind::Cuda(device)) << loc;
+    EXPECT_EQ(kind->Name(), "cuda:" + std::to_string(device));
+    EXPECT_FALSE(kind->cpu_accessible());
   }
   for (const char* loc : {"cuda:2", "cuda:7"}) {
     EXPECT_THAT(MemoryKind::FromLocation(loc, true, driver),
@@ -113,24 +114,42 @@ TEST(KindOfRegistration, DeviceMemoryRegisteredAsCpuIsRefusedNamingAddressAndLoc
   char* const host = buffer.data();
   char* const device = buffer.data() + 4096;
   fake.SetDeviceMemory(device, 2 * 4096, 1);
-  for (const char* loc : {"cpu", "cpu:0", "*", ""}) {
+  for (const char* loc : {"cpu", "cpu:0"}) {
     EXPECT_THAT(KindOfRegistration(loc, device, 4096, false, &driver),
                 StatusIs(StatusCode::kInvalidArgument,
                          AllOf(HasSubstr(Hex(device)), HasSubstr(std::string("location '") + loc + "'"),
-                               HasSubstr("GPU memory of cuda:1"), HasSubstr("not host memory"))))
+                               HasSubstr("GPU memory of cuda:1"), HasSubstr("not host memory"),
+                               HasSubstr("register it as cuda:1"))))
         << "'" << loc << "'";
   }
-  // Only the last byte in device memory: refused too.
+  // An automatic location takes the device's kind from the pointer.
+  for (const char* loc : {"*", ""}) {
+    auto k = KindOfRegistration(loc, device, 4096, false, &driver);
+    ASSERT_THAT(k, IsOk()) << "'" << loc << "'";
+    EXPECT_EQ(*k, MemoryKind::Cuda(1));
+  }
+  // Only the last byte in device memory: refused too, automatic or not.
   EXPECT_THAT(KindOfRegistration("cpu", device - 16, 32, false, &driver),
               StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr(Hex(device - 16)), HasSubstr(Hex(device + 15)))));
+  EXPECT_THAT(KindOfRegistration("*", device - 16, 32, false, &driver),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("not all of it on one device")));
+  // cuda:N must be memory of device N at both ends.
+  auto on_1 = KindOfRegistration("cuda:1", device, 4096, false, &driver);
+  ASSERT_THAT(on_1, IsOk());
+  EXPECT_EQ(*on_1, MemoryKind::Cuda(1));
+  EXPECT_THAT(KindOfRegistration("cuda:0", device, 4096, false, &driver),
+              StatusIs(StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("starts in GPU memory of cuda:1"), HasSubstr("not in GPU memory of cuda:0"))));
+  EXPECT_THAT(KindOfRegistration("cuda:1", host, 4096, false, &driver),
+              StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr(Hex(host)), HasSubstr("starts in host memory"))));
+  EXPECT_THAT(KindOfRegistration("cuda:1", device + 4096, 8192, false, &driver),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("ends in host memory")));
   // Host memory next to it is host memory.
   auto k = KindOfRegistration("cpu", host, 4096, false, &driver);
   ASSERT_THAT(k, IsOk());
   EXPECT_EQ(*k, MemoryKind::Cpu());
-  // Other kinds are not asked about; cuda locations still say why not.
+  // The test kind is not asked about.
   EXPECT_THAT(KindOfRegistration("test-opaque", device, 4096, true, &driver), IsOk());
-  EXPECT_THAT(KindOfRegistration("cuda:1", device, 4096, false, &driver),
-              StatusIs(StatusCode::kUnimplemented, HasSubstr("GPU data paths")));
   EXPECT_THAT(KindOfRegistration("bogus", host, 64, false, &driver), StatusIs(StatusCode::kInvalidArgument));
   // A driver that cannot tell: refused with its error, naming the address.
   fake.SetPointerResult(999);

@@ -8,6 +8,7 @@
 // transport/transport.h and transport/registry.h.
 #include "ferry/engine.h"
 
+#include "common/cuda_driver.h"
 #include "core/engine_impl.h"
 
 namespace ferry {
@@ -128,7 +129,9 @@ Status Engine::RegisterMemory(std::span<const MemoryRegion> regions) {
   kinds.reserve(regions.size());
   // Host memory is checked against the CUDA driver if this process uses one:
   // a device pointer registered as "cpu" is refused, never copied as host memory.
-  const internal::CudaDriver* cuda = internal::CudaDriverForRegistrations();
+  const internal::CudaDriver* cuda = impl_->options.testing.cuda_driver.empty()
+                                         ? internal::CudaDriverForRegistrations()
+                                         : &internal::CudaDriver::Load(impl_->options.testing.cuda_driver);
   for (size_t i = 0; i < regions.size(); ++i) {
     auto kind = internal::KindOfRegistration(regions[i].location, regions[i].addr, regions[i].length,
                                              impl_->options.testing.allow_test_memory_kind, cuda);
@@ -449,8 +452,10 @@ Status Engine::SendNotification(SegmentHandle h, std::string_view name, std::str
     FERRY_RETURN_IF_ERROR(internal::CheckPeerTakes(*seg->peer, message.size()));
   }
   wire::NotifyBody body{impl_->peer_id, std::string(name), std::string(message)};
-  Status s = routed.link->Notify(body, Clock::now() + impl_->options.transfer_timeout)
-                 .WithPrefix("notification to " + seg->name);
+  const Clock::time_point deadline = Clock::now() + impl_->options.transfer_timeout;
+  Status s = impl_->FlushOtherLinks(*seg, *routed.link, deadline);
+  if (s.ok()) s = routed.link->Notify(body, deadline);
+  s = s.WithPrefix("notification to " + seg->name);
   if (s.ok()) impl_->metrics->AddNotificationSent();
   return s;
 }

@@ -521,6 +521,21 @@ class Engine::Impl {
     return t;
   }
 
+  // Makes every write posted to the segment's links other than `notifier`
+  // complete (PeerLink::Flush), so a notification sent on `notifier` next
+  // follows them all.
+  Status FlushOtherLinks(Segment& seg, internal::PeerLink& notifier, Clock::time_point deadline) {
+    std::vector<std::shared_ptr<internal::PeerLink>> others;
+    {
+      std::lock_guard<std::mutex> lock(seg.mu);
+      for (auto& [t, link] : seg.links) {
+        if (link.get() != &notifier) others.push_back(link);
+      }
+    }
+    for (auto& l : others) FERRY_RETURN_IF_ERROR(l->Flush(deadline));
+    return OkStatus();
+  }
+
   // Sends a finished transfer's notification (on the notifier's thread).
   Status SendTransferNotification(Segment& seg, uint64_t instance, const Notification& note) {
     auto routed = EnsureRoute(seg, MemoryKind::Cpu(), MemoryKind::Cpu());
@@ -532,7 +547,9 @@ class Engine::Impl {
       }
     }
     wire::NotifyBody body{peer_id, note.name, note.message};
-    Status s = routed->link->Notify(body, Clock::now() + options.transfer_timeout);
+    const Clock::time_point deadline = Clock::now() + options.transfer_timeout;
+    Status s = FlushOtherLinks(seg, *routed->link, deadline);
+    if (s.ok()) s = routed->link->Notify(body, deadline);
     if (!s.ok()) return s.WithPrefix("notification to " + seg.name);
     metrics->AddNotificationSent();
     return OkStatus();

@@ -2,6 +2,8 @@
 // posted many times), cancellation, agent metadata export and import, and
 // telemetry. The data path is Submit's (Impl::SliceAndPost) minus the
 // per-request checks, which were done when the lists were prepared.
+#include <algorithm>
+
 #include "core/engine_impl.h"
 
 namespace ferry {
@@ -249,7 +251,8 @@ Status Engine::ReleaseTransfer(TransferHandle h) {
 
 std::string Engine::ExportMetadata() const {
   std::string out;
-  wire::EncodeExportedMetadata(impl_->Describe(), &out, impl_->descriptor_format_max);
+  const wire::PeerDescriptor self = impl_->Describe();
+  wire::EncodeExportedMetadata(self, &out, std::min(impl_->descriptor_format_max, wire::LowestFormatFor(self)));
   return out;
 }
 

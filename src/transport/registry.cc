@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "transport/cuda/cuda_ipc_transport.h"
 #include "transport/fabric/fabric_transport.h"
 #include "transport/fault/fault_transport.h"
 #include "transport/local/local_transport.h"
@@ -19,6 +20,7 @@ std::string AlwaysAvailable() { return ""; }
 // One line per transport, in preference order.
 constexpr TransportEntry kBuiltin[] = {
     {LocalCaps, AlwaysAvailable, MakeLocalTransport},
+    {CudaIpcCaps, CudaIpcAvailability, MakeCudaIpcTransport},
     {ShmCaps, ShmAvailability, MakeShmTransport},
     {FabricCaps, FabricAvailability, MakeFabricTransport, FabricEnabled},
     {TcpCaps, AlwaysAvailable, MakeTcpTransport},

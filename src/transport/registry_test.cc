@@ -3,6 +3,8 @@
 // TransportSet with a fake keyed transport under a MemoryRegistry.
 #include "transport/registry.h"
 
+#include "ferry/cuda.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -34,11 +36,11 @@ using ::testing::IsEmpty;
 
 // ---------------------------------------------------------------- registry
 
-TEST(Registry, BuiltinTransportsAreLocalShmFabricTcpInThatOrder) {
+TEST(Registry, BuiltinTransportsAreLocalCudaIpcShmFabricTcpInThatOrder) {
   std::vector<std::string> names;
   for (const TransportEntry& e : BuiltinTransports()) names.emplace_back(e.caps().name);
-  EXPECT_THAT(names, ElementsAre("local", "shm", "fabric", "tcp"));
-  EXPECT_EQ(TransportNames(), "local, shm, fabric, tcp");
+  EXPECT_THAT(names, ElementsAre("local", "cuda_ipc", "shm", "fabric", "tcp"));
+  EXPECT_EQ(TransportNames(), "local, cuda_ipc, shm, fabric, tcp");
 }
 
 TEST(Registry, FindTransportAgreesWithTheList) {
@@ -56,25 +58,32 @@ TEST(Registry, FindTransportAgreesWithTheList) {
 
 TEST(Registry, ListTransportsDescribesEachBuiltinTransport) {
   const std::vector<TransportInfo> list = ListTransports();
-  ASSERT_EQ(list.size(), 4u);
+  ASSERT_EQ(list.size(), 5u);
   EXPECT_EQ(list[0].name, "local");
   EXPECT_EQ(list[0].reach, "same process");
   EXPECT_THAT(list[0].memory_kinds, ElementsAre("cpu", "test-opaque"));
-  EXPECT_EQ(list[1].name, "shm");
+  EXPECT_EQ(list[1].name, "cuda_ipc");
   EXPECT_EQ(list[1].reach, "same host");
-  EXPECT_THAT(list[1].memory_kinds, ElementsAre("cpu"));
-  EXPECT_EQ(list[2].name, "fabric");
-  EXPECT_EQ(list[2].reach, "network");
+  EXPECT_THAT(list[1].memory_kinds, ElementsAre("cpu", "cuda"));
+  EXPECT_TRUE(list[1].needs_region_keys);  // the allocations' IPC handles
+  EXPECT_EQ(list[2].name, "shm");
+  EXPECT_EQ(list[2].reach, "same host");
   EXPECT_THAT(list[2].memory_kinds, ElementsAre("cpu"));
-  EXPECT_TRUE(list[2].needs_region_keys);  // the provider's remote keys
-  EXPECT_EQ(list[3].name, "tcp");
+  EXPECT_EQ(list[3].name, "fabric");
   EXPECT_EQ(list[3].reach, "network");
   EXPECT_THAT(list[3].memory_kinds, ElementsAre("cpu"));
-  for (size_t i : {0, 1, 3}) EXPECT_FALSE(list[i].needs_region_keys) << list[i].name;
+  EXPECT_TRUE(list[3].needs_region_keys);  // the provider's remote keys
+  EXPECT_EQ(list[4].name, "tcp");
+  EXPECT_EQ(list[4].reach, "network");
+  EXPECT_THAT(list[4].memory_kinds, ElementsAre("cpu"));
+  for (size_t i : {0, 2, 4}) EXPECT_FALSE(list[i].needs_region_keys) << list[i].name;
   // Always available (shm depends on this machine's ptrace settings, fabric
-  // on libfabric).
+  // on libfabric, cuda_ipc on a CUDA driver).
   EXPECT_EQ(list[0].unavailable, "");
-  EXPECT_EQ(list[3].unavailable, "");
+  EXPECT_EQ(list[4].unavailable, "");
+  if (!DescribeCuda().available) {
+    EXPECT_NE(list[1].unavailable, "");
+  }
   // The same order and names as the internal list.
   const auto builtin = BuiltinTransports();
   ASSERT_EQ(builtin.size(), list.size());
@@ -265,7 +274,7 @@ TEST_F(TransportSetTest, RegisterPutsTheTransportsKeyIntoTheRegion) {
   ASSERT_EQ(snap.size(), 1u);
   EXPECT_EQ(snap[0].addr, Addr(0));
   EXPECT_EQ(snap[0].kind, "cpu");
-  EXPECT_THAT(snap[0].keys, ElementsAre(wire::RegionKey{"fake", KeyFor(Addr(0))}));
+  EXPECT_THAT(snap[0].keys, ElementsAre(wire::RegionKey{"fake", KeyFor(Addr(0)), {}}));
 
   // Unregister undoes the transport's registration once.
   ASSERT_THAT(registry_.Unregister(Addr(0), set_.get()), IsOk());
@@ -284,8 +293,8 @@ TEST_F(TransportSetTest, EveryKeyedTransportAddsItsKeyAndOthersAreNotAsked) {
   ASSERT_EQ(snap.size(), 2u);
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(snap[i].addr, Addr(i));
-    EXPECT_THAT(snap[i].keys, ElementsAre(wire::RegionKey{"fake", KeyFor(Addr(i))},
-                                          wire::RegionKey{"fake2", KeyFor(Addr(i))}));
+    EXPECT_THAT(snap[i].keys, ElementsAre(wire::RegionKey{"fake", KeyFor(Addr(i)), {}},
+                                          wire::RegionKey{"fake2", KeyFor(Addr(i)), {}}));
   }
   EXPECT_EQ(g_fake.register_calls, 2);
   EXPECT_EQ(g_fake2.register_calls, 2);

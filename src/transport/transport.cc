@@ -54,7 +54,8 @@ bool Transport::Handles(MemoryKind local, MemoryKind remote) const {
   auto has = [&](MemoryKind k) {
     return std::find(caps_.memory_kinds.begin(), caps_.memory_kinds.end(), k.type()) != caps_.memory_kinds.end();
   };
-  return has(local) && has(remote);
+  const auto& r = caps_.remote_kinds;
+  return has(local) && has(remote) && (r.empty() || std::find(r.begin(), r.end(), remote.type()) != r.end());
 }
 
 }  // namespace ferry::internal

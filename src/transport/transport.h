@@ -91,6 +91,13 @@ class PeerLink {
   // Delivers a notification after every write posted to this link before it
   // has completed; returns once the peer has it.
   virtual Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) = 0;
+  // Returns once every write posted to this link before the call has
+  // completed (its bytes are in the peer's memory), or at `deadline`. The
+  // core calls it on a peer's other links before a notification goes out on
+  // the cpu route's link, so a notification still follows every earlier
+  // write to that peer, whichever route it took. Links whose writes are
+  // ordered with that link's notifications anyway keep the default.
+  virtual Status Flush(Clock::time_point /*deadline*/) { return OkStatus(); }
   // False once the link lost its peer; the core then builds a new one.
   virtual bool Healthy() const = 0;
   // Lets in-flight work finish, then releases the link's resources.
@@ -114,6 +121,9 @@ struct TransportCaps {
   Reach reach = Reach::kNetwork;
   // Memory kinds it reads and writes, on either side of a transfer.
   std::vector<MemoryKind::Type> memory_kinds = {MemoryKind::Type::kCpu};
+  // If not empty, the only kinds it reaches on the peer's side (cuda_ipc:
+  // cuda; host memory of a same-host peer goes through shm).
+  std::vector<MemoryKind::Type> remote_kinds;
   // Whether peers need a per-region key from it (RegisterRegion) to reach
   // registered memory.
   bool needs_region_keys = false;

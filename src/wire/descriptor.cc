@@ -19,6 +19,15 @@ const TransportEndpoint* PeerDescriptor::FindTransport(std::string_view name) co
   return nullptr;
 }
 
+uint16_t LowestFormatFor(const PeerDescriptor& d) {
+  for (const auto& r : d.regions) {
+    for (const auto& k : r.keys) {
+      if (!k.value.empty()) return 3;
+    }
+  }
+  return 2;
+}
+
 void EncodeDescriptor(const PeerDescriptor& d, std::string* out, uint16_t format) {
   ByteWriter w(out);
   w.U16(format);
@@ -45,10 +54,13 @@ void EncodeDescriptor(const PeerDescriptor& d, std::string* out, uint16_t format
     w.Str(r.location);
     if (format >= 2) {
       w.Str(r.kind);
-      w.U16(static_cast<uint16_t>(r.keys.size()));
+      const auto carried = [&](const RegionKey& k) { return format >= 3 || k.value.empty(); };
+      w.U16(static_cast<uint16_t>(std::count_if(r.keys.begin(), r.keys.end(), carried)));
       for (const auto& k : r.keys) {
+        if (!carried(k)) continue;
         w.Str(k.transport);
         w.U64(k.key);
+        if (format >= 3) w.Str(k.value);
       }
     }
   }
@@ -91,11 +103,12 @@ StatusOr<PeerDescriptor> DecodeDescriptor(std::string_view bytes) {
     if (ok && format >= 2) {
       uint16_t nk = 0;
       ok = r.Str(&reg.kind) && r.U16(&nk);
-      // Each key takes at least 10 bytes.
-      if (ok && nk > r.remaining() / 10) ok = false;
+      // Each key takes at least 10 bytes (12 in format 3).
+      if (ok && nk > r.remaining() / (format >= 3 ? 12 : 10)) ok = false;
       for (uint16_t k = 0; ok && k < nk; ++k) {
         RegionKey key;
-        ok = r.Str(&key.transport) && r.U64(&key.key);
+        ok = r.Str(&key.transport) && r.U64(&key.key) && (format < 3 || r.Str(&key.value));
+        if (ok && key.value.size() > kMaxRegionKeyValue) ok = false;
         reg.keys.push_back(std::move(key));
       }
     }

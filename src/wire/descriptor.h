@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ferry/status.h"
@@ -13,18 +14,28 @@
 namespace ferry::wire {
 
 // Descriptor formats this build reads and writes. Format 2 adds each
-// region's memory kind and per-transport keys. A handshake request is always
-// written in format 1, which every build reads, and names the formats its
-// sender reads in a feature ("descriptor-formats:1..2"); the responder answers
-// in the highest format both read (format 1 to a builder that names none).
+// region's memory kind and per-transport keys; format 3 a value of bytes to
+// each key (a CUDA IPC handle). A handshake request is always written in
+// format 1, which every build reads, and names the formats its sender reads
+// in a feature ("descriptor-formats:1..3"); the responder answers in the
+// highest format both read (format 1 to a builder that names none).
 inline constexpr uint16_t kDescriptorFormatMin = 1;
-inline constexpr uint16_t kDescriptorFormatMax = 2;
+inline constexpr uint16_t kDescriptorFormatMax = 3;
+// The longest key value format 3 carries.
+inline constexpr size_t kMaxRegionKeyValue = 1024;
 
 // What a peer needs to reach a region through one transport (for example a
-// fabric's remote key). Transports without per-region keys add none.
+// fabric's remote key, or a CUDA IPC handle and the region's offset in its
+// allocation). Transports without per-region keys add none. Written in
+// format 2, a key with a value is left out (a build that reads only format 2
+// has no transport that could use it).
 struct RegionKey {
+  RegionKey() = default;
+  RegionKey(std::string t, uint64_t k, std::string v = {})
+      : transport(std::move(t)), key(k), value(std::move(v)) {}
   std::string transport;
   uint64_t key = 0;
+  std::string value;  // format 3; at most kMaxRegionKeyValue bytes
   friend bool operator==(const RegionKey&, const RegionKey&) = default;
 };
 
@@ -63,6 +74,9 @@ struct PeerDescriptor {
   const TransportEndpoint* FindTransport(std::string_view name) const;
 };
 
+// The lowest format that carries everything of `d` (2, or 3 once a key has
+// a value): what stores shared with older builds are written in.
+uint16_t LowestFormatFor(const PeerDescriptor& d);
 // Encodes in `format` (kDescriptorFormatMin..Max); format 1 leaves out the
 // regions' kinds and keys.
 void EncodeDescriptor(const PeerDescriptor& d, std::string* out, uint16_t format = kDescriptorFormatMax);

@@ -141,7 +141,36 @@ TEST(Descriptor, Format2RoundTripKeepsKindsAndKeys) {
   // The default format is the highest.
   std::string dflt;
   EncodeDescriptor(in, &dflt);
-  EXPECT_EQ(dflt, bytes);
+  EXPECT_EQ(dflt[0], kDescriptorFormatMax);
+}
+
+TEST(Descriptor, Format3CarriesKeyValuesAndFormat2LeavesThoseKeysOut) {
+  PeerDescriptor in = WithKindsAndKeys();
+  const std::string handle(64, '\x5a');
+  in.regions[2].keys.push_back({"cuda-ipc", 0x40, handle});
+  EXPECT_EQ(LowestFormatFor(WithKindsAndKeys()), 2);
+  EXPECT_EQ(LowestFormatFor(in), 3);
+  std::string v3, v2;
+  EncodeDescriptor(in, &v3, 3);
+  ASSERT_EQ(v3[0], 3);
+  ASSERT_OK_AND_ASSIGN(PeerDescriptor d3, DecodeDescriptor(v3));
+  EXPECT_EQ(d3.format, 3);
+  EXPECT_EQ(d3.regions, in.regions);
+  EXPECT_EQ(d3.regions[2].keys[1].value, handle);
+  // Format 2 has no values: the key that needs one is left out, the rest kept.
+  EncodeDescriptor(in, &v2, 2);
+  ASSERT_OK_AND_ASSIGN(PeerDescriptor d2, DecodeDescriptor(v2));
+  EXPECT_EQ(d2.regions, WithKindsAndKeys().regions);
+  // A value longer than format 3 allows is malformed.
+  PeerDescriptor big = Sample();
+  big.regions = {{0x10000, 64, "cuda:0", "cuda:0", {{"cuda-ipc", 0, std::string(kMaxRegionKeyValue + 1, 'x')}}}};
+  std::string vb;
+  EncodeDescriptor(big, &vb, 3);
+  EXPECT_THAT(DecodeDescriptor(vb), StatusIs(StatusCode::kDataLoss));
+  big.regions[0].keys[0].value.resize(kMaxRegionKeyValue);
+  vb.clear();
+  EncodeDescriptor(big, &vb, 3);
+  EXPECT_OK(DecodeDescriptor(vb));
 }
 
 TEST(Descriptor, Format1DropsKindsAndKeysAndReadsBackAsCpu) {
@@ -242,12 +271,12 @@ TEST(Descriptor, HandWrittenFormat1FromAnOldEngineDecodes) {
   EXPECT_EQ(again, bytes);
 }
 
-TEST(Descriptor, Format3IsRefusedNamingTheFormatsRead) {
+TEST(Descriptor, Format4IsRefusedNamingTheFormatsRead) {
   std::string bytes;
-  EncodeDescriptor(Sample(), &bytes, 2);
-  bytes[0] = 3;
+  EncodeDescriptor(Sample(), &bytes, 3);
+  bytes[0] = 4;
   EXPECT_THAT(DecodeDescriptor(bytes),
-              StatusIs(StatusCode::kFailedPrecondition, AllOf(HasSubstr("format 3"), HasSubstr("1..2"))));
+              StatusIs(StatusCode::kFailedPrecondition, AllOf(HasSubstr("format 4"), HasSubstr("1..3"))));
   bytes[0] = 0;
   EXPECT_THAT(DecodeDescriptor(bytes), StatusIs(StatusCode::kFailedPrecondition, HasSubstr("format 0")));
 }
@@ -314,7 +343,7 @@ TEST(Descriptor, AnswerFormatPicksTheHighestFormatBothRead) {
   req.features.back() = "descriptor-formats:1..1";
   EXPECT_EQ(AnswerFormat(req), 1);
   req.features.back() = "descriptor-formats:1..5";  // a newer requester
-  EXPECT_EQ(AnswerFormat(req), 2);
+  EXPECT_EQ(AnswerFormat(req), kDescriptorFormatMax);
 }
 
 TEST(Descriptor, AnswerFormatIgnoresGarbageFeatures) {

@@ -151,9 +151,9 @@ TEST(MemoryKinds, GpuMemoryIsRefusedClearlyWithoutTheCudaKind) {
     EXPECT_THAT(s, StatusIs(StatusCode::kFailedPrecondition));
     EXPECT_NE(s.message().find("libcuda.so.1"), std::string::npos) << s;
   } else {
-    // A driver and devices, but no GPU data paths yet.
-    EXPECT_THAT(s, StatusIs(StatusCode::kUnimplemented));
-    EXPECT_NE(s.message().find("GPU"), std::string::npos) << s;
+    // A driver: host memory is not GPU memory of cuda:0.
+    EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_NE(s.message().find("starts in host memory"), std::string::npos) << s;
   }
   EXPECT_THAT(e->RegisterMemory(b.data(), 4096, "test-opaque"), IsOk());  // allowed by the options
   EngineOptions plain;

@@ -5,7 +5,13 @@
 //                   [--wire-min V] [--wire-max V] [--handshake-timeout-ms MS]
 //                   [--transfer-timeout-ms MS] [--refuse-same-host-copy 1]
 //                   [--fabric-provider NAME] [--buffer-file PATH]
+//                   [--gpu DRIVER] [--gpu-device N]
 //
+// With --gpu the buffer is GPU memory of device --gpu-device (default 0),
+// allocated through the CUDA driver DRIVER ("libcuda.so.1", or the path of
+// the tests' fake driver) and registered as cuda:N; CHECK, FILL and the
+// notification checks copy through the driver, never touching it with the
+// CPU.
 // Registers one buffer of --size bytes (default 16 MiB) filled with the
 // pattern stream --seed at position = offset in the buffer, then prints
 //
@@ -47,6 +53,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cuda_driver.h"
 #include "ferry/ferry.h"
 #include "tests/testing/buffer.h"
 #include "tests/testing/pattern.h"
@@ -92,6 +99,45 @@ struct Options {
   // The buffer is this file, mapped shared (the test reads it after killing
   // the peer: what a completed write put there must be in it).
   std::string buffer_file;
+  std::string gpu_driver;  // --gpu: the buffer is GPU memory
+  int gpu_device = 0;
+};
+
+using ferry::internal::CudaContextScope;
+using ferry::internal::CudaDriver;
+
+// GPU memory of the peer's buffer, reached only through the driver.
+class GpuBuffer {
+ public:
+  GpuBuffer(const CudaDriver& d, int device, uint64_t size) : d_(d), device_(device), size_(size) {
+    if (!d.data_path()) Fail("--gpu: the CUDA driver " + d.library() + " cannot be used: " + d.why_no_data_path());
+    CudaContextScope scope(d, device);
+    if (!scope.status().ok()) Fail("--gpu: " + scope.status().ToString());
+    auto p = d.AllocateDevice(size);
+    if (!p.ok()) Fail("--gpu: " + p.status().ToString());
+    data_ = static_cast<unsigned char*>(*p);
+    auto s = d.CreateStream();
+    if (!s.ok()) Fail("--gpu: " + s.status().ToString());
+    stream_ = *s;
+  }
+  unsigned char* data() { return data_; }
+  // Copies [off, off + len) of the device buffer into `host`, or back.
+  ferry::Status ToHost(uint64_t off, uint64_t len, unsigned char* host) const { return Copy(host, data_ + off, len); }
+  ferry::Status FromHost(const unsigned char* host, uint64_t len) const { return Copy(data_, host, len); }
+
+ private:
+  ferry::Status Copy(void* dst, const void* src, uint64_t len) const {
+    CudaContextScope scope(d_, device_);
+    if (!scope.status().ok()) return scope.status();
+    ferry::Status s = d_.CopyAsync(dst, src, len, stream_);
+    if (!s.ok()) return s;
+    return d_.WaitStream(stream_);
+  }
+  const CudaDriver& d_;
+  const int device_;
+  const uint64_t size_;
+  unsigned char* data_ = nullptr;
+  CudaDriver::Stream stream_ = nullptr;
 };
 
 // The peer's buffer: anonymous, or a shared mapping of --buffer-file.
@@ -152,6 +198,10 @@ Options ParseArgs(int argc, char** argv) {
       o.fabric_provider = value;
     } else if (flag == "--fabric-nics") {
       o.fabric_nics = value;
+    } else if (flag == "--gpu") {
+      o.gpu_driver = value;
+    } else if (flag == "--gpu-device") {
+      o.gpu_device = static_cast<int>(ParseNumber(argv[i - 1], value));
     } else if (flag == "--refuse-same-host-copy") {
       o.refuse_same_host_copy = ParseNumber(argv[i - 1], value) != 0;
     } else {
@@ -165,8 +215,8 @@ Options ParseArgs(int argc, char** argv) {
 // Checks every notification the moment it is first seen.
 class NoteWatcher {
  public:
-  NoteWatcher(ferry::Engine* engine, const unsigned char* buf, uint64_t size)
-      : engine_(engine), buf_(buf), size_(size), thread_([this] { Run(); }) {}
+  NoteWatcher(ferry::Engine* engine, const unsigned char* buf, uint64_t size, const GpuBuffer* gpu)
+      : engine_(engine), buf_(buf), size_(size), gpu_(gpu), thread_([this] { Run(); }) {}
   ~NoteWatcher() {
     stop_ = true;
     thread_.join();
@@ -202,13 +252,22 @@ class NoteWatcher {
         len > size_ - off) {
       return "MALFORMED";
     }
-    const std::optional<size_t> bad = ferry::test::CheckPattern(buf_ + off, len, seed, off);
+    const unsigned char* at = buf_ + off;
+    std::vector<unsigned char> host;
+    if (gpu_ != nullptr) {  // what the GPU memory holds right now
+      host.resize(len);
+      const ferry::Status s = gpu_->ToHost(off, len, host.data());
+      if (!s.ok()) return "GPU " + s.ToString();
+      at = host.data();
+    }
+    const std::optional<size_t> bad = ferry::test::CheckPattern(at, len, seed, off);
     return bad ? "BAD " + std::to_string(off + *bad) : "OK";
   }
 
   ferry::Engine* engine_;
   const unsigned char* buf_;
   uint64_t size_;
+  const GpuBuffer* gpu_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -245,7 +304,7 @@ __attribute__((no_sanitize("thread"), noinline)) void FillBufferFromAfar(unsigne
 }
 
 std::string HandleCommand(const std::string& line, unsigned char* buf, uint64_t size,
-                          NoteWatcher& notes, bool* quit) {
+                          NoteWatcher& notes, const GpuBuffer* gpu, bool* quit) {
   std::istringstream in(line);
   std::string cmd;
   in >> cmd;
@@ -257,6 +316,12 @@ std::string HandleCommand(const std::string& line, unsigned char* buf, uint64_t 
   if (cmd == "FILL") {
     uint64_t seed = 0;
     if (!(in >> seed)) return "ERROR usage: FILL <seed>";
+    if (gpu != nullptr) {
+      std::vector<unsigned char> host(size);
+      FillBufferFromAfar(host.data(), size, seed);
+      const ferry::Status s = gpu->FromHost(host.data(), size);
+      return s.ok() ? "OK" : "ERROR " + s.ToString();
+    }
     FillBufferFromAfar(buf, size, seed);
     return "OK";
   }
@@ -267,6 +332,14 @@ std::string HandleCommand(const std::string& line, unsigned char* buf, uint64_t 
       if (!(in >> len)) return "ERROR usage: CHECK <seed> [<off> <len>]";
     }
     if (off > size || len > size - off) return "ERROR range outside the buffer";
+    std::vector<unsigned char> host;
+    if (gpu != nullptr) {
+      host.resize(len);
+      const ferry::Status s = gpu->ToHost(off, len, host.data());
+      if (!s.ok()) return "ERROR " + s.ToString();
+      const std::optional<size_t> bad = CheckBufferFromAfar(host.data(), len, seed, off);
+      return bad ? "BAD " + std::to_string(off + *bad) : "OK";
+    }
     const std::optional<size_t> bad = CheckBufferFromAfar(buf + off, len, seed, off);
     return bad ? "BAD " + std::to_string(off + *bad) : "OK";
   }
@@ -291,8 +364,18 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  PeerBuffer buffer(opt.size, opt.buffer_file);
-  ferry::test::FillPattern(buffer.data(), opt.size, opt.seed, 0);
+  PeerBuffer host_buffer(opt.gpu_driver.empty() ? opt.size : 64, opt.buffer_file);
+  std::unique_ptr<GpuBuffer> gpu;
+  if (!opt.gpu_driver.empty()) gpu = std::make_unique<GpuBuffer>(CudaDriver::Load(opt.gpu_driver), opt.gpu_device, opt.size);
+  unsigned char* const buffer = gpu ? gpu->data() : host_buffer.data();
+  if (gpu) {
+    std::vector<unsigned char> host(opt.size);
+    ferry::test::FillPattern(host.data(), opt.size, opt.seed, 0);
+    const ferry::Status s = gpu->FromHost(host.data(), opt.size);
+    if (!s.ok()) Fail("--gpu: " + s.ToString());
+  } else {
+    ferry::test::FillPattern(buffer, opt.size, opt.seed, 0);
+  }
 
   ferry::EngineOptions eo;
   eo.listen_host = opt.host;
@@ -302,6 +385,7 @@ int main(int argc, char** argv) {
   eo.testing.refuse_same_host_copy = opt.refuse_same_host_copy;
   eo.fabric_provider = opt.fabric_provider;
   eo.fabric_nics = opt.fabric_nics;
+  if (opt.gpu_driver != CudaDriver::kLibrary) eo.testing.cuda_driver = opt.gpu_driver;
   if (opt.handshake_timeout_ms >= 0) {
     eo.handshake_timeout = std::chrono::milliseconds(opt.handshake_timeout_ms);
   }
@@ -311,15 +395,16 @@ int main(int argc, char** argv) {
   auto engine_or = ferry::Engine::Create(eo);
   if (!engine_or.ok()) Fail("Engine::Create: " + engine_or.status().ToString());
   std::unique_ptr<ferry::Engine> engine = std::move(engine_or).value();
-  const ferry::Status reg = engine->RegisterMemory(buffer.data(), opt.size);
+  const std::string location = gpu ? "cuda:" + std::to_string(opt.gpu_device) : "*";
+  const ferry::Status reg = engine->RegisterMemory(buffer, opt.size, location);
   if (!reg.ok()) Fail("RegisterMemory: " + reg.ToString());
 
   int rc = 0;
   {
-    NoteWatcher notes(engine.get(), buffer.data(), opt.size);
+    NoteWatcher notes(engine.get(), buffer, opt.size, gpu.get());
     char ready[256];
     std::snprintf(ready, sizeof(ready), "READY %s 0x%llx %llu", engine->PeerId().c_str(),
-                  static_cast<unsigned long long>(buffer.addr()),
+                  static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(buffer)),
                   static_cast<unsigned long long>(opt.size));
     Reply(ready);
 
@@ -343,12 +428,12 @@ int main(int argc, char** argv) {
       while (!quit && (nl = pending.find('\n')) != std::string::npos) {
         const std::string line = pending.substr(0, nl);
         pending.erase(0, nl + 1);
-        Reply(HandleCommand(line, buffer.data(), opt.size, notes, &quit));
+        Reply(HandleCommand(line, buffer, opt.size, notes, gpu.get(), &quit));
       }
     }
   }
   // Shut down in order: engine first (stops transfers into the buffer).
-  const ferry::Status unreg = engine->UnregisterMemory(buffer.data());
+  const ferry::Status unreg = engine->UnregisterMemory(buffer);
   if (!unreg.ok()) {
     std::fprintf(stderr, "ferry_test_peer: UnregisterMemory: %s\n", unreg.ToString().c_str());
     rc = 4;

@@ -162,8 +162,10 @@ std::string CudaLines(const CudaInfo& c) {
   for (const auto& d : c.devices) out += "  cuda:" + std::to_string(d.ordinal) + "  " + d.name + "\n";
   if (c.available && c.devices.empty() && c.error.empty()) out += "  (no device)\n";
   out += std::string("  memory kind cuda:N  ") +
-         (c.available ? "devices checked, registrations refused: the GPU data paths are not built yet"
-                      : "refused: no usable CUDA driver (and the GPU data paths are not built yet)") +
+         (c.data_path ? "registered; GPU memory of same-host processes through cuda_ipc (no staging over "
+                        "tcp/shm/fabric yet)"
+          : c.available ? "refused: the driver cannot move GPU memory: " + c.why_no_data_path
+                        : std::string("refused: no usable CUDA driver")) +
          "\n";
   return out;
 }
@@ -267,7 +269,8 @@ int InfoMain(const std::vector<std::string>& args) {
                  {"driver_version", cuda.driver_version},
                  {"devices", std::move(cuda_devices)},
                  {"error", cuda.error},
-                 {"gpu_data_paths", false}};
+                 {"data_path", cuda.data_path},
+                 {"why_no_data_path", cuda.why_no_data_path}};
     std::cout << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;
     return 0;
   }

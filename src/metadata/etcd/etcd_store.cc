@@ -200,7 +200,7 @@ class EtcdStore : public MetadataStore {
 
   Status Publish(const wire::PeerDescriptor& self) override {
     std::string bytes;
-    wire::EncodeDescriptor(self, &bytes, wire::kDescriptorFormatMax);
+    wire::EncodeDescriptor(self, &bytes, wire::LowestFormatFor(self));
     std::lock_guard<std::mutex> write(write_mu_);
     const Clock::time_point deadline = Deadline(timeout_);
     FERRY_ASSIGN_OR_RETURN(int64_t lease, EnsureLease(deadline));

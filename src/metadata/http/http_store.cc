@@ -141,7 +141,7 @@ class HttpStore : public MetadataStore {
 
   Status Publish(const wire::PeerDescriptor& self) override {
     std::string bytes;
-    wire::EncodeDescriptor(self, &bytes, wire::kDescriptorFormatMax);
+    wire::EncodeDescriptor(self, &bytes, wire::LowestFormatFor(self));
     const std::string key = Key(self.engine_name);
     std::lock_guard<std::mutex> write(write_mu_);
     bool claimed;

@@ -506,7 +506,7 @@ class RedisStore : public MetadataStore {
 
   Status Publish(const wire::PeerDescriptor& self) override {
     std::string bytes;
-    wire::EncodeDescriptor(self, &bytes, format_);
+    wire::EncodeDescriptor(self, &bytes, std::min(format_, wire::LowestFormatFor(self)));
     const std::string key = Key(self.engine_name);
     const auto deadline = Clock::now() + write_timeout_;
     std::lock_guard<std::mutex> write(write_mu_);

@@ -199,9 +199,9 @@ class FabricTransport : public Transport {
         return rails_.size() == 1 ? key.status() : key.status().WithPrefix("rail " + std::to_string(i));
       }
       if (i == 0) {
-        keys.push_back({"fabric", *key});
+        keys.push_back({"fabric", *key, {}});
       } else if (*key != keys[0].key) {
-        keys.push_back({RailKeyName(i), *key});
+        keys.push_back({RailKeyName(i), *key, {}});
       }
     }
     return keys;

@@ -76,6 +76,7 @@ class FaultyLink : public PeerLink {
   Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) override {
     return inner_->Notify(body, deadline);
   }
+  Status Flush(Clock::time_point deadline) override { return inner_->Flush(deadline); }
   bool Healthy() const override { return inner_->Healthy(); }
   void Retire() override { inner_->Retire(); }
 
