@@ -30,7 +30,9 @@ PeerDescriptor Descriptor(const std::string& name, uint64_t instance) {
   d.wire_min = d.wire_max = 1;
   d.transports = {{"tcp", "127.0.0.1:5"}, {"local", "1234"}};
   d.features = {"read", "write", DescriptorFormatsFeature(kDescriptorFormatMin, kDescriptorFormatMax)};
-  d.regions = {{0x1000, 4096, "*", "cpu", {}}, {0x9000, 4096, "cpu:0", "test-opaque", {{"fabric", 77}}}};
+  d.regions = {{0x1000, 4096, "*", "cpu", {}},
+               {0x9000, 4096, "cpu:0", "test-opaque", {{"fabric", 77}}},
+               {0x20000, 8192, "cuda:0", "cuda:0", {{"cuda-ipc", 0x40, std::string(64, '\x11')}}}};
   return d;
 }
 
