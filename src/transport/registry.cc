@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "transport/cuda/cuda_ipc_transport.h"
+#include "transport/cuda/staging.h"
 #include "transport/fabric/fabric_transport.h"
 #include "transport/fault/fault_transport.h"
 #include "transport/local/local_transport.h"
@@ -68,8 +69,16 @@ Status TransportSet::Start(const TransportContext& given) {
     if (e.enabled != nullptr && !forced && !e.enabled(*ctx.options)) continue;
     auto t = e.make(ctx);
     if (t.ok()) {
+      std::unique_ptr<Transport> made = std::move(*t);
+      // Transports of other processes' host memory move this engine's GPU
+      // memory too, staged through page-locked host buffers.
+      const auto& kinds = made->caps().memory_kinds;
+      if (made->caps().reach != Reach::kSameProcess &&
+          std::find(kinds.begin(), kinds.end(), MemoryKind::Type::kCuda) == kinds.end()) {
+        made = WithStaging(std::move(made), ctx.target, ctx.options->testing.cuda_driver);
+      }
       const auto& faults = ctx.options->testing.link_faults;
-      transports_.push_back(faults.seed != 0 ? WithFaults(std::move(*t), faults) : std::move(*t));
+      transports_.push_back(faults.seed != 0 ? WithFaults(std::move(made), faults) : std::move(made));
       continue;
     }
     const std::string_view name = e.caps().name;

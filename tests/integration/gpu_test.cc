@@ -24,13 +24,13 @@
 #include "ferry/ferry.h"
 #include "tests/integration/peer_process.h"
 #include "tests/testing/fake_cuda.h"
+#include "tests/testing/gpu_memory.h"
 #include "tests/testing/pattern.h"
 #include "tests/testing/status_matchers.h"
 
 namespace ferry::test {
 namespace {
 
-using ::ferry::internal::CudaContextScope;
 using ::ferry::internal::CudaDriver;
 using ::testing::AllOf;
 using ::testing::AnyOf;
@@ -39,12 +39,6 @@ using namespace std::chrono_literals;
 
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * 1024;
-
-// The driver the tests use: FERRY_TEST_CUDA_DRIVER, or the fake.
-std::string DriverLibrary() {
-  const char* e = std::getenv("FERRY_TEST_CUDA_DRIVER");
-  return e != nullptr && *e != '\0' ? e : FERRY_FAKE_CUDA_PATH;
-}
 
 std::string Checked(uint64_t seed, uint64_t off, uint64_t len) {
   return "CHECK " + std::to_string(seed) + " " + std::to_string(off) + " " + std::to_string(len);
@@ -55,21 +49,16 @@ class GpuTest : public ::testing::Test {
   static void SetUpTestSuite() { signal(SIGPIPE, SIG_IGN); }
 
   void SetUp() override {
-    driver_ = &CudaDriver::Load(DriverLibrary());
+    driver_ = &CudaDriver::Load(TestCudaDriverLibrary());
     if (!driver_->data_path()) GTEST_SKIP() << "no CUDA driver with the data paths: " << driver_->why_no_data_path();
-    if (DriverLibrary() == FERRY_FAKE_CUDA_PATH) fake_ = std::make_unique<FakeCuda>();
-    CudaContextScope scope(*driver_, 0);
-    ASSERT_OK(scope.status());
-    ASSERT_OK_AND_ASSIGN(stream_, driver_->CreateStream());
+    if (TestCudaDriverIsFake()) fake_ = std::make_unique<FakeCuda>();
+    gpu_ = std::make_unique<GpuMemory>(*driver_);
   }
 
   void TearDown() override {
     for (auto& p : peers_) p->Kill();
     engine_.reset();
-    if (driver_ == nullptr || !driver_->data_path()) return;
-    CudaContextScope scope(*driver_, 0);
-    for (void* p : device_) EXPECT_OK(driver_->FreeDevice(p));
-    if (stream_ != nullptr) driver_->DestroyStream(stream_);
+    gpu_.reset();
   }
 
   void CreateEngine(const std::string& transport = "auto") {
@@ -78,7 +67,7 @@ class GpuTest : public ::testing::Test {
     o.listen_host = "127.0.0.1";
     o.transfer_timeout = 30s;
     o.connect_timeout = 5s;
-    if (DriverLibrary() != CudaDriver::kLibrary) o.testing.cuda_driver = DriverLibrary();
+    UseTestCudaDriver(&o);
     auto e = Engine::Create(std::move(o));
     ASSERT_OK(GetStatus(e));
     engine_ = std::move(e).value();
@@ -89,50 +78,26 @@ class GpuTest : public ::testing::Test {
     PeerProcess* p = peers_.back().get();
     const ::testing::AssertionResult started =
         p->Start(FERRY_TEST_PEER_PATH, {"--size", std::to_string(size), "--seed", std::to_string(seed), "--gpu",
-                                        DriverLibrary()});
+                                        TestCudaDriverLibrary()});
     EXPECT_TRUE(started);
     return started ? p : nullptr;
   }
 
-  // GPU memory of device 0 in this process, filled with pattern `seed`
-  // (position = offset).
   unsigned char* DeviceBuffer(uint64_t size, uint64_t seed) {
-    CudaContextScope scope(*driver_, 0);
-    EXPECT_OK(scope.status());
-    auto p = driver_->AllocateDevice(size);
-    EXPECT_OK(GetStatus(p));
-    if (!p.ok()) return nullptr;
-    device_.push_back(*p);
-    std::vector<unsigned char> host(size);
-    FillPattern(host.data(), size, seed, 0);
-    EXPECT_OK(Copy(*p, host.data(), size));
-    return static_cast<unsigned char*>(*p);
+    unsigned char* p = gpu_->Allocate(size, seed);
+    EXPECT_NE(p, nullptr) << "allocating " << size << " bytes of GPU memory";
+    return p;
   }
-
-  Status Copy(void* dst, const void* src, uint64_t n) {
-    CudaContextScope scope(*driver_, 0);
-    FERRY_RETURN_IF_ERROR(scope.status());
-    FERRY_RETURN_IF_ERROR(driver_->CopyAsync(dst, src, n, stream_));
-    return driver_->WaitStream(stream_);
-  }
-
-  // [off, off + len) of device memory `p` as pattern `seed` at position `pos`?
   ::testing::AssertionResult DeviceHolds(const unsigned char* p, uint64_t off, uint64_t len, uint64_t seed,
                                          uint64_t pos) {
-    std::vector<unsigned char> host(len);
-    const Status s = Copy(host.data(), p + off, len);
-    if (!s.ok()) return ::testing::AssertionFailure() << s;
-    const std::optional<size_t> bad = CheckPattern(host.data(), len, seed, pos);
-    if (bad) return ::testing::AssertionFailure() << "byte " << off + *bad << " differs";
-    return ::testing::AssertionSuccess();
+    return gpu_->Holds(p, off, len, seed, pos);
   }
 
   Engine& engine() { return *engine_; }
 
   const CudaDriver* driver_ = nullptr;
   std::unique_ptr<FakeCuda> fake_;  // when the driver is the fake
-  CudaDriver::Stream stream_ = nullptr;
-  std::vector<void*> device_;
+  std::unique_ptr<GpuMemory> gpu_;
   std::unique_ptr<Engine> engine_;
   std::vector<std::unique_ptr<PeerProcess>> peers_;
 };

@@ -1,0 +1,140 @@
+// GPU memory of this engine over transports that reach only host memory
+// (tcp, shm, fabric): staged through page-locked buffers (src/transport/cuda/
+// staging.h). The initiator's buffers are GPU memory of the tests' CUDA
+// driver (the fake: the CPU cannot touch them, copies run late), the target's
+// host memory; every byte is checked, GPU bytes by copying them back.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/conformance/conformance_fixture.h"
+#include "tests/testing/fake_cuda.h"
+#include "tests/testing/gpu_memory.h"
+
+namespace ferry::test {
+namespace {
+
+using ::ferry::internal::CudaDriver;
+using namespace std::chrono_literals;
+
+constexpr uint64_t kKiB = 1024, kMiB = 1024 * 1024;
+
+class GpuStagingTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
+    driver_ = &CudaDriver::Load(TestCudaDriverLibrary());
+    if (!driver_->data_path()) GTEST_SKIP() << "no CUDA driver with the data paths: " << driver_->why_no_data_path();
+    if (TestCudaDriverIsFake()) fake_ = std::make_unique<FakeCuda>();
+    gpu_ = std::make_unique<GpuMemory>(*driver_);
+    EngineOptions a = ConformanceOptions(GetParam());
+    UseTestCudaDriver(&a);
+    ASSERT_NO_FATAL_FAILURE(pair_.Start(a, ConformanceOptions(GetParam())));
+  }
+  void TearDown() override { gpu_.reset(); }
+
+  const CudaDriver* driver_ = nullptr;
+  std::unique_ptr<FakeCuda> fake_;
+  std::unique_ptr<GpuMemory> gpu_;
+  EnginePair pair_;
+};
+
+TEST_P(GpuStagingTest, WritesAndReadsOfManySizesBetweenGpuAndHostMemoryEveryByte) {
+  constexpr uint64_t kSize = 16 * kMiB, kHalf = kSize / 2, kGpuSeed = 21, kHostSeed = 22;
+  unsigned char* gpu = gpu_->Allocate(kSize, kGpuSeed);
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_OK(pair_.initiator().RegisterMemory(gpu, kSize, "cuda:0"));
+  unsigned char* host = pair_.Alloc(kSize, &pair_.target());
+  ASSERT_NE(host, nullptr);
+  FillPattern(host, kSize, kHostSeed, 0);
+  if (fake_) fake_->ResetCopiedBytes();
+  const uint64_t remote = reinterpret_cast<uintptr_t>(host);
+
+  // The first half in pieces of 1 B .. 2.5 MiB (several slices each, more
+  // slices than staging buffers), at the same offsets on both sides.
+  std::vector<TransferRequest> writes;
+  for (uint64_t off = 0, i = 0; off < kHalf; ++i) {
+    const uint64_t len = std::min<uint64_t>(kHalf - off, 1 + Mix64(i) % (5 * kMiB / 2));
+    writes.push_back({Opcode::kWrite, gpu + off, pair_.segment(), remote + off, len});
+    off += len;
+  }
+  ASSERT_OK(pair_.initiator().TransferSync(writes));
+  EXPECT_EQ(CheckPattern(host, kHalf, kGpuSeed, 0), std::nullopt);
+  EXPECT_EQ(CheckPattern(host + kHalf, kHalf, kHostSeed, kHalf), std::nullopt) << "bytes past the writes changed";
+
+  // The second half read back into GPU memory, in odd pieces.
+  std::vector<TransferRequest> reads;
+  for (uint64_t off = kHalf, i = 0; off < kSize; ++i) {
+    const uint64_t len = std::min<uint64_t>(kSize - off, 1 + Mix64(i + 99) % (3 * kMiB / 2));
+    reads.push_back({Opcode::kRead, gpu + off, pair_.segment(), remote + off, len});
+    off += len;
+  }
+  ASSERT_OK(pair_.initiator().TransferSync(reads));
+  EXPECT_TRUE(gpu_->Holds(gpu, 0, kHalf, kGpuSeed, 0));
+  EXPECT_TRUE(gpu_->Holds(gpu, kHalf, kHalf, kHostSeed, kHalf));
+  if (fake_) {
+    EXPECT_GE(fake_->CopiedBytes(FakeCuda::kDeviceToHost), kHalf) << "the writes did not come off the GPU";
+    EXPECT_GE(fake_->CopiedBytes(FakeCuda::kHostToDevice), kHalf) << "the reads did not go onto the GPU";
+  }
+}
+
+// A notification sent right after staged writes (not waited for) arrives
+// after all of them, though each still had to come off the GPU first.
+TEST_P(GpuStagingTest, NotificationSentRightAfterStagedWritesSeesThemAll) {
+  constexpr uint64_t kSize = 8 * kMiB, kGpuSeed = 5;
+  unsigned char* gpu = gpu_->Allocate(kSize, kGpuSeed);
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_OK(pair_.initiator().RegisterMemory(gpu, kSize, "*"));  // the kind from the pointer
+  unsigned char* host = pair_.Alloc(kSize, &pair_.target());
+  ASSERT_NE(host, nullptr);
+  ASSERT_OK_AND_ASSIGN(BatchId batch, pair_.initiator().AllocateBatch(64));
+  std::vector<TransferRequest> writes;
+  for (uint64_t off = 0; off < kSize; off += 256 * kKiB) {
+    writes.push_back({Opcode::kWrite, gpu + off, pair_.segment(), reinterpret_cast<uintptr_t>(host) + off, 256 * kKiB});
+  }
+  ASSERT_OK(pair_.initiator().Submit(batch, writes));
+  ASSERT_OK(pair_.initiator().SendNotification(pair_.segment(), "staged", "done"));
+  // The target checks its memory the moment it sees the notification.
+  std::optional<size_t> bad_at_arrival;
+  bool seen = false;
+  for (auto until = std::chrono::steady_clock::now() + 60s; !seen && std::chrono::steady_clock::now() < until;) {
+    for (const Notification& n : pair_.target().GetNotifications()) {
+      if (n.name != "staged") continue;
+      seen = true;
+      bad_at_arrival = CheckPattern(host, kSize, kGpuSeed, 0);
+    }
+    if (!seen) std::this_thread::sleep_for(100us);
+  }
+  ASSERT_TRUE(seen) << "no notification";
+  EXPECT_EQ(bad_at_arrival, std::nullopt) << "the notification arrived before the writes' bytes";
+  ASSERT_OK(pair_.initiator().WaitBatch(batch, 60000ms));
+  ASSERT_OK(pair_.initiator().FreeBatch(batch));
+}
+
+// GPU memory on the target's side is not staged: refused naming the kinds.
+TEST_P(GpuStagingTest, GpuMemoryOfTheTargetIsRefusedNamingTheKinds) {
+  unsigned char* host = pair_.Alloc(kMiB, &pair_.initiator());
+  ASSERT_NE(host, nullptr);
+  EngineOptions b = ConformanceOptions(GetParam());
+  UseTestCudaDriver(&b);
+  auto target = Engine::Create(b);
+  ASSERT_OK(GetStatus(target));
+  unsigned char* gpu = gpu_->Allocate(kMiB, 1);
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_OK((*target)->RegisterMemory(gpu, kMiB, "cuda:0"));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, pair_.initiator().OpenSegment((*target)->PeerId()));
+  EXPECT_THAT(pair_.initiator().TransferSync(TransferRequest{Opcode::kWrite, host, seg, reinterpret_cast<uintptr_t>(gpu), kMiB}),
+              StatusIs(StatusCode::kFailedPrecondition, ::testing::HasSubstr("and cuda:0 memory of peer")));
+  EXPECT_TRUE(gpu_->Holds(gpu, 0, kMiB, 1, 0));
+}
+
+INSTANTIATE_TEST_SUITE_P(HostTransports, GpuStagingTest, ::testing::Values("tcp", "shm", "fabric_tcp"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace ferry::test
