@@ -3,16 +3,19 @@
 # with an NVIDIA GPU and its driver (libcuda.so.1), in at most 8 minutes:
 # the two-process GPU cases of tests/integration/gpu_test.cc (GPU <-> GPU
 # between processes through CUDA IPC, host <-> GPU, a notification right
-# after GPU writes, a dead peer), run against the real driver instead of the
-# tests' stand-in, every byte checked by copying it back through the driver.
+# after GPU writes, a dead peer) and the staged cases of
+# tests/conformance/gpu_staging_test.cc (GPU memory over tcp, shm and fabric),
+# run against the real driver instead of the tests' stand-in, every byte
+# checked by copying it back through the driver; then a short bench
+# (GpuBench.DISABLED_Figures: cuMemcpy device to device as the baseline of
+# GPU -> GPU through cuda_ipc, Ferry tcp from host memory as the baseline of
+# tcp from GPU memory).
 #
 #   scripts/device-check.sh [BUILD_DIR]
 #
 # Uses BUILD_DIR's binaries if they are there (built elsewhere and carried),
 # else configures and builds just what it needs (Release, all cores). Logs go
 # to $OUT (the device tool's output folder) or to BUILD_DIR/device-check.
-# Not here yet: a GPU bench (the speed goals need `ferry bench` on GPU memory
-# and a cuMemcpy baseline, neither built).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build-device}"
@@ -23,12 +26,13 @@ say() { echo "device-check: $*" | tee -a "$logs/summary.txt"; }
 
 say "started $(date -u +%FT%TZ) on $(hostname)"
 nvidia-smi -L 2>&1 | tee -a "$logs/summary.txt" || say "nvidia-smi not found (the driver may still be there)"
-if [ ! -x "$build/tests/integration_test" ] || [ ! -x "$build/tests/ferry_test_peer" ]; then
+if [ ! -x "$build/tests/integration_test" ] || [ ! -x "$build/tests/conformance_test" ] ||
+   [ ! -x "$build/tests/ferry_test_peer" ]; then
   gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
   say "building into $build"
   timeout 300 cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >"$logs/configure.log" 2>&1 &&
-    timeout 300 cmake --build "$build" -j"$(nproc)" --target integration_test ferry_test_peer ferry_cli \
+    timeout 300 cmake --build "$build" -j"$(nproc)" --target integration_test conformance_test ferry_test_peer ferry_cli \
       >"$logs/build.log" 2>&1
   rc=$?
   if [ $rc -ne 0 ]; then
@@ -40,10 +44,20 @@ fi
 "$build/tools/ferry" info >"$logs/ferry-info.txt" 2>&1
 sed -n '/^cuda/,/memory kind/p' "$logs/ferry-info.txt" | tee -a "$logs/summary.txt"
 
-export FERRY_TEST_CUDA_DRIVER=libcuda.so.1
-timeout 240 "$build/tests/integration_test" --gtest_filter='GpuTest.*' >"$logs/gpu_test.log" 2>&1
-rc=$?
-grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|Failure|Which is|Expected|PASSED|FAILED' "$logs/gpu_test.log" | head -60 |
-  tee -a "$logs/summary.txt"
-say "gpu_test exit $rc after $(( $(date +%s) - start )) s"
+# (A dry run elsewhere may name the fake: FERRY_TEST_CUDA_DRIVER=path/libferry_fake_cuda.so.)
+export FERRY_TEST_CUDA_DRIVER="${FERRY_TEST_CUDA_DRIVER:-libcuda.so.1}"
+rc=0
+run() {  # name, seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+  local r=$?
+  grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|Failure|Which is|Expected|PASSED|FAILED|gpu-bench' "$logs/$name.log" |
+    head -60 | tee -a "$logs/summary.txt"
+  say "$name exit $r after $(( $(date +%s) - start )) s"
+  [ $r -eq 0 ] || rc=$r
+}
+run gpu_test 150 "$build/tests/integration_test" --gtest_filter='GpuTest.*'
+run gpu_staging 120 "$build/tests/conformance_test" --gtest_filter='*GpuStaging*'
+run gpu_bench 90 "$build/tests/integration_test" --gtest_filter='GpuBench.*' --gtest_also_run_disabled_tests
 exit $rc
