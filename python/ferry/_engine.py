@@ -62,7 +62,8 @@ class Notification(NamedTuple):
 class RemoteRegion(NamedTuple):
     addr: int
     length: int
-    location: str
+    location: str  # as the peer registered it ("*", "cpu", "cuda:0")
+    kind: str = "cpu"  # the memory kind it resolved to ("cpu", "cuda:0"); peers of format 1: "cpu"
 
 
 class BatchStatus(NamedTuple):
@@ -474,7 +475,9 @@ class Engine:
     connect_timeout (5), transfer_timeout (30), handshake_timeout (5), tcp_streams (2), io_threads
     (0), slice_size, max_frame_bytes, max_frame_entries, tcp_send_buffer
     (524288 bytes; 0: kernel autotuning), spin (50e-6), wait_spin (200e-6),
-    testing_wire_version_min/max. With ``environment=True`` (default) FERRY_*
+    testing_wire_version_min/max, testing_cuda_driver (tests only: the path of
+    a library to load as the CUDA driver instead of libcuda.so.1, e.g. the
+    fake driver of Ferry's tests). With ``environment=True`` (default) FERRY_*
     environment variables replace the defaults (Ferry reads them once per
     process); keyword arguments win over both.
 
@@ -550,7 +553,13 @@ class Engine:
         """Registers an address (with ``length``) or an object's memory; returns
         its address. The object is kept alive until unregistered. ``exported``
         False: for this engine's own transfers only; peers neither see it nor
-        may read or write it."""
+        may read or write it.
+
+        ``location``: "*" (default) detects GPU memory from the pointer (a
+        tensor on a CUDA device registers as its "cuda:N"), else host memory;
+        "cpu" / "cpu:N" host memory (a device pointer is refused); "cuda:N"
+        GPU memory of device N, checked against the CUDA driver (refused
+        where there is none, or where the range is not that device's)."""
         addr, nbytes, keep = resolve_memory(obj, length, writable=True)
         self._native.register_memory(addr, nbytes, _location_of(obj, location), exported)
         with self._lock:
@@ -558,14 +567,26 @@ class Engine:
         return addr
 
     def register_many(self, objs: Sequence[Any], lengths: Sequence[int] | None = None,
-                      location: str = "*", exported: bool = True) -> list[int]:
-        """Registers several; all or nothing. Returns their addresses."""
+                      location: str | Sequence[str] = "*", exported: bool = True) -> list[int]:
+        """Registers several; all or nothing. Returns their addresses.
+        ``location``: one for all (as for :meth:`register`; "*" gives each
+        tensor its device) or a sequence of one per object."""
         if lengths is not None and len(lengths) != len(objs):
             raise InvalidArgument(f"{len(objs)} objects but {len(lengths)} lengths")
+        if isinstance(location, str):
+            locations = [_location_of(o, location) for o in objs]
+        else:
+            locations = [str(loc) for loc in location]
+            if len(locations) != len(objs):
+                raise InvalidArgument(f"{len(objs)} objects but {len(locations)} locations")
         resolved = [resolve_memory(o, None if lengths is None else lengths[i], writable=True)
                     for i, o in enumerate(objs)]
         addrs = [r[0] for r in resolved]
-        self._native.register_memory_list(addrs, [r[1] for r in resolved], [location], exported)
+        if len(set(locations)) == 1:
+            locations = locations[:1]  # one for all (what the native layer broadcasts)
+        elif not locations:
+            locations = [location if isinstance(location, str) else "*"]
+        self._native.register_memory_list(addrs, [r[1] for r in resolved], locations, exported)
         with self._lock:
             for addr, nbytes, keep in resolved:
                 self._registered[addr] = (nbytes, keep)

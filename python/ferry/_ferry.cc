@@ -597,7 +597,7 @@ class NativeEngine {
     d["capabilities"] = CapabilitiesDict(info.capabilities);
     py::list regions;
     for (const ferry::RemoteRegion& r : info.regions) {
-      regions.append(py::make_tuple(r.addr, r.length, r.location));
+      regions.append(py::make_tuple(r.addr, r.length, r.location, r.kind));
     }
     d["regions"] = regions;
     return d;
@@ -971,7 +971,13 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property(
           "testing_wire_version_max",
           [](const ferry::EngineOptions& o) { return o.testing.wire_version_max; },
-          [](ferry::EngineOptions& o, uint16_t v) { o.testing.wire_version_max = v; });
+          [](ferry::EngineOptions& o, uint16_t v) { o.testing.wire_version_max = v; })
+      .def_property(
+          "testing_cuda_driver",
+          [](const ferry::EngineOptions& o) { return o.testing.cuda_driver; },
+          [](ferry::EngineOptions& o, const std::string& path) { o.testing.cuda_driver = path; },
+          "Test-only: load the CUDA driver from this library (a path) instead of libcuda.so.1, "
+          "e.g. the tests' fake driver; \"\" = the real driver.");
 
   py::class_<NativeEngine>(m, "NativeEngine")
       .def(py::init<ferry::EngineOptions>(), py::arg("options"))

@@ -30,6 +30,19 @@ callers can observe, all on the side of reporting more:
   pointer for Mooncake Store) does not exist.
 * ``close()`` (not in Mooncake) closes the engine without waiting for the
   garbage collector.
+* ``register_memory`` / ``batch_register_memory`` take Mooncake's location
+  strings: "*" (the default) detects GPU memory from the pointer (a device
+  pointer registers as its "cuda:N", anything else as host memory),
+  "cuda:N" is GPU memory of device N (checked against the CUDA driver), and
+  "cpu" / "cpu:N" (Mooncake's NUMA node) is host memory. A location that does
+  not match the memory is refused (-1, the reason in last_error()) instead
+  of being registered wrongly; "cuda:N" without a usable CUDA driver is -4
+  (FAILED_PRECONDITION, naming why). GPU memory moves to peers on the same
+  host through CUDA IPC, to others staged through host buffers (their side
+  must be host memory).
+* ``ferry_options`` (not in Mooncake): a dict of ferry.Engine options set
+  on the instance before initialize() (e.g. ``{"transfer_timeout": 5}``);
+  they win over what initialize() derives from its arguments and MC_*.
 * Each managed buffer (``allocate_managed_buffer``) is registered on its own,
   exactly the length asked for, and unregistered by ``free_managed_buffer``:
   a peer's transfer that touches the pool outside the buffers currently
@@ -216,6 +229,18 @@ class Settings:
 
 
 # ---- Host names and peer ids -----------------------------------------------------
+def _location(location) -> str:
+    """A Mooncake location string for Ferry: "" / None are "*" (detect)."""
+    if location is None:
+        return "*"
+    if isinstance(location, bytes):
+        location = location.decode()
+    if not isinstance(location, str):
+        raise InvalidArgument(f"a location is a str (\"*\", \"cpu:0\", \"cuda:0\"), not "
+                              f"{type(location).__name__}")
+    return location.strip() or "*"
+
+
 def _split_host_port(name: str) -> tuple[str, str | None]:
     """"h", "h:p", "[v6]", "[v6]:p" or a bare IPv6 address -> (host, port or None)."""
     if name.startswith("["):
@@ -298,6 +323,7 @@ class TransferEngine:
         self._batches: dict = {}  # batch id -> ferry.Batch, until its status was collected
         self._local_errors = threading.local()
         self._last_error: str | None = None
+        self.ferry_options: dict = {}  # Ferry extension: ferry.Engine options for initialize()
 
     # ---- Errors -----------------------------------------------------------------
     def _failed(self, method: str, error: FerryError, result):
@@ -372,11 +398,14 @@ class TransferEngine:
         else:
             ports = [0]
         error = None
+        extra = dict(getattr(self, "ferry_options", None) or {})
         for port in ports:
             try:
-                engine = Engine(listen_host=listen_host, listen_port=port,
-                                metadata=metadata, transport=transport,
-                                transfer_timeout=settings.transfer_timeout, **naming)
+                options = dict(listen_host=listen_host, listen_port=port, metadata=metadata,
+                               transport=transport, transfer_timeout=settings.transfer_timeout,
+                               **naming)
+                options.update(extra)
+                engine = Engine(**options)
                 break
             except (InvalidArgument, Unimplemented):
                 raise
@@ -414,7 +443,13 @@ class TransferEngine:
     # ---- Memory -----------------------------------------------------------------
     @_returns()
     def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int:
-        self._require().register(int(buffer_addr), int(capacity), location)
+        """Registers ``capacity`` bytes at ``buffer_addr``. ``location``: "*"
+        (detect: GPU memory of one device as its "cuda:N", else host memory),
+        "cuda:N" (GPU memory of device N), "cpu" / "cpu:N" (host memory).
+        0, or a negative code: -1 a refused range or location, -4 no usable
+        CUDA driver for "cuda:N", -7 overlapping a registered region
+        (last_error() says why)."""
+        self._require().register(int(buffer_addr), int(capacity), _location(location))
         return 0
 
     @_returns()
@@ -429,7 +464,7 @@ class TransferEngine:
             raise InvalidArgument(f"{len(buffer_addresses)} addresses but {len(capacities)} "
                                   "capacities")
         engine.register_many([int(a) for a in buffer_addresses], [int(c) for c in capacities],
-                             location)
+                             _location(location))
         return 0
 
     @_returns()

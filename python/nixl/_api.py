@@ -6,8 +6,26 @@ listens on 127.0.0.1 unless FERRY_* settings or ``listen_port`` say
 otherwise). Backends ``UCX``, ``LIBFABRIC`` and ``FERRY`` all map onto Ferry's
 transport ``auto``: ``local`` within a process, ``shm`` on the same host, then
 ``fabric`` (libfabric RMA) where a hardware provider (verbs, efa, cxi) is found or
-FERRY_FABRIC_PROVIDER names one, else ``tcp``. Memory: ``DRAM`` / ``cpu`` only; ``VRAM``
-raises nixlNotSupportedError until GPU memory lands (issue 13).
+FERRY_FABRIC_PROVIDER names one, else ``tcp``.
+
+Memory: ``DRAM`` (alias ``cpu``) and ``VRAM`` (aliases ``CUDA``, ``GPU``):
+each row of a VRAM registration list is registered as Ferry location
+``cuda:{dev_id}`` (its third column; CUDA tensors give their device index),
+checked against the CUDA driver (no driver, or a range that is not that
+device's memory, fails the whole list). Transfers take VRAM lists like DRAM
+ones; which path moves the bytes follows from the registrations of both
+sides:
+- local VRAM with a peer on the same host (another process): ``cuda_ipc``
+  (the peer's memory, GPU or host, opened through CUDA IPC handles);
+- local VRAM with any other peer: staged through page-locked host buffers
+  over ``shm``, ``tcp`` or ``fabric``, whose remote side must be DRAM;
+- remote VRAM is reached only from the same host (``cuda_ipc``); a peer
+  elsewhere is refused, naming the memory kinds.
+- two agents of one process: the ``local`` transport moves host memory
+  only and CUDA IPC does not open a process's own handles, so GPU memory
+  between them needs ``conf.ferry_options = {"transport": "tcp"}`` (local
+  VRAM staged, remote DRAM only).
+BLK, OBJ and FILE raise nixlNotSupportedError.
 
 Differences from upstream NIXL 1.5 (none that vLLM or SGLang rely on):
 - Metadata bytes are Ferry's (``get_agent_metadata``): they load into this
@@ -50,8 +68,9 @@ log = logging.getLogger("nixl")
 # Backend names accepted (all run on Ferry's transport "auto").
 PLUGINS = ("UCX", "LIBFABRIC", "FERRY")
 _HOST_MEM = {"DRAM": "DRAM", "CPU": "DRAM"}
-_GPU_MEM = {"VRAM", "CUDA", "GPU"}
+_GPU_MEM = {"VRAM": "VRAM", "CUDA": "VRAM", "GPU": "VRAM"}
 _OTHER_MEM = {"BLK", "OBJ", "FILE"}
+MEM_TYPES = ["DRAM", "VRAM"]  # what every backend serves
 
 # Metadata envelope: magic, then u32-length-prefixed agent name and peer id,
 # then Ferry's exported metadata.
@@ -59,19 +78,26 @@ _MAGIC = b"FERRY-NIXL\x01"
 
 
 def _mem_type(mem_type: str | None, default: str = "DRAM") -> str:
-    """The canonical memory type ("DRAM"), or raises for what is not served."""
+    """The canonical memory type ("DRAM", "VRAM"), or raises for what is not served."""
     if mem_type is None:
         return default
     name = str(mem_type).upper()
     if name in _HOST_MEM:
         return _HOST_MEM[name]
     if name in _GPU_MEM:
-        raise nixlNotSupportedError(f"memory type {mem_type!r}: GPU memory is not supported yet "
-                                    "(issue 13); use DRAM")
+        return _GPU_MEM[name]
     if name in _OTHER_MEM:
-        raise nixlNotSupportedError(f"memory type {mem_type!r} is not supported; DRAM only")
-    raise nixlInvalidParamError(f"unknown memory type {mem_type!r}: DRAM (or cpu), VRAM, BLK, "
-                                "OBJ, FILE")
+        raise nixlNotSupportedError(f"memory type {mem_type!r} is not supported; DRAM or VRAM")
+    raise nixlInvalidParamError(f"unknown memory type {mem_type!r}: DRAM (or cpu), VRAM (or "
+                                "cuda, gpu), BLK, OBJ, FILE")
+
+
+def _locations(dlist: "nixlRegDList") -> list:
+    """Ferry's location of each row of a registration list: "cpu" for DRAM,
+    "cuda:{dev_id}" for VRAM."""
+    if dlist.mem_type == "VRAM":
+        return [f"cuda:{int(dev)}" for dev in dlist.rows[:, 2]]
+    return ["cpu"] * len(dlist)
 
 
 def _translate(error: ferry.FerryError) -> Exception:
@@ -270,17 +296,32 @@ def _is_int(x: Any) -> bool:
 
 
 def _tensor_row(t: Any) -> tuple[tuple, str]:
-    """((addr, nbytes, dev), mem type) of a tensor-like object."""
+    """((addr, nbytes, dev), mem type) of a tensor-like object: host memory
+    is DRAM (dev 0), a CUDA tensor VRAM with its device index."""
     device = getattr(t, "device", None)
-    kind = getattr(device, "type", "cpu") if device is not None else "cpu"
-    if kind != "cpu":
-        raise nixlNotSupportedError(f"a tensor on {device}: GPU memory is not supported yet "
-                                    "(issue 13)")
+    kind = getattr(device, "type", str(device)) if device is not None else "cpu"
+    if kind not in ("cpu", "cuda"):
+        raise nixlNotSupportedError(f"a tensor on {device}: only host (DRAM) and CUDA (VRAM) "
+                                    "memory are supported")
     is_contiguous = getattr(t, "is_contiguous", None)
     if callable(is_contiguous) and not is_contiguous():
         raise nixlInvalidParamError("a tensor that is not contiguous")
     nbytes = int(t.numel()) * int(t.element_size())
+    if kind == "cuda":
+        index = getattr(device, "index", None)
+        return (int(t.data_ptr()), nbytes, 0 if index is None else int(index)), "VRAM"
     return (int(t.data_ptr()), nbytes, 0), "DRAM"
+
+
+def _tensor_rows(tensors) -> tuple[list, str]:
+    """Rows and the one memory type of a list of tensors (mixing host and
+    CUDA tensors in one list is refused)."""
+    rows = [_tensor_row(t) for t in tensors]
+    kinds = {k for _r, k in rows}
+    if len(kinds) > 1:
+        raise nixlInvalidParamError("a list of tensors in both host (DRAM) and CUDA (VRAM) "
+                                    "memory: make one list per memory type")
+    return [r for r, _k in rows], rows[0][1]
 
 
 def _rows_from_array(descs: np.ndarray, columns: tuple) -> np.ndarray:
@@ -373,7 +414,7 @@ class nixl_agent:
 
     def get_plugin_mem_types(self, backend: str) -> list:
         self._check_plugin(backend)
-        return ["DRAM"]
+        return list(MEM_TYPES)
 
     def get_plugin_params(self, backend: str) -> dict:
         self._check_plugin(backend)
@@ -391,7 +432,7 @@ class nixl_agent:
         self._check_plugin(backend)
         with self._lock:
             self.backends.setdefault(backend, _Backend(backend, dict(initParams or {})))
-            self.backend_mems[backend] = ["DRAM"]
+            self.backend_mems[backend] = list(MEM_TYPES)
 
     def _check_backends(self, backends) -> None:
         """``backends=[...]`` of a call: each must exist and be created."""
@@ -425,10 +466,9 @@ class nixl_agent:
             return nixlRegDList(np.array([row], dtype=np.uint64), _mem_type(mem_type, kind), [""])
         if isinstance(descs, (list, tuple)):
             if descs and all(callable(getattr(d, "data_ptr", None)) for d in descs):
-                rows = [_tensor_row(d) for d in descs]
-                kind = rows[0][1]
-                return nixlRegDList(np.array([r for r, _k in rows], dtype=np.uint64),
-                                    _mem_type(mem_type, kind), [""] * len(rows))
+                rows, kind = _tensor_rows(descs)
+                return nixlRegDList(np.array(rows, dtype=np.uint64), _mem_type(mem_type, kind),
+                                    [""] * len(rows))
             metas, plain = [], []
             for i, row in enumerate(descs):
                 if isinstance(row, (tuple, list)) and len(row) == 4:
@@ -471,9 +511,8 @@ class nixl_agent:
             return nixlXferDList(np.array([row], dtype=np.uint64), _mem_type(mem_type, kind))
         if isinstance(descs, (list, tuple)):
             if descs and all(callable(getattr(d, "data_ptr", None)) for d in descs):
-                rows = [_tensor_row(d) for d in descs]
-                return nixlXferDList(np.array([r for r, _k in rows], dtype=np.uint64),
-                                     _mem_type(mem_type, rows[0][1]))
+                rows, kind = _tensor_rows(descs)
+                return nixlXferDList(np.array(rows, dtype=np.uint64), _mem_type(mem_type, kind))
             rows = _rows_from_tuples(list(descs), (3,)) if descs else np.zeros((0, 3), np.uint64)
             return nixlXferDList(rows, _mem_type(mem_type))
         raise nixlInvalidParamError(f"cannot make descriptors of a {type(descs).__name__}")
@@ -482,8 +521,11 @@ class nixl_agent:
     def register_memory(self, reg_list, mem_type: str | None = None, backends: list = [],
                         is_sorted: bool = False):
         """Registers every region of the list (all or nothing); returns the
-        registration list to pass to deregister_memory. (``is_sorted``, which
-        older NIXL releases took and some callers still pass, is ignored.)"""
+        registration list to pass to deregister_memory. DRAM rows register as
+        host memory, VRAM rows as GPU memory of device ``dev_id`` (refused,
+        with nothing registered, where the CUDA driver says otherwise or
+        there is none). (``is_sorted``, which older NIXL releases took and
+        some callers still pass, is ignored.)"""
         self._check_backends(backends)
         dlist = self._reg_descs(reg_list, mem_type)
         addrs = [int(a) for a in dlist.rows[:, 0]]
@@ -491,7 +533,7 @@ class nixl_agent:
         if not addrs:
             raise nixlInvalidParamError("register_memory: an empty list")
         with self._mapped():
-            self._engine.register_many(addrs, lengths, location="cpu")
+            self._engine.register_many(addrs, lengths, location=_locations(dlist))
         with self._lock:
             for addr, length in zip(addrs, lengths):
                 self._registered[addr] = length

@@ -197,3 +197,20 @@ def same_host_copy_refusal() -> str:
     if n != 8 or seen.value != value.value:
         return f"process_vm_readv: {os.strerror(err)}"
     return ""
+
+
+@pytest.fixture
+def fake_cuda():
+    """The tests' fake CUDA driver (fakecuda.FakeCuda, a context of device 0
+    current on the test's thread); ``fake_cuda.path`` is what engines take as
+    ``testing_cuda_driver``. Skips, naming why, where the library is not built."""
+    from fakecuda import FakeCuda, find_library
+
+    path, why = find_library()
+    if path is None:
+        pytest.skip(why)
+    cuda = FakeCuda(path)
+    try:
+        yield cuda
+    finally:
+        cuda.close()

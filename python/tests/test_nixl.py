@@ -153,10 +153,15 @@ def test_config_backends_and_memory_types(agents):
         b.create_backend("GDS", {})
     with pytest.raises(nixlNotFoundError, match="POSIX"):
         nixl_agent("cfg-c", nixl_agent_config(backends=["POSIX"]))
+    assert b.get_plugin_mem_types("LIBFABRIC") == ["DRAM", "VRAM"] == b.backend_mems["LIBFABRIC"]
     buf = np.zeros(4096, np.uint8)
-    with pytest.raises(nixlNotSupportedError, match="issue 13"):
+    # Host memory as VRAM: refused by the driver's check (or for want of a
+    # driver), naming the device; nothing registered.
+    with pytest.raises((nixlBackendError, nixlInvalidParamError), match="cuda:0"):
         b.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "VRAM")
-    assert b.get_xfer_descs([(buf.ctypes.data, 16, 0)], "VRAM") is None
+    assert b.get_xfer_descs([(buf.ctypes.data, 16, 0)], "cuda").mem_type == "VRAM"
+    with pytest.raises(nixlNotSupportedError, match="DRAM or VRAM"):
+        b.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "FILE")
     reg = b.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "cpu", is_sorted=False)
     with pytest.raises(nixlNotFoundError):
         b.prep_xfer_dlist("", [(buf.ctypes.data, 16, 0)], "DRAM", backends=["UCX"])  # not created

@@ -142,6 +142,9 @@ Status Engine::RegisterMemory(std::span<const MemoryRegion> regions) {
     kinds.push_back(*kind);
   }
   FERRY_RETURN_IF_ERROR(impl_->target->registry().Register(regions, kinds, impl_->transports.get()));
+  if (std::any_of(kinds.begin(), kinds.end(), [](MemoryKind k) { return k.type() == MemoryKind::Type::kCuda; })) {
+    impl_->target->SetCudaDriver(cuda != nullptr ? cuda : &internal::CudaDriver::Get());
+  }
   return impl_->Republish();
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -18,6 +19,8 @@
 
 namespace ferry::internal {
 
+class CudaDriver;
+
 class EngineTarget {
  public:
   // `inbox_limit`: most bytes of notifications held until drained
@@ -29,6 +32,11 @@ class EngineTarget {
   const std::string& peer_id() const { return peer_id_; }
   MemoryRegistry& registry() { return registry_; }
   const MemoryRegistry& registry() const { return registry_; }
+  // The CUDA driver GPU regions were registered with (null until one was):
+  // what target-side services copy them with. Set once; drivers live for
+  // the process.
+  void SetCudaDriver(const CudaDriver* d) { cuda_.store(d, std::memory_order_release); }
+  const CudaDriver* cuda_driver() const { return cuda_.load(std::memory_order_acquire); }
 
   // kResourceExhausted (the sender's SendNotification returns it) while the
   // notifications not yet drained hold more than the limit.
@@ -66,6 +74,7 @@ class EngineTarget {
   const std::string peer_id_;
   const uint64_t inbox_limit_;
   MemoryRegistry registry_;
+  std::atomic<const CudaDriver*> cuda_{nullptr};
   mutable std::mutex mu_;
   std::deque<Notification> inbox_;  // guarded by mu_
   uint64_t delivered_ = 0;          // guarded by mu_

@@ -51,11 +51,11 @@ std::string_view ReachName(Reach r) {
 }
 
 bool Transport::Handles(MemoryKind local, MemoryKind remote) const {
-  auto has = [&](MemoryKind k) {
-    return std::find(caps_.memory_kinds.begin(), caps_.memory_kinds.end(), k.type()) != caps_.memory_kinds.end();
+  auto in = [](const std::vector<MemoryKind::Type>& kinds, MemoryKind k) {
+    return std::find(kinds.begin(), kinds.end(), k.type()) != kinds.end();
   };
-  const auto& r = caps_.remote_kinds;
-  return has(local) && has(remote) && (r.empty() || std::find(r.begin(), r.end(), remote.type()) != r.end());
+  return in(caps_.memory_kinds, local) &&
+         in(caps_.remote_kinds.empty() ? caps_.memory_kinds : caps_.remote_kinds, remote);
 }
 
 }  // namespace ferry::internal

@@ -119,10 +119,11 @@ std::string_view ReachName(Reach r);
 struct TransportCaps {
   std::string_view name;
   Reach reach = Reach::kNetwork;
-  // Memory kinds it reads and writes, on either side of a transfer.
+  // Memory kinds it reads and writes on this engine's side of a transfer
+  // (and on the peer's, unless remote_kinds says otherwise).
   std::vector<MemoryKind::Type> memory_kinds = {MemoryKind::Type::kCpu};
-  // If not empty, the only kinds it reaches on the peer's side (cuda_ipc:
-  // cuda; host memory of a same-host peer goes through shm).
+  // If not empty, the kinds it reaches on the peer's side instead (cuda_ipc:
+  // cuda only; tcp: cpu and cuda, which the peer stages).
   std::vector<MemoryKind::Type> remote_kinds;
   // Whether peers need a per-region key from it (RegisterRegion) to reach
   // registered memory.

@@ -116,21 +116,50 @@ TEST_P(GpuStagingTest, NotificationSentRightAfterStagedWritesSeesThemAll) {
   ASSERT_OK(pair_.initiator().FreeBatch(batch));
 }
 
-// GPU memory on the target's side is not staged: refused naming the kinds.
-TEST_P(GpuStagingTest, GpuMemoryOfTheTargetIsRefusedNamingTheKinds) {
-  unsigned char* host = pair_.Alloc(kMiB, &pair_.initiator());
+// GPU memory on the target's side: tcp's target stages it (host memory or
+// GPU memory here, every byte both ways); shm and fabric cannot reach it and
+// refuse naming the kinds.
+TEST_P(GpuStagingTest, GpuMemoryOfTheTargetIsStagedByTcpAndRefusedByTheOthers) {
+  constexpr uint64_t kSize = 2 * kMiB;
+  unsigned char* host = pair_.Alloc(kSize, &pair_.initiator());
   ASSERT_NE(host, nullptr);
+  FillPattern(host, kSize, 7, 0);
+  unsigned char* local_gpu = gpu_->Allocate(kSize, 8);
+  ASSERT_NE(local_gpu, nullptr);
+  ASSERT_OK(pair_.initiator().RegisterMemory(local_gpu, kSize, "cuda:0"));
   EngineOptions b = ConformanceOptions(GetParam());
   UseTestCudaDriver(&b);
   auto target = Engine::Create(b);
   ASSERT_OK(GetStatus(target));
-  unsigned char* gpu = gpu_->Allocate(kMiB, 1);
+  unsigned char* gpu = gpu_->Allocate(2 * kSize, 1);
   ASSERT_NE(gpu, nullptr);
-  ASSERT_OK((*target)->RegisterMemory(gpu, kMiB, "cuda:0"));
+  ASSERT_OK((*target)->RegisterMemory(gpu, 2 * kSize, "cuda:0"));
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, pair_.initiator().OpenSegment((*target)->PeerId()));
-  EXPECT_THAT(pair_.initiator().TransferSync(TransferRequest{Opcode::kWrite, host, seg, reinterpret_cast<uintptr_t>(gpu), kMiB}),
-              StatusIs(StatusCode::kFailedPrecondition, ::testing::HasSubstr("and cuda:0 memory of peer")));
-  EXPECT_TRUE(gpu_->Holds(gpu, 0, kMiB, 1, 0));
+  const uint64_t remote = reinterpret_cast<uintptr_t>(gpu);
+  const TransferRequest from_host{Opcode::kWrite, host, seg, remote, kSize};
+  if (GetParam() != "tcp") {
+    EXPECT_THAT(pair_.initiator().TransferSync(from_host),
+                StatusIs(StatusCode::kFailedPrecondition, ::testing::HasSubstr("and cuda:0 memory of peer")));
+    EXPECT_TRUE(gpu_->Holds(gpu, 0, 2 * kSize, 1, 0)) << "a refused write changed the target's memory";
+    return;
+  }
+  // Host memory -> the target's GPU memory; GPU memory -> the rest of it.
+  std::vector<TransferRequest> writes = {from_host};
+  for (uint64_t o = 0; o < kSize; o += 300 * kKiB) {
+    writes.push_back({Opcode::kWrite, local_gpu + o, seg, remote + kSize + o, std::min<uint64_t>(300 * kKiB, kSize - o)});
+  }
+  ASSERT_OK(pair_.initiator().TransferSync(writes));
+  EXPECT_TRUE(gpu_->Holds(gpu, 0, kSize, 7, 0));
+  std::vector<unsigned char> shifted(kSize);  // the GPU source's pattern is at its own offsets
+  ASSERT_OK(gpu_->Copy(shifted.data(), gpu + kSize, kSize));
+  EXPECT_EQ(CheckPattern(shifted.data(), kSize, 8, 0), std::nullopt);
+  // And back: the target's GPU memory read into host memory and GPU memory here.
+  std::vector<unsigned char> back(kSize);
+  ASSERT_OK(pair_.initiator().RegisterMemory(back.data(), kSize, "cpu"));
+  ASSERT_OK(pair_.initiator().TransferSync(TransferRequest{Opcode::kRead, back.data(), seg, remote + kSize, kSize}));
+  EXPECT_EQ(CheckPattern(back.data(), kSize, 8, 0), std::nullopt);
+  ASSERT_OK(pair_.initiator().TransferSync(TransferRequest{Opcode::kRead, local_gpu, seg, remote, kSize}));
+  EXPECT_TRUE(gpu_->Holds(local_gpu, 0, kSize, 7, 0));
 }
 
 INSTANTIATE_TEST_SUITE_P(HostTransports, GpuStagingTest, ::testing::Values("tcp", "shm", "fabric_tcp"),

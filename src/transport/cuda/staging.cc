@@ -325,6 +325,7 @@ class StagingTransport : public Transport {
         self_(std::move(self)),
         stager_(std::make_unique<Stager>(std::move(cuda_driver), MaxSlice(), std::string(Name()))) {}
 
+  // This side's GPU memory too; the peer's kinds stay the inner transport's.
   static TransportCaps CapsOf(TransportCaps c) {
     if (c.remote_kinds.empty()) c.remote_kinds = c.memory_kinds;
     c.memory_kinds.push_back(MemoryKind::Type::kCuda);

@@ -351,7 +351,8 @@ void Connection::Flush(bool from_caller) {
 }
 
 void Connection::QueueReply(wire::FrameType type, uint64_t seq, std::string body,
-                            std::vector<iovec> payload, std::vector<RegionPin> pins) {
+                            std::vector<iovec> payload, std::vector<RegionPin> pins,
+                            std::shared_ptr<const void> keep) {
   wire::FrameHeader h;
   h.version = role_ == Role::kServed ? static_cast<uint8_t>(wire_version_) : 0;
   h.type = type;
@@ -364,6 +365,7 @@ void Connection::QueueReply(wire::FrameType type, uint64_t seq, std::string body
   f.total = f.head.size() + plen;
   f.payload = std::move(payload);
   f.pins = std::move(pins);
+  f.keep = std::move(keep);
   out_bytes_ += f.total;
   out_.push_back(std::move(f));
 }

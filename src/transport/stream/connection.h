@@ -93,8 +93,9 @@ class Connection : public EventLoop::Handler,
   // `service`.
   void Serve(std::shared_ptr<FrameService> service, uint16_t wire_version, std::string peer_name);
   // Queues a reply frame; `pins` are kept until its payload is sent.
+  // `keep` too (host copies of GPU memory the payload points into).
   void QueueReply(wire::FrameType type, uint64_t seq, std::string body, std::vector<iovec> payload = {},
-                  std::vector<RegionPin> pins = {});
+                  std::vector<RegionPin> pins = {}, std::shared_ptr<const void> keep = nullptr);
   // Refuses an accepted connection: sends what is queued (the refusal, if
   // the frame has an answer) as far as the socket takes it now, and closes
   // with `why`. The frame handler then returns an error.
@@ -120,6 +121,7 @@ class Connection : public EventLoop::Handler,
     std::string head;
     std::vector<iovec> payload;
     std::vector<RegionPin> pins;  // kept until the bytes are sent
+    std::shared_ptr<const void> keep;  // likewise
     size_t sent = 0;
     size_t total = 0;  // head + payload bytes
   };

@@ -4,7 +4,7 @@ namespace ferry::internal::stream {
 
 Status TargetService::PinEntry(uint64_t addr, uint32_t length, uint32_t index, const Region** last,
                                std::vector<RegionPin>* pins,
-                               std::vector<wire::EntryFailure>* failures) const {
+                               std::vector<wire::EntryFailure>* failures, bool allow_gpu) const {
   Status s;
   const Region* r = *last;
   if (length == 0) {
@@ -13,7 +13,10 @@ Status TargetService::PinEntry(uint64_t addr, uint32_t length, uint32_t index, c
     return OkStatus();  // inside the region pinned for an earlier entry
   } else {
     auto pin = target_->registry().PinExported(addr, length, "remote range");
-    if (pin.ok() && !pin->region()->kind.cpu_accessible()) {
+    const bool reachable = pin.ok() && (pin->region()->kind.cpu_accessible() ||
+                                        (allow_gpu && pin->region()->kind.type() == MemoryKind::Type::kCuda &&
+                                         target_->cuda_driver() != nullptr));
+    if (pin.ok() && !reachable) {
       s = InvalidArgumentError("remote range " + FormatRange(addr, length) + " is in " +
                                pin->region()->kind.Name() + " memory, which transport " + transport_ +
                                " cannot reach");

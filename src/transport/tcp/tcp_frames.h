@@ -2,13 +2,17 @@
 // (kWrite with the bytes as payload, kRead), and the target's service, which
 // validates and pins every range, then receives a write's payload straight
 // into registered memory (readv) or sends a read's bytes straight from it
-// (sendmsg).
+// (sendmsg). Ranges in GPU memory (issue 13) are staged through host memory
+// here: a write's bytes are received into a host buffer and copied to the
+// device before the acknowledgement; a read's are copied off the device
+// before they are sent.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "transport/cuda/sync_copies.h"
 #include "transport/stream/stream_link.h"
 #include "transport/stream/target_service.h"
 
@@ -33,9 +37,22 @@ class TcpStreamService : public stream::TargetService {
   Status ServeWrite(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
   Status ServeRead(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
 
+  // GPU entries of a frame: where on the device, where in the host buffer.
+  struct GpuEntry {
+    uint32_t index;
+    char* device;
+    int ordinal;
+    size_t offset;
+    uint32_t length;
+  };
+  cuda::SyncCopies& Copies();
+
   // The write frame whose payload is arriving.
   std::vector<RegionPin> pins_;
   std::vector<wire::EntryFailure> failures_;
+  std::vector<GpuEntry> gpu_;
+  std::vector<char> gpu_bytes_;  // the host buffer its GPU entries land in
+  std::unique_ptr<cuda::SyncCopies> copies_;
 };
 
 }  // namespace ferry::internal::tcp

@@ -139,6 +139,8 @@ TransportCaps TcpCaps() {
   TransportCaps c;
   c.name = "tcp";
   c.reach = Reach::kNetwork;
+  // The peer's GPU memory too: its stream service stages it (tcp_frames.h).
+  c.remote_kinds = {MemoryKind::Type::kCpu, MemoryKind::Type::kCuda};
   return c;
 }
 

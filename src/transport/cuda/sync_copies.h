@@ -1,0 +1,30 @@
+// Synchronous GPU copies for a target-side service that stages GPU memory
+// through host memory (the tcp stream service): one stream per device, made
+// on first use; each Copy waits for its own stream only, never the device.
+// Not thread-safe: one per stream service (its loop thread).
+#pragma once
+
+#include <cstddef>
+#include <map>
+
+#include "common/cuda_driver.h"
+
+namespace ferry::internal::cuda {
+
+class SyncCopies {
+ public:
+  explicit SyncCopies(const CudaDriver& d) : d_(d) {}
+  ~SyncCopies();
+  SyncCopies(const SyncCopies&) = delete;
+  SyncCopies& operator=(const SyncCopies&) = delete;
+
+  // Copies `n` bytes (host or GPU memory on either side) in device
+  // `device`'s context and returns once they are in place.
+  Status Copy(int device, void* dst, const void* src, size_t n);
+
+ private:
+  const CudaDriver& d_;
+  std::map<int, CudaDriver::Stream> streams_;
+};
+
+}  // namespace ferry::internal::cuda
