@@ -37,9 +37,9 @@ callers can observe, all on the side of reporting more:
   "cpu" / "cpu:N" (Mooncake's NUMA node) is host memory. A location that does
   not match the memory is refused (-1, the reason in last_error()) instead
   of being registered wrongly; "cuda:N" without a usable CUDA driver is -4
-  (FAILED_PRECONDITION, naming why). GPU memory moves to peers on the same
-  host through CUDA IPC, to others staged through host buffers (their side
-  must be host memory).
+  (FAILED_PRECONDITION, naming why). A peer's GPU memory is reached through
+  CUDA IPC (same host) or tcp (the peer stages it); this engine's GPU memory
+  is staged through page-locked buffers for a peer's host memory.
 * ``ferry_options`` (not in Mooncake): a dict of ferry.Engine options set
   on the instance before initialize() (e.g. ``{"transfer_timeout": 5}``);
   they win over what initialize() derives from its arguments and MC_*.

@@ -13,18 +13,17 @@ each row of a VRAM registration list is registered as Ferry location
 ``cuda:{dev_id}`` (its third column; CUDA tensors give their device index),
 checked against the CUDA driver (no driver, or a range that is not that
 device's memory, fails the whole list). Transfers take VRAM lists like DRAM
-ones; which path moves the bytes follows from the registrations of both
-sides:
-- local VRAM with a peer on the same host (another process): ``cuda_ipc``
-  (the peer's memory, GPU or host, opened through CUDA IPC handles);
-- local VRAM with any other peer: staged through page-locked host buffers
-  over ``shm``, ``tcp`` or ``fabric``, whose remote side must be DRAM;
-- remote VRAM is reached only from the same host (``cuda_ipc``); a peer
-  elsewhere is refused, naming the memory kinds.
-- two agents of one process: the ``local`` transport moves host memory
-  only and CUDA IPC does not open a process's own handles, so GPU memory
-  between them needs ``conf.ferry_options = {"transport": "tcp"}`` (local
-  VRAM staged, remote DRAM only).
+ones; the path follows from the registrations of both sides:
+- the peer's VRAM, same host (another process): ``cuda_ipc`` (CUDA IPC
+  handles, from local DRAM or VRAM), else ``tcp`` (the peer's side stages
+  its GPU memory through host buffers). ``shm`` and ``fabric`` do not reach
+  a peer's VRAM: a route that has only those is refused (nixlBackendError
+  naming the memory kinds).
+- local VRAM with the peer's DRAM: staged through page-locked host buffers
+  over ``shm``, ``tcp`` or ``fabric``.
+- two agents of one process: the ``local`` transport moves host memory only
+  and CUDA IPC does not open a process's own handles, so GPU memory between
+  them takes shm (local VRAM only) or tcp.
 BLK, OBJ and FILE raise nixlNotSupportedError.
 
 Differences from upstream NIXL 1.5 (none that vLLM or SGLang rely on):
@@ -32,6 +31,8 @@ Differences from upstream NIXL 1.5 (none that vLLM or SGLang rely on):
   drop-in only, not into upstream NIXL agents.
 - Adjacent entries are always merged; ``skip_desc_merge`` is accepted and
   ignored (``descCount`` counts merged requests).
+- A transfer list's ``mem_type`` is not matched against the registrations:
+  each entry's memory kind is the one its region was registered with.
 - A prepared remote list is bound to the peer instance it was checked
   against: after the peer restarted (same address, new process), using it
   raises nixlNotFoundError saying so -- load the new metadata and prepare

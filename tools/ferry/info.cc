@@ -162,8 +162,7 @@ std::string CudaLines(const CudaInfo& c) {
   for (const auto& d : c.devices) out += "  cuda:" + std::to_string(d.ordinal) + "  " + d.name + "\n";
   if (c.available && c.devices.empty() && c.error.empty()) out += "  (no device)\n";
   out += std::string("  memory kind cuda:N  ") +
-         (c.data_path ? "registered; GPU memory of same-host processes through cuda_ipc (no staging over "
-                        "tcp/shm/fabric yet)"
+         (c.data_path ? "registered; same-host peers through cuda_ipc, others staged through host memory"
           : c.available ? "refused: the driver cannot move GPU memory: " + c.why_no_data_path
                         : std::string("refused: no usable CUDA driver")) +
          "\n";
