@@ -6,7 +6,11 @@ LAYOUT: {"layers": L, "blocks": B, "block": BYTES, "seed": S or null}: L DRAM
 regions of B blocks each, registered the way vLLM does (get_reg_descs of
 (addr, len, dev, meta) tuples + register_memory), filled with
 peer.pattern(S + layer) (zeros if S is null), and a local prepared list of
-every block (layer-major). CONFIG: nixl_agent_config keyword arguments.
+every block (layer-major). CONFIG: nixl_agent_config keyword arguments, plus
+"ferry_options" (the config's ferry_options). With "vram": PATH in LAYOUT the
+regions are VRAM instead: device memory of the fake CUDA driver at PATH
+(fakecuda.py; the agent's engine is given it as testing_cuda_driver), filled
+and hashed through the driver's copies.
 
 Prints one JSON hello line (name, metadata hex, regions), then answers JSON
 request lines, one JSON line each, until {"cmd": "exit"} or EOF.
@@ -29,28 +33,57 @@ class Agent:
     def __init__(self, name: str, layout: dict, config: dict):
         from nixl._api import nixl_agent, nixl_agent_config
 
-        self.agent = nixl_agent(name, nixl_agent_config(**config))
+        config = dict(config)
+        ferry_options = dict(config.pop("ferry_options", None) or {})
+        self.cuda = None
+        if layout.get("vram"):
+            from fakecuda import FakeCuda
+
+            self.cuda = FakeCuda(layout["vram"])
+            ferry_options["testing_cuda_driver"] = layout["vram"]
+        conf = nixl_agent_config(**config)
+        conf.ferry_options = ferry_options
+        self.agent = nixl_agent(name, conf)
         self.layers, self.blocks, self.block = layout["layers"], layout["blocks"], layout["block"]
-        self.kv = [np.zeros(self.blocks * self.block, np.uint8) for _ in range(self.layers)]
+        size = self.blocks * self.block
+        self.mem = "VRAM" if self.cuda else "DRAM"
+        if self.cuda:
+            self.kv = [self.cuda.alloc(size) for _ in range(self.layers)]
+            for ptr in self.kv:
+                self.cuda.memset(ptr, 0, size)
+            self.addrs = list(self.kv)
+        else:
+            self.kv = [np.zeros(size, np.uint8) for _ in range(self.layers)]
+            self.addrs = [t.ctypes.data for t in self.kv]
         if layout.get("seed") is not None:
             self.fill(layout["seed"])
-        descs = self.agent.get_reg_descs([(t.ctypes.data, t.nbytes, 0, "") for t in self.kv], "DRAM")
+        descs = self.agent.get_reg_descs([(a, size, 0, "") for a in self.addrs], self.mem)
         self.reg = self.agent.register_memory(descs)
-        rows = np.array([(t.ctypes.data + b * self.block, self.block, 0)
-                         for t in self.kv for b in range(self.blocks)], dtype=np.uint64)
-        self.local = self.agent.prep_xfer_dlist("", rows, "DRAM")
+        rows = np.array([(a + b * self.block, self.block, 0)
+                         for a in self.addrs for b in range(self.blocks)], dtype=np.uint64)
+        self.local = self.agent.prep_xfer_dlist("", rows, self.mem)
         self.notes: dict[str, list] = {}
         self.hello = {"name": name, "metadata": self.agent.get_agent_metadata().hex(),
-                      "regions": [[t.ctypes.data, t.nbytes] for t in self.kv]}
+                      "regions": [[a, size] for a in self.addrs]}
+
+    def _bytes(self, layer) -> bytes:
+        if self.cuda:
+            return self.cuda.download(self.kv[layer], self.blocks * self.block)
+        return self.kv[layer].tobytes()
 
     # ---- requests -------------------------------------------------------------------
     def fill(self, seed):
+        size = self.blocks * self.block
         for layer, t in enumerate(self.kv):
-            t[:] = pattern(seed + layer, t.nbytes)
+            if self.cuda:
+                self.cuda.upload(t, pattern(seed + layer, size).tobytes())
+            else:
+                t[:] = pattern(seed + layer, size)
         return {"ok": True}
 
     def sha(self):
-        return {"sha": [hashlib.sha256(t.tobytes()).hexdigest() for t in self.kv]}
+        return {"sha": [hashlib.sha256(self._bytes(layer)).hexdigest()
+                        for layer in range(self.layers)]}
 
     def metadata(self):
         return {"hex": self.agent.get_agent_metadata().hex()}
@@ -97,6 +130,10 @@ def main() -> int:
     target.agent.release_dlist_handle(target.local)
     target.agent.deregister_memory(target.reg)
     target.agent.close()
+    if target.cuda:
+        for ptr in target.kv:
+            target.cuda.free(ptr)
+        target.cuda.close()
     return 0
 
 

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 
 #include "common/cuda_driver.h"
 #include "common/log.h"
@@ -58,6 +59,8 @@ class CudaIpcLink : public PeerLink {
   }
 
   void Post(const PostContext& ctx, std::vector<Slice> slices) override {
+    // Against Retire: the queues and mappings stay while a post uses them.
+    std::shared_lock<std::shared_mutex> using_link(retire_mu_);
     // One submission per device queue: the copies of a post, in order.
     struct Group {
       cuda::CopyQueue* queue;
@@ -134,6 +137,7 @@ class CudaIpcLink : public PeerLink {
   }
 
   Status Flush(Clock::time_point deadline) override {
+    std::shared_lock<std::shared_mutex> using_link(retire_mu_);
     std::vector<cuda::CopyQueue*> queues;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -151,10 +155,12 @@ class CudaIpcLink : public PeerLink {
   }
 
   void Retire() override {
+    std::unique_lock<std::shared_mutex> no_posts(retire_mu_);
     std::map<int, std::unique_ptr<cuda::CopyQueue>> queues;
     std::map<std::string, Mapping> mappings;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      retired_ = true;
       queues.swap(queues_);
       mappings.swap(mappings_);
     }
@@ -183,6 +189,7 @@ class CudaIpcLink : public PeerLink {
   StatusOr<cuda::CopyQueue*> QueueFor(int device) {
     const int local = LocalDevice(device);
     std::lock_guard<std::mutex> lock(mu_);
+    if (retired_) return UnavailableError("the cuda_ipc link to peer " + label_ + " was retired");
     auto& q = queues_[local];
     if (!q) {
       auto made = cuda::CopyQueue::Create(driver_, local);
@@ -205,6 +212,7 @@ class CudaIpcLink : public PeerLink {
                                   "driver could not export it)");
     }
     std::lock_guard<std::mutex> lock(mu_);
+    if (retired_) return UnavailableError("the cuda_ipc link to peer " + label_ + " was retired");
     auto it = mappings_.find(key->value);
     if (it == mappings_.end()) {
       const int device = LocalDevice(MemoryKind::FromName(r.kind).device());
@@ -226,7 +234,9 @@ class CudaIpcLink : public PeerLink {
   const CudaDriver& driver_;
   const std::string label_;
   const UniqueFd pidfd_;
+  std::shared_mutex retire_mu_;  // shared by posts and flushes, taken whole by Retire
   std::mutex mu_;
+  bool retired_ = false;
   std::map<int, std::unique_ptr<cuda::CopyQueue>> queues_;  // by local device
   std::map<std::string, Mapping> mappings_;                 // by IPC handle: the allocation's base
 };
