@@ -663,5 +663,44 @@ TEST_F(NetnsTest, FabricWithTwoNicsStripesLargeRequestsAcrossBothAndEveryByteArr
   EXPECT_LE(got1 + got2, total + total / 8);
 }
 
+// Striping over a slow rail: the second NIC is limited to 40 Mbit/s (tc tbf),
+// so its half of each request lands long after the first NIC's. A
+// notification sent right after the writes (not waited for) must still
+// arrive after all of them: the fabric link waits for every rail's writes
+// before it sends on rail 0. The peer checks its memory the moment it sees
+// the notification. (On loopback both rails are equally fast and a wait on
+// rail 0 alone could not be caught; here it arrives ~0.5 s early.)
+TEST_F(NetnsTest, FabricNotificationWaitsForTheWritesOfASlowRail) {
+  ASSERT_TRUE(lab_.AddNamespace("a"));
+  ASSERT_TRUE(lab_.AddNamespace("b"));
+  ASSERT_TRUE(lab_.Connect("a", "to-b", kAddrA, "b", "to-a", kAddrB));
+  ASSERT_TRUE(lab_.Connect("a", "to-b2", kAddrA2, "b", "to-a2", kAddrB2));
+  ASSERT_TRUE(lab_.SetRate("a", "to-b2", "40mbit"));
+  ASSERT_TRUE(lab_.Enter("a"));
+  const std::string nics_b = std::string(kAddrB) + "," + kAddrB2;
+  PeerProcess* pb = StartPeer("b", kAddrB, 911, {"--fabric-provider", "tcp", "--fabric-nics", nics_b});
+  ASSERT_NE(pb, nullptr);
+  Engine* e = StartEngine(kAddrA, 30s, std::string(kAddrA) + "," + kAddrA2);
+  if (e == nullptr) return;  // the failure says why
+  constexpr uint64_t kReq = kMiB;
+  constexpr size_t kCount = 4;  // 2 MiB over the slow rail: about 0.4 s
+  unsigned char* src = Alloc(e, kCount * kReq);
+  ASSERT_NE(src, nullptr);
+  const Remote r = Open(e, pb, 911);
+  ASSERT_NE(r.seg.value, 0u);
+  std::vector<TransferRequest> writes;
+  for (size_t i = 0; i < kCount; ++i) {
+    FillPattern(src + i * kReq, kReq, 912, i * kReq);
+    writes.push_back({Opcode::kWrite, src + i * kReq, r.seg, r.base() + i * kReq, kReq});
+  }
+  ASSERT_OK_AND_ASSIGN(BatchId batch, e->AllocateBatch(kCount));
+  ASSERT_OK(e->Submit(batch, writes));
+  ASSERT_OK(e->SendNotification(r.seg, "slow-rail", Checked(912, 0, kCount * kReq)));
+  EXPECT_EQ(pb->Call("NOTE slow-rail"), "NOTE OK") << "the notification overtook the slow rail's writes";
+  ASSERT_OK(e->WaitBatch(batch, 30000ms));
+  ASSERT_OK(e->FreeBatch(batch));
+  EXPECT_EQ(pb->Call(Checked(912, 0, kCount * kReq)), "OK");
+}
+
 }  // namespace
 }  // namespace ferry::test
