@@ -59,8 +59,9 @@ TEST_F(FabricRailsTest, MixedSizesStripedOverTwoRailsArriveWhole) {
 // A notification sent right after writes striped over both rails is seen
 // only once every one of them landed. (On loopback both rails finish
 // together, so this catches a notification that waits for no writes, not
-// one that waits for rail 0's only; the netns suite's two NICs are where a
-// slower rail could show that.)
+// one that waits for rail 0's only; that is
+// NetnsTest.FabricNotificationWaitsForTheWritesOfASlowRail, with one NIC
+// rate-limited.)
 TEST_F(FabricRailsTest, NotificationFollowsTheWritesOfEveryRail) {
   constexpr int kRounds = 6;
   constexpr uint64_t kArea = 4 * kMiB;
