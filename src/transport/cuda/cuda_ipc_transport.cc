@@ -45,7 +45,7 @@ const wire::RegionKey* IpcKey(const wire::RegionEntry& r) {
 class CudaIpcLink : public PeerLink {
  public:
   CudaIpcLink(const CudaDriver& driver, std::shared_ptr<const PeerInfo> peer, UniqueFd pidfd)
-      : driver_(driver), label_(peer->Label()), pidfd_(std::move(pidfd)) {}
+      : driver_(driver), label_(peer->Label()), pidfd_(std::move(pidfd)), devices_(CountDevices(driver)) {}
   ~CudaIpcLink() override { Retire(); }
 
   // Opens the handle of the peer's first GPU region, so a peer this process
@@ -181,9 +181,10 @@ class CudaIpcLink : public PeerLink {
   // The device whose context opens a handle of the peer's `device` memory
   // and copies to it: the same ordinal if this process sees it, else 0
   // (copies then go peer to peer).
-  int LocalDevice(int device) const {
-    auto n = driver_.DeviceCount();
-    return n.ok() && device < *n ? device : 0;
+  int LocalDevice(int device) const { return device < devices_ ? device : 0; }
+  static int CountDevices(const CudaDriver& d) {
+    auto n = d.DeviceCount();
+    return n.ok() ? *n : 0;
   }
 
   StatusOr<cuda::CopyQueue*> QueueFor(int device) {
@@ -234,6 +235,7 @@ class CudaIpcLink : public PeerLink {
   const CudaDriver& driver_;
   const std::string label_;
   const UniqueFd pidfd_;
+  const int devices_;  // this process's CUDA devices (asked once, not per slice)
   std::shared_mutex retire_mu_;  // shared by posts and flushes, taken whole by Retire
   std::mutex mu_;
   bool retired_ = false;

@@ -1,7 +1,6 @@
 #include "transport/tcp/tcp_frames.h"
 
 #include <algorithm>
-#include <numeric>
 
 namespace ferry::internal::tcp {
 
@@ -118,6 +117,7 @@ Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeade
   std::vector<RegionPin> pins;
   // GPU entries are copied off the device into a host buffer the reply keeps.
   std::shared_ptr<std::vector<char>> host;
+  size_t host_used = 0;
   const Region* last = nullptr;
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
@@ -131,8 +131,8 @@ Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeade
       for (const auto& x : entries) total += x.length;
       host = std::make_shared<std::vector<char>>(total);
     }
-    char* at = host->data() + std::accumulate(payload.begin(), payload.end(), size_t{0},
-                                              [](size_t n, const iovec& v) { return n + v.iov_len; });
+    char* at = host->data() + host_used;
+    host_used += e.length;
     Status s = Copies().Copy(last->kind.device(), at, reinterpret_cast<const void*>(e.addr), e.length);
     if (!s.ok()) {
       s = s.WithPrefix("peer " + target().peer_id() + ": copying the bytes of " + FormatRange(e.addr, e.length) +
