@@ -17,6 +17,10 @@ bash scripts/install-deps.sh || exit 1
 
 relflags="-O2 -g1 -DNDEBUG"
 san_rc=0
+# What failed in the sanitizer and fuzz passes, printed again just before
+# pytest: CI shows only the end of the output, and those passes run first.
+recap=$(mktemp)
+trap 'rm -f "$recap"' EXIT
 if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
   san_pass() {  # build dir, sanitizer, test binaries...
     local dir="$1" san="$2"
@@ -28,6 +32,7 @@ if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
     if ! cmake --build "$dir" -j "$(nproc)" --target "$@" ferry_test_peer >"$dir.log" 2>&1; then
       echo "run-tests: sanitizer build (${san}) failed:"
       grep -E "error|FAILED" "$dir.log" | head -n 20
+      { echo "run-tests: sanitizer build (${san}) FAILED:"; grep -E "error|FAILED" "$dir.log" | head -n 20; } >>"$recap"
       return 1
     fi
     # Two at a time (the machines have two cores and most cases wait on
@@ -67,28 +72,47 @@ if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
     for n in "${names[@]}"; do
       echo "run-tests: ${san} ${n}:"
       cat "$logs/$n.log"
-      [ "$(cat "$logs/$n.rc" 2>/dev/null)" = 0 ] || { echo "run-tests: ${san} ${n} FAILED"; rc=1; }
+      if [ "$(cat "$logs/$n.rc" 2>/dev/null)" != 0 ]; then
+        echo "run-tests: ${san} ${n} FAILED"
+        rc=1
+        {
+          echo "run-tests: ${san} ${n} FAILED (exit $(cat "$logs/$n.rc" 2>/dev/null)); from its log:"
+          grep -E -A4 "Failure$|^\[  FAILED  \]|SUMMARY: |WARNING: ThreadSanitizer|ERROR: [A-Za-z]+Sanitizer|runtime error|leaked in|Timeout|Aborted|terminate called" \
+            "$logs/$n.log" | head -n 40
+        } >>"$recap"
+      fi
     done
     return $rc
   }
   san_pass build-asan address,undefined common_test wire_test core_test transport_test conformance_test \
     integration_test wire_fuzz_replay || san_rc=1
   san_pass build-tsan thread core_test common_test transport_test conformance_test || san_rc=1
-  echo "run-tests: sanitizer passes exit ${san_rc} (0 = all passed)"
+  echo "run-tests: sanitizer passes exit ${san_rc} (0 = all passed), ${SECONDS} s since the start"
 fi
 
 fuzz_rc=0
-bash scripts/fuzz.sh || fuzz_rc=1
+fuzz_log=$(mktemp)
+trap 'rm -f "$recap" "$fuzz_log"' EXIT
+bash scripts/fuzz.sh 2>&1 | tee "$fuzz_log" || fuzz_rc=1
+if [ "$fuzz_rc" -ne 0 ]; then
+  { echo "run-tests: fuzz FAILED; its report:"; grep -E -A3 "CRASH|crashes|ERROR|rerun:|reproducer" "$fuzz_log" | head -n 40; } >>"$recap"
+fi
 
 cmake -G Ninja -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_WERROR=ON \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$relflags" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$relflags" \
   -DPython_EXECUTABLE=/usr/bin/python3 || exit 1
 cmake --build build -j "$(nproc)" || exit 1
+echo "run-tests: main build done, ${SECONDS} s since the start"
 
 ctest_rc=0
 # Two at a time: most cases wait on sockets and peers more than they
 # compute; the soak and the netns suite run alone (RUN_SERIAL).
 (cd build && ctest --output-on-failure --timeout 600 -j 2) || ctest_rc=$?
+
+if [ -s "$recap" ]; then
+  echo "run-tests: ctest done, ${SECONDS} s since the start; the sanitizer or fuzz pass failed (sanitizers exit ${san_rc}, fuzz exit ${fuzz_rc}):"
+  cat "$recap"
+fi
 
 pytest_rc=0
 if [ -d python/tests ]; then
