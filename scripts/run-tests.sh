@@ -77,8 +77,8 @@ if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
         rc=1
         {
           echo "run-tests: ${san} ${n} FAILED (exit $(cat "$logs/$n.rc" 2>/dev/null)); from its log:"
-          grep -E -A4 "Failure$|^\[  FAILED  \]|SUMMARY: |WARNING: ThreadSanitizer|ERROR: [A-Za-z]+Sanitizer|runtime error|leaked in|Timeout|Aborted|terminate called" \
-            "$logs/$n.log" | head -n 40
+          grep -E -A6 "Failure$|leak of|^\[  FAILED  \]|SUMMARY: |WARNING: ThreadSanitizer|ERROR: [A-Za-z]+Sanitizer|runtime error|leaked in|Timeout|Aborted|terminate called" \
+            "$logs/$n.log" | head -n 60
         } >>"$recap"
       fi
     done
