@@ -160,8 +160,10 @@ class Engine {
                                         std::optional<Notification> notification = std::nullopt);
   // Posts the transfer (again, once an earlier post finished). `notification`
   // replaces the one given to MakeTransfer for this post.
-  // kFailedPrecondition: still in flight, or the remote list belongs to a
-  // peer instance that restarted (the message says which).
+  // kFailedPrecondition: still in flight, the remote list belongs to a peer
+  // instance that restarted (the message says which), or the notification is
+  // longer than an older peer takes (kMaxNotificationMessageV1; so are
+  // MakeTransfer's and SendNotification's).
   Status PostTransfer(TransferHandle transfer, std::optional<Notification> notification = std::nullopt);
   // kPending, kCompleted or kFailed with the first failure (request index,
   // peer, range, reason). A transfer that failed is cancelled first: once

@@ -146,6 +146,9 @@ struct EngineOptions {
     // Play a build that reads and writes descriptor formats up to this one
     // (0 = this build's newest).
     uint16_t descriptor_format_max = 0;
+    // Play an older build: leave these features (e.g. "notify-1m") out of
+    // what this engine advertises to its peers.
+    std::vector<std::string> omit_features;
     // Faults injected below the engine into every link of every transport
     // (src/transport/fault/): each slice posted is, with these chances in
     // percent, failed at once (kUnavailable), dropped (its reply never comes:

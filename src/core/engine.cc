@@ -112,7 +112,7 @@ Capabilities Engine::GetCapabilities() const {
   c.wire_version_min = impl_->wire_min;
   c.wire_version_max = impl_->wire_max;
   for (const auto& t : impl_->transports->transports()) c.transports.emplace_back(t->Name());
-  c.features = internal::Features();
+  c.features = impl_->AdvertisedFeatures();
   return c;
 }
 

@@ -172,7 +172,6 @@ class Notifier {
 struct PostState {
   std::shared_ptr<BatchState> batch;
   TransferTelemetry telemetry;   // start_us, post_us, bytes, entries; transfer_us once finished
-  bool has_notification = false;
   std::mutex mu;
   std::condition_variable cv;
   bool finished = false;         // guarded by mu: data done (or failed) and the notification settled
@@ -283,6 +282,16 @@ class Engine::Impl {
     metrics_server.reset();
   }
 
+  // internal::Features(), less what options.testing.omit_features leaves out.
+  std::vector<std::string> AdvertisedFeatures() const {
+    std::vector<std::string> f = internal::Features();
+    std::erase_if(f, [&](const std::string& x) {
+      return std::find(options.testing.omit_features.begin(), options.testing.omit_features.end(), x) !=
+             options.testing.omit_features.end();
+    });
+    return f;
+  }
+
   wire::PeerDescriptor Describe() const {
     wire::PeerDescriptor d;
     d.engine_name = options.local_name;
@@ -295,7 +304,7 @@ class Engine::Impl {
     d.wire_min = wire_min;
     d.wire_max = wire_max;
     transports->Describe(&d);
-    d.features = internal::Features();
+    d.features = AdvertisedFeatures();
     d.features.push_back(wire::DescriptorFormatsFeature(wire::kDescriptorFormatMin, descriptor_format_max));
     d.regions = target->registry().Snapshot(/*exported_only=*/true);
     if (descriptor_format_max < 2) {

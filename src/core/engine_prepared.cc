@@ -118,6 +118,11 @@ Status Engine::PostTransfer(TransferHandle h, std::optional<Notification> notifi
     return OkStatus();
   };
   FERRY_RETURN_IF_ERROR(same_instance());
+  // A replacement notification is checked against the peer as MakeTransfer
+  // checked the transfer's own: up front, not later in the notifier.
+  if (notification) {
+    FERRY_RETURN_IF_ERROR(internal::CheckPeerTakes(*t->peer, notification->message.size()).WithPrefix(TransferName(h)));
+  }
   const internal::PreparedPairs& pairs = t->pairs;
   std::vector<Impl::RoutePost> routes(pairs.kinds.size());
   std::vector<Impl::Routed> routed_of(pairs.kinds.size());
@@ -136,7 +141,6 @@ Status Engine::PostTransfer(TransferHandle h, std::optional<Notification> notifi
   post->telemetry.bytes = pairs.bytes;
   post->telemetry.entries = n;
   std::optional<Notification> note = notification ? std::move(notification) : t->notification;
-  post->has_notification = note.has_value();
   for (size_t k = 0; k < routes.size(); ++k) routes[k].Tag(*post->batch, routed_of[k]);
 
   // Once its data finished: the notification (on the notifier's thread,

@@ -17,6 +17,7 @@
 namespace ferry::test {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
@@ -340,6 +341,51 @@ TEST_P(PreparedTest, NotificationsOfOneMebibyteArriveWhole) {
   EXPECT_EQ(notes[1].message, "after");
   EXPECT_THAT(initiator().SendNotification(segment(), "too big", big + "x"),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("at most 1048576")));
+}
+
+// A peer of a build before "notify-1m" takes messages of at most
+// kMaxNotificationMessageV1 bytes: a longer one is refused up front, naming
+// the peer and both sizes, by SendNotification, MakeTransfer and a post's
+// replacement notification alike; one of the old limit still arrives.
+TEST(PreparedOldPeerTest, LongNotificationsToAnOlderPeerAreRefusedUpFront) {
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS("tcp");
+  EngineOptions old_peer = ConformanceOptions("tcp");
+  old_peer.testing.omit_features = {"notify-1m"};
+  EnginePair p;
+  ASSERT_NO_FATAL_FAILURE(p.Start(ConformanceOptions("tcp"), old_peer));
+  const std::string fits(kMaxNotificationMessageV1, 'a');
+  const std::string longer = fits + "b";
+  const auto refused = StatusIs(StatusCode::kFailedPrecondition,
+                                AllOf(HasSubstr("takes notification messages of at most " +
+                                                std::to_string(kMaxNotificationMessageV1) + " bytes"),
+                                      HasSubstr("this one has " + std::to_string(longer.size()))));
+  EXPECT_THAT(p.initiator().SendNotification(p.segment(), "n", longer), refused);
+
+  constexpr uint64_t kLen = 4 * kKiB;
+  unsigned char* local = p.Alloc(kLen, &p.initiator());
+  unsigned char* remote = p.Alloc(kLen, &p.target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_OK(GetStatus(p.initiator().QuerySegment(p.segment())));
+  const std::vector<DescRow> local_rows = {{reinterpret_cast<uintptr_t>(local), kLen, 0, 1}};
+  const std::vector<DescRow> remote_rows = {{reinterpret_cast<uintptr_t>(remote), kLen, 0, 1}};
+  ASSERT_OK_AND_ASSIGN(DescListHandle l, p.initiator().PrepareLocalList(local_rows));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, p.initiator().PrepareRemoteList(p.segment(), remote_rows));
+  const std::vector<uint32_t> zero = {0};
+  EXPECT_THAT(GetStatus(p.initiator().MakeTransfer(Opcode::kWrite, l, zero, r, zero, Notification{"", "n", longer})),
+              refused);
+  ASSERT_OK_AND_ASSIGN(TransferHandle t, p.initiator().MakeTransfer(Opcode::kWrite, l, zero, r, zero));
+  EXPECT_THAT(p.initiator().PostTransfer(t, Notification{"", "n", longer}), refused);
+  EXPECT_TRUE(p.target().GetNotifications().empty());
+
+  FillPattern(local, kLen, 9);
+  ASSERT_OK(p.initiator().PostTransfer(t, Notification{"", "n", fits}));
+  ASSERT_OK(p.initiator().WaitTransfer(t, kWaitTimeout));
+  EXPECT_EQ(DescribePatternMismatch(remote, kLen, 9), "");
+  ASSERT_OK(p.initiator().SendNotification(p.segment(), "m", fits));
+  auto notes = p.target().GetNotifications();
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_TRUE(notes[0].message == fits);
+  EXPECT_EQ(notes[1].name, "m");
 }
 
 TEST_P(PreparedTest, ARemoteListOfARestartedPeerIsRefused) {
