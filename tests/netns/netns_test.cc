@@ -506,6 +506,39 @@ TEST_F(NetnsTest, APeerWhoseInitiatorVanishesMidFrameStillShutsDown) {
   EXPECT_EQ(peer->Stop(45s), 0) << "the peer did not shut down";
 }
 
+// The same, for reads: the initiator's host vanishes while the peer is still
+// sending it read replies. Those bytes stay unacknowledged, so keepalive
+// never probes (it runs only on an idle connection) and the kernel would
+// retransmit for about 15 minutes (tcp_retries2) with the replied ranges
+// pinned. TCP_USER_TIMEOUT (10 s) fails the stream instead; the peer then
+// releases them and shuts down when asked.
+TEST_F(NetnsTest, APeerWhoseInitiatorVanishesMidReadReplyStillShutsDown) {
+  RequireTool("tc");
+  ASSERT_NO_FATAL_FAILURE(TwoHosts());
+  PeerProcess* peer = StartPeer("b", kAddrB, 731);
+  ASSERT_NE(peer, nullptr);
+  Engine* e = StartEngine(kAddrA, 2s);
+  ASSERT_NE(e, nullptr);
+  constexpr size_t kCount = 16;
+  unsigned char* src = Alloc(e, kCount * kBlock);
+  unsigned char* dst = Alloc(e, kCount * kBlock);
+  ASSERT_NE(src, nullptr);
+  ASSERT_NE(dst, nullptr);
+  const Remote r = Open(e, peer, 731);
+  ASSERT_NO_FATAL_FAILURE(CleanRound(e, r, src, dst, 732));
+
+  // The replies (4 MiB at 20 mbit, over a second) are on their way when the
+  // initiator's link goes.
+  ASSERT_TRUE(lab_.SetRate("b", "to-a", "20mbit"));
+  const BatchId b = Submit(e, Blocks(Opcode::kRead, dst, r, kReadBase, kCount));
+  ASSERT_NE(b.value, 0u);
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(lab_.Ip("a", {"link", "del", "to-b"}));
+  const Outcomes rd = Finish(e, b, kCount);
+  std::printf("initiator's link deleted mid-read-reply: %s\n", rd.Summary().c_str());
+  EXPECT_EQ(peer->Stop(45s), 0) << "the peer did not shut down";
+}
+
 // ---------------------------------------------------------------------------
 // (d) Three hosts: one peer's link down does not disturb the other peer.
 

@@ -45,12 +45,21 @@ void SetRetransmitFloor(int fd) {
 // UnregisterMemory (and so the engine's shutdown) waits for them for ever
 // (tests/netns: APeerWhoseInitiatorVanishesMidFrameStillShutsDown). A live
 // link is not disturbed: no probe while bytes flow, one per 5 s when idle.
+// Keepalive runs only on an idle connection: while sent bytes wait for their
+// acknowledgement (a target's read replies to a vanished initiator) the
+// kernel retransmits instead, for about 15 minutes (tcp_retries2), with the
+// replied ranges pinned. TCP_USER_TIMEOUT bounds that too: bytes
+// unacknowledged for 10 s fail the socket (and with keepalive on, it is also
+// when unanswered probes give up: the same ~10 s). A live path acknowledges
+// within its RTO even when slow (tests/netns: ...MidReadReplyStillShutsDown).
 void SetKeepalive(int fd) {
   const int on = 1, idle_s = 5, interval_s = 1, probes = 5;
+  const unsigned user_timeout_ms = 10000;
   (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
 }
 
 class TcpTransport : public Transport {
