@@ -16,6 +16,10 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh || exit 1
 
 relflags="-O2 -g1 -DNDEBUG"
+# The sanitizer builds at -O1 (what the sanitizers' own docs advise): an ASan
+# test file compiles in 18 s instead of 29 s at -O2, and the reports keep
+# their frames.
+sanflags="-O1 -g1 -DNDEBUG"
 san_rc=0
 # What failed in the sanitizer and fuzz passes, printed again just before
 # pytest: CI shows only the end of the output, and those passes run first.
@@ -27,7 +31,7 @@ if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
     shift 2
     echo "run-tests: sanitizer pass (${san}): $*"
     cmake -G Ninja -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_BUILD_PYTHON=OFF \
-      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$relflags" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$relflags" \
+      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$sanflags" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$sanflags" \
       -DFERRY_SANITIZE="$san" -DFERRY_WERROR=ON >/dev/null || return 1
     if ! cmake --build "$dir" -j "$(nproc)" --target "$@" ferry_test_peer >"$dir.log" 2>&1; then
       echo "run-tests: sanitizer build (${san}) failed:"
