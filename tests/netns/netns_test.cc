@@ -292,6 +292,39 @@ class NetnsTest : public ::testing::Test {
     ExpectReadsArrived(r, rd, dst, roff);
   }
 
+  // Two hosts; `op` of 4 MiB, slowed to 20 mbit on the way its bytes go (a
+  // write's payload to the peer, a read's replies from it), so they are
+  // still in flight when the initiator's link is deleted 300 ms later (both
+  // ends of the pair go: no FIN, no reset). Asked to quit, the peer must
+  // unregister its buffer and exit 0, not stay stuck on the pins of what
+  // will never be completed.
+  void InitiatorVanishesMidTransfer(Opcode op, uint64_t seed) {
+    RequireTool("tc");
+    ASSERT_NO_FATAL_FAILURE(TwoHosts());
+    PeerProcess* peer = StartPeer("b", kAddrB, seed);
+    ASSERT_NE(peer, nullptr);
+    Engine* e = StartEngine(kAddrA, 2s);
+    ASSERT_NE(e, nullptr);
+    constexpr size_t kCount = 16;
+    unsigned char* src = Alloc(e, kCount * kBlock);
+    unsigned char* dst = Alloc(e, kCount * kBlock);
+    ASSERT_NE(src, nullptr);
+    ASSERT_NE(dst, nullptr);
+    const Remote r = Open(e, peer, seed);
+    ASSERT_NO_FATAL_FAILURE(CleanRound(e, r, src, dst, seed + 1));
+
+    const bool write = op == Opcode::kWrite;
+    ASSERT_TRUE(write ? lab_.SetRate("a", "to-b", "20mbit") : lab_.SetRate("b", "to-a", "20mbit"));
+    if (write) FillWrites(src, seed + 2, 0, kCount);
+    const BatchId b = Submit(e, write ? Blocks(op, src, r, 0, kCount) : Blocks(op, dst, r, kReadBase, kCount));
+    ASSERT_NE(b.value, 0u);
+    std::this_thread::sleep_for(300ms);  // let part of it through
+    ASSERT_TRUE(lab_.Ip("a", {"link", "del", "to-b"}));
+    const Outcomes o = Finish(e, b, kCount);
+    std::printf("initiator's link deleted mid-%s: %s\n", write ? "frame" : "read-reply", o.Summary().c_str());
+    EXPECT_EQ(peer->Stop(45s), 0) << "the peer did not shut down";
+  }
+
   NetnsLab lab_;
   std::vector<std::unique_ptr<PeerProcess>> peers_;
   std::vector<int> peer_slots_;  // the peers' entries in the signal handler's table
@@ -478,32 +511,7 @@ TEST_F(NetnsTest, LinkDownBrieflyMidTransferEveryRequestEndsClearlyAndLaterOnesS
 // notice, release what that frame pinned, and shut down when asked (its
 // UnregisterMemory waits for the pins).
 TEST_F(NetnsTest, APeerWhoseInitiatorVanishesMidFrameStillShutsDown) {
-  RequireTool("tc");
-  ASSERT_NO_FATAL_FAILURE(TwoHosts());
-  PeerProcess* peer = StartPeer("b", kAddrB, 721);
-  ASSERT_NE(peer, nullptr);
-  Engine* e = StartEngine(kAddrA, 2s);
-  ASSERT_NE(e, nullptr);
-  constexpr size_t kCount = 16;
-  unsigned char* src = Alloc(e, kCount * kBlock);
-  unsigned char* dst = Alloc(e, kCount * kBlock);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
-  const Remote r = Open(e, peer, 721);
-  ASSERT_NO_FATAL_FAILURE(CleanRound(e, r, src, dst, 722));
-
-  // 4 MiB at 20 mbit takes over a second: the first frames arrive in part.
-  ASSERT_TRUE(lab_.SetRate("a", "to-b", "20mbit"));
-  FillWrites(src, 723, 0, kCount);
-  const BatchId b = Submit(e, Blocks(Opcode::kWrite, src, r, 0, kCount));
-  ASSERT_NE(b.value, 0u);
-  std::this_thread::sleep_for(300ms);  // let part of a frame through
-  ASSERT_TRUE(lab_.Ip("a", {"link", "del", "to-b"}));  // both ends of the pair go
-  const Outcomes w = Finish(e, b, kCount);
-  std::printf("initiator's link deleted mid-frame: %s\n", w.Summary().c_str());
-  // Asked to quit, the peer unregisters its buffer and exits 0 (not stuck
-  // on a pin of the frame that will never be completed).
-  EXPECT_EQ(peer->Stop(45s), 0) << "the peer did not shut down";
+  InitiatorVanishesMidTransfer(Opcode::kWrite, 721);
 }
 
 // The same, for reads: the initiator's host vanishes while the peer is still
@@ -513,30 +521,7 @@ TEST_F(NetnsTest, APeerWhoseInitiatorVanishesMidFrameStillShutsDown) {
 // pinned. TCP_USER_TIMEOUT (10 s) fails the stream instead; the peer then
 // releases them and shuts down when asked.
 TEST_F(NetnsTest, APeerWhoseInitiatorVanishesMidReadReplyStillShutsDown) {
-  RequireTool("tc");
-  ASSERT_NO_FATAL_FAILURE(TwoHosts());
-  PeerProcess* peer = StartPeer("b", kAddrB, 731);
-  ASSERT_NE(peer, nullptr);
-  Engine* e = StartEngine(kAddrA, 2s);
-  ASSERT_NE(e, nullptr);
-  constexpr size_t kCount = 16;
-  unsigned char* src = Alloc(e, kCount * kBlock);
-  unsigned char* dst = Alloc(e, kCount * kBlock);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
-  const Remote r = Open(e, peer, 731);
-  ASSERT_NO_FATAL_FAILURE(CleanRound(e, r, src, dst, 732));
-
-  // The replies (4 MiB at 20 mbit, over a second) are on their way when the
-  // initiator's link goes.
-  ASSERT_TRUE(lab_.SetRate("b", "to-a", "20mbit"));
-  const BatchId b = Submit(e, Blocks(Opcode::kRead, dst, r, kReadBase, kCount));
-  ASSERT_NE(b.value, 0u);
-  std::this_thread::sleep_for(300ms);
-  ASSERT_TRUE(lab_.Ip("a", {"link", "del", "to-b"}));
-  const Outcomes rd = Finish(e, b, kCount);
-  std::printf("initiator's link deleted mid-read-reply: %s\n", rd.Summary().c_str());
-  EXPECT_EQ(peer->Stop(45s), 0) << "the peer did not shut down";
+  InitiatorVanishesMidTransfer(Opcode::kRead, 731);
 }
 
 // ---------------------------------------------------------------------------
