@@ -44,8 +44,13 @@ bool PeerBudget::Acquire(uint64_t slices, uint64_t bytes, Clock::time_point dead
   bool got = false;
   // Release notifies under mu_ when it sees a waiter, so no wake-up is lost
   // between a failed try and the wait; the timed wait is a second guard.
-  while (!(got = TryAcquire(slices, bytes)) && Clock::now() < deadline) {
+  // Room that comes only at the deadline comes too late: the frame could not
+  // be sent in time (and a waiter woken late, on a loaded machine, must not
+  // take the room that the requests timing out at the same deadline freed).
+  while (!(got = TryAcquire(slices, bytes))) {
+    if (Clock::now() >= deadline) break;
     cv_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(10)));
+    if (Clock::now() >= deadline) break;
   }
   waiters_.fetch_sub(1, std::memory_order_acq_rel);
   return got;
