@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "transport/fabric/fabric_tuning.h"
 #include "transport/fabric/fabric_info.h"
 #include "transport/fabric/fabric_messages.h"
 
@@ -411,13 +412,14 @@ struct Endpoint::Impl {
   // that failed on the way (completed by the caller, outside `mu`). Chunks
   // of one peer go in order; a peer the provider refuses (-FI_EAGAIN) waits
   // for the next round while the others go on.
-  void PumpLocked(std::vector<Failure>* failed) {
+  void PumpLocked(std::vector<Failure>* failed, uint32_t max_posts = UINT32_MAX) {
     const Clock::time_point now = Clock::now();
     std::vector<const RemotePeer*> refused;  // this round
     auto was_refused = [&](const RemotePeer* p) {
       return std::find(refused.begin(), refused.end(), p) != refused.end();
     };
-    for (auto it = queue.begin(); it != queue.end() && inflight < cfg.max_ops;) {
+    uint32_t posted = 0;
+    for (auto it = queue.begin(); it != queue.end() && inflight < cfg.max_ops && posted < max_posts;) {
       Chunk& c = **it;
       if (c.next == c.slices.size()) {
         it = queue.erase(it);
@@ -445,16 +447,16 @@ struct Endpoint::Impl {
         it = queue.erase(it);
         continue;
       }
-      // One operation: consecutive slices of one opcode.
+      // One operation: the slices GatherCount picks (fabric_tuning.h).
       Op* op = AllocOp();
       iovec iov[kMaxIov];
       void* desc[kMaxIov];
       fi_rma_iov rma[kMaxIov];
-      uint64_t bytes = 0;
       const Opcode opcode = c.slices[c.next].opcode;
-      while (c.next < c.slices.size() && op->n < iov_limit && c.slices[c.next].opcode == opcode) {
+      const size_t end =
+          c.next + GatherCount(c.slices, c.next, iov_limit, std::min<uint64_t>(max_msg, cfg.max_gather_bytes));
+      while (c.next < end) {
         const Slice& s = c.slices[c.next];
-        if (op->n > 0 && bytes + s.length > max_msg) break;
         Status ok = Resolve(c, s, &rma[op->n]);
         void* d = nullptr;
         if (ok.ok() && mr_local && !LocalDesc(s.local, s.length, &d)) {
@@ -471,7 +473,6 @@ struct Endpoint::Impl {
         iov[op->n] = {s.local, s.length};
         desc[op->n] = d;
         op->slices[op->n] = s;
-        bytes += s.length;
         ++op->n;
         ++c.next;
       }
@@ -530,6 +531,7 @@ struct Endpoint::Impl {
       }
       peer.refused_since_ = {};
       LinkLocked(op);
+      ++posted;
     }
   }
 
@@ -559,7 +561,8 @@ struct Endpoint::Impl {
 
   void Wake() {
     work_gen.fetch_add(1, std::memory_order_seq_cst);
-    if (sleeping.load(std::memory_order_seq_cst)) (void)fi_cq_signal(cq);
+    // A CQ without a wait object has nothing to signal: its nap is short.
+    if (cq_waits && sleeping.load(std::memory_order_seq_cst)) (void)fi_cq_signal(cq);
   }
 
   void Post(const std::shared_ptr<RemotePeer>& peer, const PostContext& ctx, std::vector<Slice> slices) {
@@ -572,11 +575,20 @@ struct Endpoint::Impl {
     c->info = ctx.peer;
     c->deadline = ctx.deadline;
     c->slices = std::move(slices);
+    // While the progress thread runs, it posts a batch of slices between its
+    // completion reads: one thread in the provider at a time (a caller
+    // posting whole batches contended with it: 1 MiB reads ran ~10 % slower,
+    // docs/benchmarks.md). A single slice goes out from the caller, without
+    // a hand-off (4 KiB one at a time: 35 or 91 us when handed off, 50
+    // posted here); so does everything when the progress thread sleeps, as
+    // it would first have to wake up.
+    const bool asleep = sleeping.load(std::memory_order_seq_cst);
+    const uint32_t post_here = asleep ? UINT32_MAX : c->slices.size() == 1 ? 1 : 0;
     std::vector<Failure> failed;
     {
       std::lock_guard<std::mutex> lock(mu);
       queue.push_back(std::move(c));
-      PumpLocked(&failed);
+      PumpLocked(&failed, stopped ? UINT32_MAX : post_here);
     }
     Complete(failed);
     Wake();
@@ -781,6 +793,10 @@ struct Endpoint::Impl {
     std::lock_guard<std::mutex> lock(mu);
     return !queue.empty() || !sends.empty();
   }
+  uint32_t InFlight() {
+    std::lock_guard<std::mutex> lock(mu);
+    return inflight;
+  }
   bool Idle() {
     std::lock_guard<std::mutex> lock(mu);
     return queue.empty() && sends.empty() && inflight == 0;
@@ -804,11 +820,22 @@ struct Endpoint::Impl {
         continue;
       }
       if (now - active < cfg.spin) continue;
+      // A pipeline of operations in flight that keep completing: keep
+      // polling. Sleeping between two completions costs a wake-up each
+      // (tcp;ofi_rxm, 512 KiB reads: 3.9 GB/s sleeping, 4.7 polling). A
+      // single operation does not: its caller is likely spinning in its
+      // wait, and a third spinning thread on two cores starved the peer's
+      // (4 KiB writes one at a time: 55 us -> 97 us, docs/benchmarks.md).
+      if (now - active < cfg.spin_in_flight && InFlight() >= 2) continue;
       // Block: briefly while work waits for room, longer when all is quiet
       // (a peer's incoming data wakes the wait in any case).
       const int timeout_ms = Busy() ? 1 : Idle() ? 100 : 10;
       if (!cq_waits) {
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        sleeping.store(true, std::memory_order_seq_cst);
+        if (!stop.load() && work_gen.load(std::memory_order_seq_cst) == gen) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        sleeping.store(false, std::memory_order_seq_cst);
         continue;
       }
       sleeping.store(true, std::memory_order_seq_cst);

@@ -10,15 +10,18 @@
 //   goes into the region, so into the descriptor peers fetch.
 // - Posting: slices queue per endpoint and are posted as vectored one-sided
 //   writes and reads (fi_writemsg / fi_readmsg), up to the provider's iov
-//   limits per operation and `max_ops` operations in flight. -FI_EAGAIN
+//   limits and `max_gather_bytes` per operation and `max_ops` operations in
+//   flight. -FI_EAGAIN
 //   leaves the rest queued until completions make room (back-pressure, no
 //   spinning). Writes ask for FI_DELIVERY_COMPLETE: their completion means
 //   the bytes are in the target's memory. A read holds its batch's landing
 //   fence (BatchState::BeginLanding) until it completed, so a cancel returns
 //   only once no read of the batch can still store into this engine.
 // - Completions: one progress thread per endpoint reads the completion
-//   queue, spins a little after activity, then blocks in fi_cq_sread (so an
-//   idle engine uses no CPU), and also drives the provider's progress for
+//   queue, spins a little after activity (longer while several operations
+//   are in flight and completing), then blocks in fi_cq_sread (so an idle engine
+//   uses no CPU). It posts what callers queue while it runs (a caller posts
+//   itself while it sleeps), and also drives the provider's progress for
 //   peers that write into this engine (manual-progress providers need it).
 //   It fails operations past their deadline (the slices; the operation's
 //   resources wait for its completion or the endpoint's close).
@@ -48,7 +51,13 @@ struct EndpointConfig {
   std::string node;      // address the endpoint binds to; "" = the provider's choice
   uint32_t max_ops = 256;  // operations in flight (bounded by the provider's queue)
   uint32_t max_op_bytes = 1u << 20;  // bytes of one operation (bounded by max_msg_size)
+  // Bytes of one operation gathered from several slices (a single slice
+  // may be up to max_op_bytes).
+  uint32_t max_gather_bytes = 1u << 20;
   std::chrono::microseconds spin{50};
+  // Longer spin while two or more operations are in flight: the progress
+  // thread blocks only once none completed for this long.
+  std::chrono::microseconds spin_in_flight{1000};
   // A peer the provider refuses every operation to (-FI_EAGAIN, nothing in
   // flight) for this long is unreachable: its requests fail kUnavailable.
   std::chrono::milliseconds unreachable_after{5000};

@@ -13,30 +13,13 @@
 #include "transport/fabric/fabric_endpoint.h"
 #include "transport/fabric/fabric_info.h"
 #include "transport/fabric/fabric_messages.h"
+#include "transport/fabric/fabric_tuning.h"
 
 namespace ferry::internal {
 namespace {
 
 using fabric::Endpoint;
 using fabric::RemotePeer;
-
-// What measurement chose per provider (docs/benchmarks.md, "fabric"):
-// the largest slice (one operation's bytes), the slices gathered into one
-// operation and the operations in flight.
-struct Tuning {
-  uint32_t max_op_bytes;
-  uint32_t max_ops;
-};
-Tuning TuningFor(std::string_view provider) {
-  const std::string_view core = provider.substr(0, provider.find(';'));
-  // tcp;ofi_rxm: 1 MiB operations, as the plain libfabric loop posts them
-  // (the "above 64 KiB runs 3-4x slower" was not reproduced:
-  // tools/fabric_probe/README.md, section 4; 64 KiB operations made 1 MiB
-  // writes 16 operations each).
-  if (core == "tcp") return {1u << 20, 256};
-  if (core == "shm") return {1u << 20, 64};
-  return {1u << 20, 256};
-}
 
 bool SameHostOnly(std::string_view provider) {
   const std::string_view core = provider.substr(0, provider.find(';'));
@@ -253,7 +236,7 @@ StatusOr<std::unique_ptr<Transport>> MakeFabricTransport(const TransportContext&
   if (!all.ok()) return all.status().WithPrefix("fabric transport");
   FERRY_ASSIGN_OR_RETURN(std::string provider, fabric::ResolveProvider(*all, o.fabric_provider));
   FERRY_ASSIGN_OR_RETURN(std::vector<std::string> nodes, RailNodes(o, provider));
-  const Tuning tuning = TuningFor(provider);
+  const fabric::Tuning tuning = fabric::TuningFor(provider);
   std::vector<std::shared_ptr<Endpoint>> rails;
   uint64_t max_message = tuning.max_op_bytes;
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -262,6 +245,7 @@ StatusOr<std::unique_ptr<Transport>> MakeFabricTransport(const TransportContext&
     cfg.node = nodes[i];
     cfg.max_ops = tuning.max_ops;
     cfg.max_op_bytes = tuning.max_op_bytes;
+    cfg.max_gather_bytes = tuning.max_gather_bytes;
     cfg.spin = o.spin;
     cfg.unreachable_after = o.connect_timeout;
     cfg.target = ctx.target;
