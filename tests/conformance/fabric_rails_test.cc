@@ -37,7 +37,7 @@ class FabricRailsTest : public ::testing::Test, public EnginePair {
   }
 };
 
-// Requests from 1 byte to 3 MiB (stripes of 512 KiB, and small ones dealt
+// Requests from 1 byte to 3 MiB (stripes of 256 KiB, and small ones dealt
 // out whole), written then read, every byte checked, untouched bytes too.
 TEST_F(FabricRailsTest, MixedSizesStripedOverTwoRailsArriveWhole) {
   constexpr uint64_t kSize = 48 * kMiB;

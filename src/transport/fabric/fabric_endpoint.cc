@@ -15,6 +15,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <thread>
+#include <unordered_set>
 
 #include "common/log.h"
 #include "transport/fabric/fabric_tuning.h"
@@ -168,6 +169,9 @@ struct Endpoint::Impl {
   Op inflight_head;  // sentinel of the in-flight list
   std::vector<Op*> free_ops;
   std::deque<MsgBuf*> sends;   // messages not yet posted (-FI_EAGAIN or from other threads)
+  // Messages the provider took and has not completed: freed by their
+  // completion, or by Shutdown once the endpoint is closed.
+  std::unordered_set<MsgBuf*> sending;
   bool stopped = false;
 
   // Notifications: acknowledgements awaited, by sequence number.
@@ -714,13 +718,21 @@ struct Endpoint::Impl {
         const ssize_t ret = fi_send(ep, b->data.data(), b->data.size(), b->desc, b->to, &b->fi);
         if (ret == -FI_EAGAIN) break;
         sends.pop_front();
-        if (ret != 0) failed.push_back(b);
+        if (ret != 0) {
+          failed.push_back(b);
+        } else {
+          sending.insert(b);
+        }
       }
     }
     for (MsgBuf* b : failed) OnSendDone(b, -FI_EIO, "posting the message failed");
   }
 
   void OnSendDone(MsgBuf* b, int err, const std::string& text) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      sending.erase(b);
+    }
     if (b->notify_seq != 0 && err != 0) {
       std::lock_guard<std::mutex> lock(notify_mu);
       auto it = acks.find(b->notify_seq);
@@ -884,6 +896,10 @@ struct Endpoint::Impl {
       for (Op* op = inflight_head.next; op != &inflight_head; op = op->next) ops.push_back(op);
       unsent.assign(sends.begin(), sends.end());
       sends.clear();
+      // Posted, never completed (an acknowledgement in flight when the
+      // progress thread stopped): the closed endpoint no longer uses them.
+      unsent.insert(unsent.end(), sending.begin(), sending.end());
+      sending.clear();
     }
     Complete(failed);
     for (Op* op : ops) FinishOp(op, FI_ECANCELED, "the fabric endpoint was shut down");
