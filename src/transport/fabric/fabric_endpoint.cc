@@ -18,9 +18,9 @@
 #include <unordered_set>
 
 #include "common/log.h"
-#include "transport/fabric/fabric_tuning.h"
 #include "transport/fabric/fabric_info.h"
 #include "transport/fabric/fabric_messages.h"
+#include "transport/fabric/fabric_tuning.h"
 
 namespace ferry::internal::fabric {
 

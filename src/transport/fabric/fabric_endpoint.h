@@ -11,16 +11,15 @@
 // - Posting: slices queue per endpoint and are posted as vectored one-sided
 //   writes and reads (fi_writemsg / fi_readmsg), up to the provider's iov
 //   limits and `max_gather_bytes` per operation and `max_ops` operations in
-//   flight. -FI_EAGAIN
-//   leaves the rest queued until completions make room (back-pressure, no
-//   spinning). Writes ask for FI_DELIVERY_COMPLETE: their completion means
+//   flight. -FI_EAGAIN leaves the rest queued until completions make room
+//   (back-pressure, no spinning). Writes ask for FI_DELIVERY_COMPLETE: their completion means
 //   the bytes are in the target's memory. A read holds its batch's landing
 //   fence (BatchState::BeginLanding) until it completed, so a cancel returns
 //   only once no read of the batch can still store into this engine.
 // - Completions: one progress thread per endpoint reads the completion
 //   queue, spins a little after activity (longer while several operations
-//   are in flight and completing), then blocks in fi_cq_sread (so an idle engine
-//   uses no CPU). It posts what callers queue while it runs (a caller posts
+//   are in flight and completing), then blocks in fi_cq_sread (so an idle
+//   engine uses no CPU). It posts what callers queue while it runs (a caller posts
 //   itself while it sleeps), and also drives the provider's progress for
 //   peers that write into this engine (manual-progress providers need it).
 //   It fails operations past their deadline (the slices; the operation's
