@@ -4,7 +4,8 @@
 # the two-process GPU cases of tests/integration/gpu_test.cc (GPU <-> GPU
 # between processes through CUDA IPC, host <-> GPU, a notification right
 # after GPU writes, a dead peer) and the staged cases of
-# tests/conformance/gpu_staging_test.cc (GPU memory over tcp, shm and fabric),
+# tests/transport/gpu_staging_test.cc (GPU memory over tcp, shm and fabric),
+# both in the gpu_test binary,
 # run against the real driver instead of the tests' stand-in, every byte
 # checked by copying it back through the driver; then a short bench
 # (GpuBench.DISABLED_Figures: cuMemcpy device to device as the baseline of
@@ -26,13 +27,13 @@ say() { echo "device-check: $*" | tee -a "$logs/summary.txt"; }
 
 say "started $(date -u +%FT%TZ) on $(hostname)"
 nvidia-smi -L 2>&1 | tee -a "$logs/summary.txt" || say "nvidia-smi not found (the driver may still be there)"
-if [ ! -x "$build/tests/integration_test" ] || [ ! -x "$build/tests/conformance_test" ] ||
-   [ ! -x "$build/tests/ferry_test_peer" ]; then
+if [ ! -x "$build/tests/gpu_test" ] || [ ! -x "$build/tests/ferry_test_peer" ] ||
+   [ ! -x "$build/tools/ferry" ]; then
   gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
   say "building into $build"
   timeout 300 cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >"$logs/configure.log" 2>&1 &&
-    timeout 300 cmake --build "$build" -j"$(nproc)" --target integration_test conformance_test ferry_test_peer ferry_cli \
+    timeout 300 cmake --build "$build" -j"$(nproc)" --target gpu_test ferry_test_peer ferry_cli \
       >"$logs/build.log" 2>&1
   rc=$?
   if [ $rc -ne 0 ]; then
@@ -57,7 +58,7 @@ run() {  # name, seconds, command...
   say "$name exit $r after $(( $(date +%s) - start )) s"
   [ $r -eq 0 ] || rc=$r
 }
-run gpu_test 150 "$build/tests/integration_test" --gtest_filter='GpuTest.*'
-run gpu_staging 120 "$build/tests/conformance_test" --gtest_filter='*GpuStaging*'
-run gpu_bench 90 "$build/tests/integration_test" --gtest_filter='GpuBench.*' --gtest_also_run_disabled_tests
+run gpu_test 150 "$build/tests/gpu_test" --gtest_filter='GpuTest.*'
+run gpu_staging 120 "$build/tests/gpu_test" --gtest_filter='*GpuStaging*'
+run gpu_bench 90 "$build/tests/gpu_test" --gtest_filter='GpuBench.*' --gtest_also_run_disabled_tests
 exit $rc

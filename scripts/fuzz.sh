@@ -16,7 +16,8 @@
 # once, no fuzzing), FERRY_FUZZ_TARGETS (space-separated subset, e.g.
 # "fuzz_frames fuzz_auth"), FERRY_FUZZ_BUILD_JOBS (default: nproc),
 # FERRY_FUZZ_RSS_MB (default 2048), FERRY_FUZZ_TIMEOUT (seconds one input
-# may take, default 10).
+# may take, default 10), FERRY_FUZZ_JOBS (targets run side by side, each on
+# one core; default: nproc).
 # Run one target longer by hand (docs/reliability.md, "Fuzzing"):
 #   build-fuzz/tests/fuzz/fuzz_frames -max_total_time=3600 -rss_limit_mb=2048 \
 #     -timeout=10 /tmp/corpus-frames tests/fuzz/corpus/fuzz_frames
@@ -27,12 +28,17 @@ seconds="${FERRY_FUZZ_SECONDS:-20}"
 rss_mb="${FERRY_FUZZ_RSS_MB:-2048}"
 input_timeout="${FERRY_FUZZ_TIMEOUT:-10}"
 jobs="${FERRY_FUZZ_BUILD_JOBS:-$(nproc)}"
-for v in "$seconds" "$rss_mb" "$input_timeout" "$jobs"; do
+fuzz_jobs="${FERRY_FUZZ_JOBS:-$(nproc)}"
+for v in "$seconds" "$rss_mb" "$input_timeout" "$jobs" "$fuzz_jobs"; do
   if ! [[ "$v" =~ ^[0-9]+$ ]]; then
-    echo "fuzz: FERRY_FUZZ_SECONDS, _RSS_MB, _TIMEOUT and _BUILD_JOBS must be whole numbers (got '$v')" >&2
+    echo "fuzz: FERRY_FUZZ_SECONDS, _RSS_MB, _TIMEOUT, _BUILD_JOBS and _JOBS must be whole numbers (got '$v')" >&2
     exit 2
   fi
 done
+if [ "$fuzz_jobs" -lt 1 ]; then
+  echo "fuzz: FERRY_FUZZ_JOBS must be at least 1" >&2
+  exit 2
+fi
 
 if ! command -v clang++ >/dev/null || ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
   echo "fuzz: clang++, cmake or ninja missing; installing the dependencies"
@@ -95,14 +101,12 @@ report_crash() {
   echo "-----"
 }
 
-total_exec=0
-crashes=0
-pending=0
-count=0
-for t in $targets; do
-  count=$((count + 1))
-  bin="$build/tests/fuzz/$t"
-  artifacts="$work/artifacts/$t"
+# fuzz_target T: the regressions, the pending reproducers and the timed run
+# of target T. Its report goes to $work/$T.out and its counts to
+# $work/$T.counts ("executions crashes pending"): targets run side by side.
+fuzz_target() {
+  local t="$1" bin="$build/tests/fuzz/$1" artifacts="$work/artifacts/$1" exec_n=0 crash_n=0 pending_n=0
+  local opts regressions reg_result f limit t0 rc n found result corpus_files
   mkdir -p "$artifacts" "$work/corpus/$t"
   if [ -d "tests/fuzz/corpus/$t" ]; then cp -r "tests/fuzz/corpus/$t/." "$work/corpus/$t/"; fi
   opts=(-rss_limit_mb="$rss_mb" -timeout="$input_timeout" -artifact_prefix="$artifacts/" -print_final_stats=1)
@@ -117,13 +121,13 @@ for t in $targets; do
   if [ ${#regressions[@]} -gt 0 ]; then
     if "$bin" "${opts[@]}" "${regressions[@]}" >"$work/$t.regressions.log" 2>&1; then
       reg_result="${#regressions[@]} passed"
-      total_exec=$((total_exec + ${#regressions[@]}))
+      exec_n=$((exec_n + ${#regressions[@]}))
     else
       reg_result="FAILED"
       echo "fuzz: $t: a regression input fails again:" \
         "$(sed -n 's/^Running: //p' "$work/$t.regressions.log" | tail -n 1)"
       report_crash "$t" "$artifacts" "$work/$t.regressions.log"
-      crashes=$((crashes + 1))
+      crash_n=$((crash_n + 1))
       rm -f "$artifacts"/*
     fi
   fi
@@ -131,13 +135,13 @@ for t in $targets; do
   # Known crashes waiting for a fix in src/ (tests/fuzz/pending/README.md):
   # reported, not counted as crashes.
   if [ -d "tests/fuzz/pending/$t" ]; then
-    mkdir -p "$work/pending-artifacts"
+    mkdir -p "$work/pending-artifacts/$t"
     while IFS= read -r -d '' f; do
-      if "$bin" -rss_limit_mb="$rss_mb" -timeout="$input_timeout" -artifact_prefix="$work/pending-artifacts/" \
+      if "$bin" -rss_limit_mb="$rss_mb" -timeout="$input_timeout" -artifact_prefix="$work/pending-artifacts/$t/" \
           "$f" >"$work/$t.pending.log" 2>&1; then
         echo "fuzz: $t: $f no longer crashes: move it to tests/fuzz/regressions/$t/"
       else
-        pending=$((pending + 1))
+        pending_n=$((pending_n + 1))
         echo "fuzz: $t: $f still crashes (known, fix pending: tests/fuzz/pending/README.md)"
       fi
     done < <(find "tests/fuzz/pending/$t" -maxdepth 1 -type f ! -name '*.md' ! -name '.*' -print0 | sort -z)
@@ -149,18 +153,45 @@ for t in $targets; do
   "$bin" "${opts[@]}" "${limit[@]}" "$work/corpus/$t" >"$work/$t.log" 2>&1
   rc=$?
   n=$(executions "$work/$t.log")
-  total_exec=$((total_exec + n))
+  exec_n=$((exec_n + n))
   found=$(find "$artifacts" -type f | wc -l)
   if [ "$rc" -eq 0 ] && [ "$found" -eq 0 ]; then
     result="ok"
   else
     result="CRASH (exit $rc)"
-    crashes=$((crashes + 1))
+    crash_n=$((crash_n + 1))
   fi
   corpus_files=$(find "$work/corpus/$t" -type f | wc -l)
   printf 'fuzz: %-20s %10s executions in %3s s, corpus %4s inputs, regressions: %s, result: %s\n' \
     "$t" "$n" "$(($(date +%s) - t0))" "$corpus_files" "$reg_result" "$result"
   if [ "$result" != "ok" ]; then report_crash "$t" "$artifacts" "$work/$t.log"; fi
+  echo "$exec_n $crash_n $pending_n" >"$work/$t.counts"
+}
+
+# The targets side by side, FERRY_FUZZ_JOBS at a time (default: one per
+# core; each libFuzzer run is one process on one core, so each target still
+# gets its full FERRY_FUZZ_SECONDS). Reports are printed in target order.
+for t in $targets; do
+  while [ "$(jobs -rp | wc -l)" -ge "$fuzz_jobs" ]; do wait -n; done
+  fuzz_target "$t" >"$work/$t.out" 2>&1 &
+done
+wait
+total_exec=0
+crashes=0
+pending=0
+count=0
+for t in $targets; do
+  count=$((count + 1))
+  cat "$work/$t.out"
+  if [ -s "$work/$t.counts" ]; then
+    read -r e c p <"$work/$t.counts"
+  else
+    echo "fuzz: $t: the run ended without its counts"
+    e=0 c=1 p=0
+  fi
+  total_exec=$((total_exec + e))
+  crashes=$((crashes + c))
+  pending=$((pending + p))
 done
 
 known=""

@@ -13,6 +13,7 @@ PACKAGES=(
   python3-torch python3-matplotlib
   iproute2 procps
   clang libclang-rt-14-dev iperf3 nftables
+  ccache stress-ng
 )
 
 missing=()

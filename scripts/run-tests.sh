@@ -1,127 +1,212 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian 12 machine, builds Ferry and runs every test:
-#  1. the C++ suites under sanitizers — AddressSanitizer + UBSan over every
-#     gtest binary, ThreadSanitizer over the engine's concurrency (core,
-#     conformance); FERRY_SKIP_SANITIZERS=1 skips this pass (it is most of
-#     the run time);
-#  2. the libFuzzer targets, each for a bounded time (scripts/fuzz.sh;
+# Sets up a fresh Debian 12 machine, builds Ferry and runs its tests, in one
+# of two tiers (docs/testing.md):
+#
+#   scripts/run-tests.sh           the full tier (the README's test command,
+#                                  .ci/run): everything below
+#   scripts/run-tests.sh --quick   the inner loop: the release build of the
+#                                  unit and conformance suites over local, shm
+#                                  and tcp, and the single-process pytest cases
+#
+# The full tier, each suite once (ctest picks suites by label):
+#  1. the release build (GCC -O2) and what only it runs: the soak, the
+#     network-namespace fault tests (as root), the command line, the examples,
+#     the fuzz replay's long mutation run (while step 2 compiles);
+#  2. AddressSanitizer + UBSan (clang) over unit, conformance, security,
+#     integration, metadata, gpu and the fuzz replay;
+#  3. ThreadSanitizer (GCC) over unit, conformance, security and gpu;
+#  4. the libFuzzer targets, each for a bounded time (scripts/fuzz.sh;
 #     FERRY_FUZZ_SECONDS per target, default 20);
-#  3. every C++ test (ctest), then the Python package (pytest).
-# Debug info is line tables only (-g1): enough for sanitizer reports and
-# backtraces, and the builds take much less time than with full -g.
-# Ends with ctest's and pytest's summary lines; exits non-zero if any failed.
+#  5. the Python package (pytest, against Debian's /usr/bin/python3).
+# FERRY_SKIP_SANITIZERS=1 skips 2 and 3; FERRY_FUZZ_SECONDS=0 runs the fuzz
+# corpus once. FERRY_TEST_JOBS sets ctest's parallelism (default 2).
+# ccache is used when present (scripts/install-deps.sh installs it), with the
+# checkout as its base dir, so clones of the tree on one machine share it.
+# Each pass prints ctest's summary; the run ends with a recap of whatever
+# failed and pytest's summary line, and exits non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+tier=full
+for arg in "$@"; do
+  case "$arg" in
+    --quick) tier=quick ;;
+    --full) tier=full ;;
+    -h | --help)
+      sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "run-tests: unknown argument '$arg' (use --quick, --full or --help)" >&2
+      exit 2
+      ;;
+  esac
+done
+jobs="${FERRY_TEST_JOBS:-2}"
+if ! [[ "$jobs" =~ ^[1-9][0-9]*$ ]]; then
+  echo "run-tests: FERRY_TEST_JOBS must be a positive whole number (got '$jobs')" >&2
+  exit 2
+fi
+
 bash scripts/install-deps.sh || exit 1
 
+# Debug info is line tables only (-g1): enough for sanitizer reports and
+# backtraces, and the builds take much less time than with full -g.
 relflags="-O2 -g1 -DNDEBUG"
-# The sanitizer builds at -O1 (what the sanitizers' own docs advise): an ASan
-# test file compiles in 18 s instead of 29 s at -O2, and the reports keep
-# their frames.
+# The sanitizer builds at -O1 (what the sanitizers' own docs advise).
 sanflags="-O1 -g1 -DNDEBUG"
-san_rc=0
-# What failed in the sanitizer and fuzz passes, printed again just before
-# pytest: CI shows only the end of the output, and those passes run first.
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
+fi
+
 recap=$(mktemp)
 trap 'rm -f "$recap"' EXIT
-if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
-  san_pass() {  # build dir, sanitizer, test binaries...
-    local dir="$1" san="$2"
-    shift 2
-    echo "run-tests: sanitizer pass (${san}): $*"
-    cmake -G Ninja -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_BUILD_PYTHON=OFF \
+failed=0
+phase() { echo "run-tests: $*, ${SECONDS} s since the start"; }
+# fail WHAT [DETAILS_FILE]: remembers a failure for the recap.
+fail() {
+  failed=1
+  echo "run-tests: $1 FAILED" >>"$recap"
+  if [ -n "${2:-}" ] && [ -s "$2" ]; then sed 's/^/    /' "$2" >>"$recap"; fi
+}
+
+# build DIR WHAT TARGETS...: builds, or prints the errors and records them.
+build() {
+  local dir="$1" what="$2" log
+  shift 2
+  log="$dir.build.log"
+  if cmake --build "$dir" -j "$(nproc)" --target "$@" >"$log" 2>&1; then return 0; fi
+  echo "run-tests: the $what build failed:"
+  grep -E "error|FAILED|undefined reference" "$log" | head -n 30 | tee "$log.errors"
+  fail "the $what build (full log: $log)" "$log.errors"
+  return 1
+}
+
+# run_ctest DIR WHAT LABELS [ctest args...]: the tests carrying one of LABELS
+# (a |-list), two at a time; records the failed ones.
+run_ctest() {
+  local dir="$1" what="$2" labels="$3"
+  shift 3
+  phase "$what: ctest -L '^($labels)\$'"
+  if (cd "$dir" && ctest --output-on-failure --timeout 600 -j "$jobs" -L "^($labels)\$" "$@"); then
+    return 0
+  fi
+  fail "$what tests (rerun one: cd $dir && ctest --output-on-failure -R NAME)" \
+    "$dir/Testing/Temporary/LastTestsFailed.log"
+}
+
+configure_release() {
+  cmake -G Ninja -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_WERROR=ON \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$relflags" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$relflags" \
+    -DPython_EXECUTABLE=/usr/bin/python3 "${launcher[@]}" >build.configure.log 2>&1 && return 0
+  tail -n 30 build.configure.log
+  echo "run-tests: configuring build/ failed"
+  exit 1
+}
+
+run_pytest() {  # pytest args...
+  [ -d python/tests ] || return 0
+  phase "pytest $*"
+  PYTHONPATH="$PWD/build/python" /usr/bin/python3 -m pytest -q python/tests "$@" || fail "pytest"
+}
+
+print_recap() {
+  if [ -s "$recap" ]; then
+    phase "done; what failed"
+    cat "$recap"
+  else
+    phase "done; everything before pytest passed"
+  fi
+}
+
+if [ "$tier" = quick ]; then
+  configure_release
+  build build release ferry_tests_unit ferry_tests_conformance ferry_python ferry_python_sources \
+    ferry_nixl_sources || { print_recap; exit 1; }
+  phase "quick tier: release build done"
+  # The fabric cases (libfabric's tcp provider) are the full tier's: they
+  # take a third of the conformance time.
+  run_ctest build "quick (release)" "unit|conformance" -E "/fabric_|Fabric(Rails|Tuning)"
+  print_recap
+  run_pytest -m "not multiprocess"
+  exit $failed
+fi
+
+# 1. The release build: the Python package, the command, and what only the
+# release build runs. Its tests run while the AddressSanitizer build
+# compiles (they wait on sockets, timers and peers more than they compute;
+# like every suite they must pass on a loaded machine: docs/testing.md).
+configure_release
+release_logs=$(mktemp -d)
+trap 'rm -rf "$recap" "$release_logs"' EXIT
+release_pid=""
+if build build release ferry_tests_soak ferry_tests_netns ferry_tests_cli ferry_tests_example \
+    ferry_tests_fuzz ferry_python ferry_python_sources ferry_nixl_sources ferry_fake_cuda; then
+  phase "release build done"
+  (recap="$release_logs/recap" run_ctest build release "soak|netns|cli|example|fuzz") \
+    >"$release_logs/ctest.log" 2>&1 &
+  release_pid=$!
+fi
+# Waits for the release tests and prints what they printed.
+finish_release_tests() {
+  [ -n "$release_pid" ] || return 0
+  wait "$release_pid"
+  release_pid=""
+  cat "$release_logs/ctest.log"
+  if [ -s "$release_logs/recap" ]; then
+    cat "$release_logs/recap" >>"$recap"
+    failed=1
+  fi
+}
+
+# 2-3. The sanitizer builds, each suite run through ctest, a binary as a few
+# gtest shards (FERRY_TEST_SHARDS). AddressSanitizer + UBSan with clang (a
+# test file compiles ~2.7x faster than with GCC there); ThreadSanitizer with
+# GCC (as fast as clang there, and it compiles the test files with GCC's
+# warnings too).
+# san_pass DIR SANITIZERS COMPILER LABELS [ACTION_BETWEEN_BUILD_AND_TESTS]
+san_pass() {
+  local dir="$1" san="$2" cc="$3" labels="$4" between="${5:-}" cxx t targets=()
+  if [ "$cc" = clang ]; then cxx=clang++; else cxx=g++; fi
+  phase "sanitizer pass ($san, $cc): configuring and building $dir"
+  if ! cmake -G Ninja -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_BUILD_PYTHON=OFF \
+      -DFERRY_BUILD_TOOLS=OFF -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_TEST_CLI="$PWD/build/tools/ferry" \
+      -DFERRY_TEST_SHARDS=ON -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
       -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$sanflags" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$sanflags" \
-      -DFERRY_SANITIZE="$san" -DFERRY_WERROR=ON >/dev/null || return 1
-    if ! cmake --build "$dir" -j "$(nproc)" --target "$@" ferry_test_peer >"$dir.log" 2>&1; then
-      echo "run-tests: sanitizer build (${san}) failed:"
-      grep -E "error|FAILED" "$dir.log" | head -n 20
-      { echo "run-tests: sanitizer build (${san}) FAILED:"; grep -E "error|FAILED" "$dir.log" | head -n 20; } >>"$recap"
-      return 1
-    fi
-    # Two at a time (the machines have two cores and most cases wait on
-    # sockets and peers); the two longest binaries in two shards each,
-    # longest first. Each one's output is printed when it ends.
-    export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
-    local logs="$dir/san-logs" t names=()
-    rm -rf "$logs" && mkdir -p "$logs"
-    san_one() {  # name, binary, shard index, shard count
-      local name="$1" bin="$2"
-      if [ "$(basename "$bin")" = wire_fuzz_replay ]; then
-        "$bin" 300000 >"$logs/$name.log" 2>&1
-      else
-        GTEST_SHARD_INDEX="$3" GTEST_TOTAL_SHARDS="$4" "$bin" --gtest_brief=1 >"$logs/$name.log" 2>&1
-      fi
-      echo $? >"$logs/$name.rc"
-    }
-    local ordered=()
-    for t in conformance_test integration_test; do
-      for x in "$@"; do [ "$x" = "$t" ] && ordered+=("$t"); done
-    done
-    for t in "$@"; do
-      [ "$t" = conformance_test ] || [ "$t" = integration_test ] || ordered+=("$t")
-    done
-    for t in "${ordered[@]}"; do
-      local bin shards=1 k
-      bin=$(find "$dir" -type f -name "$t" -perm -u+x | head -n 1)
-      if [ "$t" = conformance_test ] || [ "$t" = integration_test ]; then shards=2; fi
-      for ((k = 0; k < shards; k++)); do
-        while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
-        names+=("$t.$k")
-        san_one "$t.$k" "$bin" "$k" "$shards" &
-      done
-    done
-    wait
-    local rc=0 n
-    for n in "${names[@]}"; do
-      echo "run-tests: ${san} ${n}:"
-      cat "$logs/$n.log"
-      if [ "$(cat "$logs/$n.rc" 2>/dev/null)" != 0 ]; then
-        echo "run-tests: ${san} ${n} FAILED"
-        rc=1
-        {
-          echo "run-tests: ${san} ${n} FAILED (exit $(cat "$logs/$n.rc" 2>/dev/null)); from its log:"
-          grep -E -A6 "Failure$|leak of|^\[  FAILED  \]|SUMMARY: |WARNING: ThreadSanitizer|ERROR: [A-Za-z]+Sanitizer|runtime error|leaked in|Timeout|Aborted|terminate called" \
-            "$logs/$n.log" | head -n 60
-        } >>"$recap"
-      fi
-    done
-    return $rc
-  }
-  san_pass build-asan address,undefined common_test wire_test core_test transport_test conformance_test \
-    integration_test wire_fuzz_replay || san_rc=1
-  san_pass build-tsan thread core_test common_test transport_test conformance_test || san_rc=1
-  echo "run-tests: sanitizer passes exit ${san_rc} (0 = all passed), ${SECONDS} s since the start"
+      -DFERRY_SANITIZE="$san" -DFERRY_WERROR=ON "${launcher[@]}" >"$dir.configure.log" 2>&1; then
+    tail -n 30 "$dir.configure.log"
+    fail "configuring $dir ($dir.configure.log)"
+    [ -z "$between" ] || $between
+    return
+  fi
+  for t in ${labels//|/ }; do targets+=("ferry_tests_$t"); done
+  build "$dir" "$san" "${targets[@]}"
+  local built=$?
+  [ -z "$between" ] || $between
+  [ $built -eq 0 ] || return
+  run_ctest "$dir" "$san" "$labels"
+}
+if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
+  san_pass build-asan address,undefined clang "unit|conformance|security|integration|metadata|gpu|fuzz" \
+    finish_release_tests
+  san_pass build-tsan thread gcc "unit|conformance|security|gpu"
 fi
+finish_release_tests
 
-fuzz_rc=0
+# 4. libFuzzer.
+phase "fuzzing"
 fuzz_log=$(mktemp)
-trap 'rm -f "$recap" "$fuzz_log"' EXIT
-bash scripts/fuzz.sh 2>&1 | tee "$fuzz_log" || fuzz_rc=1
-if [ "$fuzz_rc" -ne 0 ]; then
-  { echo "run-tests: fuzz FAILED; its report:"; grep -E -A3 "CRASH|crashes|ERROR|rerun:|reproducer" "$fuzz_log" | head -n 40; } >>"$recap"
+trap 'rm -rf "$recap" "$release_logs" "$fuzz_log"' EXIT
+if ! bash scripts/fuzz.sh 2>&1 | tee "$fuzz_log"; then
+  grep -E -A3 "CRASH|crashes|ERROR|rerun:|reproducer" "$fuzz_log" | head -n 40 >"$fuzz_log.report"
+  fail "fuzz (scripts/fuzz.sh)" "$fuzz_log.report"
+  rm -f "$fuzz_log.report"
 fi
 
-cmake -G Ninja -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_WERROR=ON \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$relflags" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$relflags" \
-  -DPython_EXECUTABLE=/usr/bin/python3 || exit 1
-cmake --build build -j "$(nproc)" || exit 1
-echo "run-tests: main build done, ${SECONDS} s since the start"
-
-ctest_rc=0
-# Two at a time: most cases wait on sockets and peers more than they
-# compute; the soak and the netns suite run alone (RUN_SERIAL).
-(cd build && ctest --output-on-failure --timeout 600 -j 2) || ctest_rc=$?
-
-if [ -s "$recap" ]; then
-  echo "run-tests: ctest done, ${SECONDS} s since the start; the sanitizer or fuzz pass failed (sanitizers exit ${san_rc}, fuzz exit ${fuzz_rc}):"
-  cat "$recap"
-fi
-
-pytest_rc=0
-if [ -d python/tests ]; then
-  PYTHONPATH="$PWD/build/python" /usr/bin/python3 -m pytest -q python/tests || pytest_rc=$?
-fi
-
+# 5. What failed before, then Python: CI shows the end of the output.
+print_recap
+run_pytest
 # (No output after pytest's summary: the exit status says the rest.)
-[ "$san_rc" -eq 0 ] && [ "$fuzz_rc" -eq 0 ] && [ "$ctest_rc" -eq 0 ] && [ "$pytest_rc" -eq 0 ]
+exit $failed

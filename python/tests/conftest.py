@@ -37,6 +37,17 @@ PEER_SCRIPT = TESTS / "peer.py"
 REPLY_TIMEOUT = 120  # seconds; bounds every exchange with a child process
 
 
+# Fixtures that start other processes (peers, etcd, Redis): a test that uses
+# one is marked `multiprocess`, which the quick tier leaves out.
+PROCESS_FIXTURES = frozenset({"spawn", "etcd_endpoint", "redis_port"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.multiprocess)
+
+
 def child_env(**extra: str) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([FERRY_PATH, str(TESTS)])

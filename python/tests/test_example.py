@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, child_env
+
+pytestmark = pytest.mark.multiprocess  # the example runs as a child process
 
 
 def test_disaggregated_kv_example():

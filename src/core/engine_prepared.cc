@@ -23,7 +23,7 @@ std::string TransferName(TransferHandle h) { return "transfer " + std::to_string
 
 StatusOr<DescListHandle> Engine::PrepareLocalList(std::span<const DescRow> rows) {
   FERRY_ASSIGN_OR_RETURN(auto list, DescList::Local(rows, impl_->target->registry()));
-  return DescListHandle{impl_->lists.Insert(std::make_shared<internal::PreparedList>(std::move(list), nullptr))};
+  return DescListHandle{impl_->lists.Insert(std::make_shared<internal::PreparedList>(internal::PreparedList{std::move(list), nullptr}))};
 }
 
 StatusOr<DescListHandle> Engine::PrepareRemoteList(SegmentHandle segment, std::span<const DescRow> rows) {
@@ -36,7 +36,7 @@ StatusOr<DescListHandle> Engine::PrepareRemoteList(SegmentHandle segment, std::s
   }
   auto list = DescList::Remote(rows, std::move(peer));
   if (!list.ok()) return list.status().WithPrefix("remote list for peer " + seg->name);
-  return DescListHandle{impl_->lists.Insert(std::make_shared<internal::PreparedList>(std::move(*list), seg))};
+  return DescListHandle{impl_->lists.Insert(std::make_shared<internal::PreparedList>(internal::PreparedList{std::move(*list), seg}))};
 }
 
 StatusOr<size_t> Engine::DescListEntries(DescListHandle h) const {

@@ -109,7 +109,7 @@ using ferry::internal::CudaDriver;
 // GPU memory of the peer's buffer, reached only through the driver.
 class GpuBuffer {
  public:
-  GpuBuffer(const CudaDriver& d, int device, uint64_t size) : d_(d), device_(device), size_(size) {
+  GpuBuffer(const CudaDriver& d, int device, uint64_t size) : d_(d), device_(device) {
     if (!d.data_path()) Fail("--gpu: the CUDA driver " + d.library() + " cannot be used: " + d.why_no_data_path());
     CudaContextScope scope(d, device);
     if (!scope.status().ok()) Fail("--gpu: " + scope.status().ToString());
@@ -135,7 +135,6 @@ class GpuBuffer {
   }
   const CudaDriver& d_;
   const int device_;
-  const uint64_t size_;
   unsigned char* data_ = nullptr;
   CudaDriver::Stream stream_ = nullptr;
 };

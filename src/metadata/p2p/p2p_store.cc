@@ -66,8 +66,7 @@ Status Answer(const Published& published, uint16_t format_max, stream::Connectio
 
 class P2PStore : public MetadataStore {
  public:
-  P2PStore(uint16_t format_max, std::shared_ptr<const ClusterSecret> secret)
-      : format_max_(format_max), secret_(std::move(secret)) {}
+  explicit P2PStore(std::shared_ptr<const ClusterSecret> secret) : secret_(std::move(secret)) {}
 
   Status Publish(const wire::PeerDescriptor& self) override {
     published_->Set(self);
@@ -110,7 +109,6 @@ class P2PStore : public MetadataStore {
   const std::shared_ptr<Published>& published() const { return published_; }
 
  private:
-  const uint16_t format_max_;
   const std::shared_ptr<const ClusterSecret> secret_;
   const std::shared_ptr<Published> published_ = std::make_shared<Published>();
 };
@@ -118,7 +116,7 @@ class P2PStore : public MetadataStore {
 }  // namespace
 
 StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(const MetadataContext& ctx) {
-  auto store = std::make_unique<P2PStore>(ctx.descriptor_format_max, ctx.secret);
+  auto store = std::make_unique<P2PStore>(ctx.secret);
   if (ctx.rpc_openers == nullptr) return InternalError("P2PHANDSHAKE needs the rpc port");
   std::shared_ptr<Published> published = store->published();
   const uint16_t format_max = ctx.descriptor_format_max;
