@@ -11,12 +11,12 @@
 # The full tier, each suite once (ctest picks suites by label):
 #  1. the release build (GCC -O2) and what only it runs: the soak, the
 #     network-namespace fault tests (as root), the command line, the examples,
-#     the fuzz replay's long mutation run (while step 2 compiles);
+#     the fuzz replay's long mutation run (beside step 2's build);
 #  2. AddressSanitizer + UBSan (clang) over unit, conformance, security,
-#     integration, metadata, gpu and the fuzz replay;
-#  3. ThreadSanitizer (GCC) over unit, conformance, security and gpu;
+#     integration, metadata, gpu and the fuzz replay (beside step 3's build);
+#  3. ThreadSanitizer (clang) over unit, conformance, security and gpu;
 #  4. the libFuzzer targets, each for a bounded time (scripts/fuzz.sh;
-#     FERRY_FUZZ_SECONDS per target, default 20);
+#     FERRY_FUZZ_SECONDS per target, default 20), and beside them
 #  5. the Python package (pytest, against Debian's /usr/bin/python3).
 # FERRY_SKIP_SANITIZERS=1 skips 2 and 3; FERRY_FUZZ_SECONDS=0 runs the fuzz
 # corpus once. FERRY_TEST_JOBS sets ctest's parallelism (default 2).
@@ -33,7 +33,7 @@ for arg in "$@"; do
     --quick) tier=quick ;;
     --full) tier=full ;;
     -h | --help)
-      sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -134,79 +134,92 @@ if [ "$tier" = quick ]; then
   exit $failed
 fi
 
-# 1. The release build: the Python package, the command, and what only the
-# release build runs. Its tests run while the AddressSanitizer build
-# compiles (they wait on sockets, timers and peers more than they compute;
-# like every suite they must pass on a loaded machine: docs/testing.md).
-configure_release
-release_logs=$(mktemp -d)
-trap 'rm -rf "$recap" "$release_logs"' EXIT
-release_pid=""
-if build build release ferry_tests_soak ferry_tests_netns ferry_tests_cli ferry_tests_example \
-    ferry_tests_fuzz ferry_python ferry_python_sources ferry_nixl_sources ferry_fake_cuda; then
-  phase "release build done"
-  (recap="$release_logs/recap" run_ctest build release "soak|netns|cli|example|fuzz") \
-    >"$release_logs/ctest.log" 2>&1 &
-  release_pid=$!
-fi
-# Waits for the release tests and prints what they printed.
-finish_release_tests() {
-  [ -n "$release_pid" ] || return 0
-  wait "$release_pid"
-  release_pid=""
-  cat "$release_logs/ctest.log"
-  if [ -s "$release_logs/recap" ]; then
-    cat "$release_logs/recap" >>"$recap"
+# The full tier. Some steps run in the background beside a build or another
+# pass (the tests wait on sockets, timers and peers more than they compute,
+# and like every suite they must pass on a loaded machine: docs/testing.md);
+# each one's output is printed, whole, when it is waited for.
+bg_dir=$(mktemp -d)
+trap 'rm -rf "$recap" "$bg_dir"' EXIT
+declare -A bg_pid=()
+# bg_start NAME COMMAND...: runs COMMAND in the background.
+bg_start() {
+  local name="$1"
+  shift
+  (recap="$bg_dir/$name.recap" && "$@") >"$bg_dir/$name.log" 2>&1 &
+  bg_pid[$name]=$!
+}
+# bg_finish NAME: waits for NAME, prints its output, keeps its failures.
+bg_finish() {
+  local name="$1"
+  [ -n "${bg_pid[$name]:-}" ] || return 0
+  wait "${bg_pid[$name]}"
+  unset "bg_pid[$name]"
+  cat "$bg_dir/$name.log"
+  if [ -s "$bg_dir/$name.recap" ]; then
+    cat "$bg_dir/$name.recap" >>"$recap"
     failed=1
   fi
 }
 
-# 2-3. The sanitizer builds, each suite run through ctest, a binary as a few
-# gtest shards (FERRY_TEST_SHARDS). AddressSanitizer + UBSan with clang (a
-# test file compiles ~2.7x faster than with GCC there); ThreadSanitizer with
-# GCC (as fast as clang there, and it compiles the test files with GCC's
-# warnings too).
-# san_pass DIR SANITIZERS COMPILER LABELS [ACTION_BETWEEN_BUILD_AND_TESTS]
-san_pass() {
-  local dir="$1" san="$2" cc="$3" labels="$4" between="${5:-}" cxx t targets=()
-  if [ "$cc" = clang ]; then cxx=clang++; else cxx=g++; fi
-  phase "sanitizer pass ($san, $cc): configuring and building $dir"
+# The sanitizer builds: each suite through ctest, a binary as a few gtest
+# shards (FERRY_TEST_SHARDS), both with clang: under ASan+UBSan a test file
+# compiles ~2.7x faster than with GCC, and the TSan build took 125 s with
+# clang against 267 s with GCC (docs/testing.md).
+# san_build DIR SANITIZERS LABELS
+san_build() {
+  local dir="$1" san="$2" labels="$3" t targets=()
+  phase "sanitizer pass ($san): configuring and building $dir"
   if ! cmake -G Ninja -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_BUILD_PYTHON=OFF \
       -DFERRY_BUILD_TOOLS=OFF -DFERRY_BUILD_EXAMPLES=OFF -DFERRY_TEST_CLI="$PWD/build/tools/ferry" \
-      -DFERRY_TEST_SHARDS=ON -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
+      -DFERRY_TEST_SHARDS=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
       -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$sanflags" -DCMAKE_C_FLAGS_RELWITHDEBINFO="$sanflags" \
       -DFERRY_SANITIZE="$san" -DFERRY_WERROR=ON "${launcher[@]}" >"$dir.configure.log" 2>&1; then
     tail -n 30 "$dir.configure.log"
     fail "configuring $dir ($dir.configure.log)"
-    [ -z "$between" ] || $between
-    return
+    return 1
   fi
   for t in ${labels//|/ }; do targets+=("ferry_tests_$t"); done
-  build "$dir" "$san" "${targets[@]}"
-  local built=$?
-  [ -z "$between" ] || $between
-  [ $built -eq 0 ] || return
-  run_ctest "$dir" "$san" "$labels"
+  build "$dir" "$san" "${targets[@]}" || return 1
+  phase "sanitizer pass ($san): $dir built"
+  touch "$dir.built"
 }
-if [ "${FERRY_SKIP_SANITIZERS:-0}" != "1" ]; then
-  san_pass build-asan address,undefined clang "unit|conformance|security|integration|metadata|gpu|fuzz" \
-    finish_release_tests
-  san_pass build-tsan thread gcc "unit|conformance|security|gpu"
-fi
-finish_release_tests
+asan_labels="unit|conformance|security|integration|metadata|gpu|fuzz"
+tsan_labels="unit|conformance|security|gpu"
+sanitizers=1
+[ "${FERRY_SKIP_SANITIZERS:-0}" = "1" ] && sanitizers=0
+rm -f build-asan.built build-tsan.built
 
-# 4. libFuzzer.
-phase "fuzzing"
-fuzz_log=$(mktemp)
-trap 'rm -rf "$recap" "$release_logs" "$fuzz_log"' EXIT
+# 1. The release build (the Python package, the command, and what only the
+# release build runs); its tests beside the ASan build.
+configure_release
+if build build release ferry_tests_soak ferry_tests_netns ferry_tests_cli ferry_tests_example \
+    ferry_tests_fuzz ferry_python ferry_python_sources ferry_nixl_sources ferry_fake_cuda; then
+  phase "release build done"
+  bg_start release run_ctest build release "soak|netns|cli|example|fuzz"
+fi
+if [ $sanitizers = 1 ]; then
+  # 2. AddressSanitizer + UBSan; the TSan build beside its tests.
+  san_build build-asan address,undefined "$asan_labels"
+  bg_finish release
+  bg_start tsan-build san_build build-tsan thread "$tsan_labels"
+  [ -e build-asan.built ] && run_ctest build-asan address,undefined "$asan_labels"
+  bg_finish tsan-build
+  # 3. ThreadSanitizer.
+  [ -e build-tsan.built ] && run_ctest build-tsan thread "$tsan_labels"
+fi
+bg_finish release
+
+# 4. libFuzzer, with the Python tests beside it (printed last).
+phase "fuzzing, and pytest beside it"
+bg_start pytest run_pytest
+fuzz_log="$bg_dir/fuzz.log"
 if ! bash scripts/fuzz.sh 2>&1 | tee "$fuzz_log"; then
   grep -E -A3 "CRASH|crashes|ERROR|rerun:|reproducer" "$fuzz_log" | head -n 40 >"$fuzz_log.report"
   fail "fuzz (scripts/fuzz.sh)" "$fuzz_log.report"
-  rm -f "$fuzz_log.report"
 fi
 
-# 5. What failed before, then Python: CI shows the end of the output.
+# 5. What failed before, then Python's output: CI shows the end of it.
 print_recap
-run_pytest
+bg_finish pytest
 # (No output after pytest's summary: the exit status says the rest.)
 exit $failed
