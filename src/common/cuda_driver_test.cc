@@ -239,7 +239,6 @@ TEST_F(CudaDriverDataPath, DeviceMemoryIsOnTheCurrentContextsDeviceAndNotCpuAcce
 }
 
 TEST_F(CudaDriverDataPath, HostToDeviceToHostThroughAStreamAndEvents) {
-  fake_.SetCopyDelayUs(50'000);  // long enough that "not done yet" is certain
   CudaContextScope scope(d_, 1);
   ASSERT_THAT(scope.status(), IsOk());
   constexpr size_t kSize = 64 * 1024 + 3;
@@ -252,18 +251,21 @@ TEST_F(CudaDriverDataPath, HostToDeviceToHostThroughAStreamAndEvents) {
   ASSERT_THAT(done, IsOk());
   EXPECT_TRUE(*done) << "an event never recorded is complete";
 
+  fake_.HoldStreams(true);  // "not done yet" is certain until released
   ASSERT_THAT(d_.CopyAsync(dev, in.data(), kSize, s), IsOk());
   ASSERT_THAT(d_.RecordEvent(e, s), IsOk());
   done = d_.EventDone(e);
   ASSERT_THAT(done, IsOk());
-  EXPECT_FALSE(*done) << "the copy completed before its delay";
+  EXPECT_FALSE(*done) << "the copy completed while the stream was held";
   EXPECT_EQ(fake_.CopiedBytes(FakeCuda::kHostToDevice), 0u);
+  fake_.HoldStreams(false);
   ASSERT_THAT(d_.WaitEvent(e), IsOk());
   done = d_.EventDone(e);
   ASSERT_THAT(done, IsOk());
   EXPECT_TRUE(*done);
   EXPECT_EQ(fake_.CopiedBytes(FakeCuda::kHostToDevice), kSize);
 
+  fake_.HoldStreams(true);
   ASSERT_THAT(d_.CopyAsync(out.data(), dev, kSize, s), IsOk());
   ASSERT_THAT(d_.RecordEvent(e, s), IsOk());
   // (`out` is not read before the event: that would be the race the delay
@@ -271,6 +273,7 @@ TEST_F(CudaDriverDataPath, HostToDeviceToHostThroughAStreamAndEvents) {
   done = d_.EventDone(e);
   ASSERT_THAT(done, IsOk());
   EXPECT_FALSE(*done);
+  fake_.HoldStreams(false);
   ASSERT_THAT(d_.WaitEvent(e), IsOk());
   EXPECT_EQ(out, in);
   EXPECT_EQ(fake_.CopiedBytes(FakeCuda::kDeviceToHost), kSize);
@@ -291,8 +294,13 @@ TEST_F(CudaDriverDataPath, TheNullStreamAndPinnedHostMemory) {
   ASSERT_OK_AND_ASSIGN(CudaDriver::Event e, d_.CreateEvent());
   const std::vector<uint8_t> in = Pattern(kSize, 11, 1);
   std::memcpy(pinned, in.data(), kSize);
+  // Held, the copy cannot run before the memset, however late this thread
+  // gets there (a copy delay alone lost that race on a loaded machine, and
+  // TSan reported it).
+  fake_.HoldStreams(true);
   ASSERT_THAT(d_.CopyAsync(dev, pinned, kSize, nullptr), IsOk());
   std::memset(pinned, 0, kSize);
+  fake_.HoldStreams(false);
   ASSERT_THAT(d_.WaitStream(nullptr), IsOk());
   // The copy read the source when it ran (after the memset): zeroes.
   ASSERT_THAT(d_.CopyAsync(pinned, dev, kSize, nullptr), IsOk());

@@ -24,6 +24,7 @@ class FakeCuda {
     SetDeviceMemory(nullptr, 0, 0);
     SetPointerResult(0);
     SetCopyDelayUs(kDefaultCopyDelayUs);
+    HoldStreams(false);
     SetIpcOpenResult(0);
     ResetCopiedBytes();
     ::dlclose(h_);
@@ -43,6 +44,9 @@ class FakeCuda {
   // used before its event completed is caught); kDefaultCopyDelayUs unless set.
   static constexpr unsigned kDefaultCopyDelayUs = 200;
   void SetCopyDelayUs(unsigned us) { Fn<void (*)(unsigned)>("ferry_fake_cuda_set_copy_delay_us")(us); }
+  // While held, no stream runs its next operation (what is queued waits for
+  // HoldStreams(false)): "not run yet" without relying on a delay.
+  void HoldStreams(bool hold) { Fn<void (*)(int)>("ferry_fake_cuda_hold_streams")(hold ? 1 : 0); }
   // What cuIpcOpenMemHandle_v2 answers instead of opening (0: it opens).
   void SetIpcOpenResult(int r) { Fn<void (*)(int)>("ferry_fake_cuda_set_ipc_open_result")(r); }
   // Bytes the copies that ran so far moved, by direction (cuMemcpyAsync

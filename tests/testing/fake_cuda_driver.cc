@@ -227,6 +227,18 @@ int Resolve(unsigned long long ptr, size_t n, Side* side) {
 
 // ---- streams and events -------------------------------------------------------
 
+// While held (ferry_fake_cuda_hold_streams), no stream runs its next
+// operation: a test queues work, does what must come first, and releases, so
+// "not run yet" is certain however the machine is loaded (a delay is not).
+std::mutex hold_mu;
+std::condition_variable hold_cv;
+bool streams_held = false;  // guarded by hold_mu
+
+void WaitWhileHeld() {
+  std::unique_lock<std::mutex> lock(hold_mu);
+  hold_cv.wait(lock, [] { return !streams_held; });
+}
+
 // An in-order queue run by its own worker thread.
 class Stream {
  public:
@@ -272,6 +284,7 @@ class Stream {
       queue_.pop_front();
       busy_ = true;
       lock.unlock();
+      WaitWhileHeld();
       op();
       op = nullptr;  // drops what the operation held (mappings, events) outside the lock
       lock.lock();
@@ -385,6 +398,13 @@ FERRY_FAKE_EXPORT void ferry_fake_cuda_set_device_memory(uintptr_t lo, uintptr_t
 }
 FERRY_FAKE_EXPORT void ferry_fake_cuda_set_pointer_result(int r) { pointer_result = r; }
 FERRY_FAKE_EXPORT void ferry_fake_cuda_set_copy_delay_us(unsigned us) { copy_delay_us = us; }
+FERRY_FAKE_EXPORT void ferry_fake_cuda_hold_streams(int hold) {
+  {
+    std::lock_guard<std::mutex> lock(hold_mu);
+    streams_held = hold != 0;
+  }
+  hold_cv.notify_all();
+}
 FERRY_FAKE_EXPORT void ferry_fake_cuda_set_ipc_open_result(int r) { ipc_open_result = r; }
 // Bytes copied so far (by copies that ran) in `direction`: 0 host to device,
 // 1 device to host, 2 device to device, 3 host to host; 0 for another value.
