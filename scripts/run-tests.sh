@@ -106,6 +106,8 @@ configure_release() {
   exit 1
 }
 
+# What pytest needs built: the module, the package sources, the fake CUDA driver.
+python_targets=(ferry_python ferry_python_sources ferry_nixl_sources ferry_fake_cuda)
 run_pytest() {  # pytest args...
   [ -d python/tests ] || return 0
   phase "pytest $*"
@@ -123,8 +125,8 @@ print_recap() {
 
 if [ "$tier" = quick ]; then
   configure_release
-  build build release ferry_tests_unit ferry_tests_conformance ferry_python ferry_python_sources \
-    ferry_nixl_sources || { print_recap; exit 1; }
+  build build release ferry_tests_unit ferry_tests_conformance "${python_targets[@]}" ||
+    { print_recap; exit 1; }
   phase "quick tier: release build done"
   # The fabric cases (libfabric's tcp provider) are the full tier's: they
   # take a third of the conformance time.
@@ -193,7 +195,7 @@ rm -f build-asan.built build-tsan.built
 # release build runs); its tests beside the ASan build.
 configure_release
 if build build release ferry_tests_soak ferry_tests_netns ferry_tests_cli ferry_tests_example \
-    ferry_tests_fuzz ferry_python ferry_python_sources ferry_nixl_sources ferry_fake_cuda; then
+    ferry_tests_fuzz "${python_targets[@]}"; then
   phase "release build done"
   bg_start release run_ctest build release "soak|netns|cli|example|fuzz"
 fi
