@@ -17,77 +17,51 @@ std::string RowName(size_t row, const DescRow& r, uint64_t k) {
 
 }  // namespace
 
+namespace {
+
+// A row's own checks: lengths, counts, strides and that no entry wraps
+// around the address space (`total`: the entries of the rows before it).
+Status CheckRow(const DescRow& r, uint64_t total) {
+  if (r.length == 0) return InvalidArgumentError("length is zero");
+  if (r.count == 0) return InvalidArgumentError("count is zero");
+  if (r.count > 1 && r.stride == 0) {
+    return InvalidArgumentError("stride is zero with count " + std::to_string(r.count));
+  }
+  if (r.count > kMaxDescListEntries - total) {
+    return InvalidArgumentError("the list has more than " + std::to_string(kMaxDescListEntries) +
+                                " entries");
+  }
+  // The last entry's end must not wrap: addr + (count-1)*stride + length.
+  const uint64_t span_minus_len = (r.count - 1) * r.stride;
+  if ((r.count > 1 && span_minus_len / (r.count - 1) != r.stride) ||
+      r.addr + span_minus_len < r.addr ||
+      r.addr + span_minus_len + r.length < r.addr + span_minus_len) {
+    return InvalidArgumentError(FormatRange(r.addr, r.length) + " with stride " +
+                                std::to_string(r.stride) + " x " + std::to_string(r.count) +
+                                " wraps around the address space");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 template <class Find>
 StatusOr<std::shared_ptr<DescList>> DescList::Build(std::span<const DescRow> rows, Find find) {
   if (rows.empty()) return InvalidArgumentError("empty descriptor list");
   auto list = std::make_shared<DescList>();
   if (rows.size() <= kMaxDescListEntries &&
       std::all_of(rows.begin(), rows.end(), [](const DescRow& r) { return r.count == 1; })) {
-    // Plain rows: one entry each, written straight into their place.
-    list->plain_ = std::make_unique_for_overwrite<Span[]>(rows.size());
-    list->plain_tags_ = std::make_unique_for_overwrite<uint32_t[]>(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const DescRow& r = rows[i];
-      if (r.length == 0) return InvalidArgumentError("row " + std::to_string(i) + ": length is zero");
-      if (r.addr + r.length < r.addr) {
-        return InvalidArgumentError("row " + std::to_string(i) + ": " + FormatRange(r.addr, r.length) +
-                                    " wraps around the address space");
-      }
-      auto tag = find(r.addr, r.length);
-      if (!tag.ok()) return tag.status().WithPrefix("row " + std::to_string(i));
-      list->plain_[i] = {r.addr, r.length};
-      list->plain_tags_[i] = *tag;
-    }
-    list->entries_ = rows.size();
+    FERRY_RETURN_IF_ERROR(list->BuildPlain(rows, find));
     return list;
   }
   list->rows_.reserve(rows.size());
   list->tags_.reserve(rows.size());
-  uint64_t total = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const DescRow& r = rows[i];
-    auto bad = [&](const std::string& what) { return InvalidArgumentError("row " + std::to_string(i) + ": " + what); };
-    if (r.length == 0) return bad("length is zero");
-    if (r.count == 0) return bad("count is zero");
-    if (r.count > 1 && r.stride == 0) return bad("stride is zero with count " + std::to_string(r.count));
-    if (r.count > kMaxDescListEntries - total) {
-      return bad("the list has more than " + std::to_string(kMaxDescListEntries) + " entries");
-    }
-    // The last entry's end must not wrap: addr + (count-1)*stride + length.
-    const uint64_t span_minus_len = (r.count - 1) * r.stride;
-    if ((r.count > 1 && span_minus_len / (r.count - 1) != r.stride) || r.addr + span_minus_len < r.addr ||
-        r.addr + span_minus_len + r.length < r.addr + span_minus_len) {
-      return bad(FormatRange(r.addr, r.length) + " with stride " + std::to_string(r.stride) + " x " +
-                 std::to_string(r.count) + " wraps around the address space");
-    }
-    total += r.count;
-    // A strided row whose first and last entries share a region lies in it
-    // whole (a region is contiguous); otherwise its entries are checked,
-    // and kept, one by one.
-    auto first = find(r.addr, r.length);
-    if (!first.ok()) return first.status().WithPrefix(RowName(i, r, 0));
-    if (r.count == 1) {
-      list->rows_.push_back(r);
-      list->tags_.push_back(*first);
-      continue;
-    }
-    auto whole = find(r.addr, span_minus_len + r.length);
-    if (whole.ok()) {
-
-      list->rows_.push_back(r);
-      list->tags_.push_back(*whole);
-      continue;
-    }
-    for (uint64_t k = 0; k < r.count; ++k) {
-      const uint64_t a = r.addr + k * r.stride;
-      auto tag = find(a, r.length);
-      if (!tag.ok()) return tag.status().WithPrefix(RowName(i, r, k));
-      list->rows_.push_back({a, r.length, 0, 1});
-      list->tags_.push_back(*tag);
-    }
+    Status s = CheckRow(rows[i], list->entries_);
+    if (!s.ok()) return s.WithPrefix("row " + std::to_string(i));
+    FERRY_RETURN_IF_ERROR(list->AddRow(i, rows[i], find));
+    list->entries_ += rows[i].count;
   }
-  list->entries_ = total;
-
   list->first_entry_.reserve(list->rows_.size());
   uint64_t next = 0;
   for (const DescRow& r : list->rows_) {
@@ -95,6 +69,55 @@ StatusOr<std::shared_ptr<DescList>> DescList::Build(std::span<const DescRow> row
     next += r.count;
   }
   return list;
+}
+
+// Plain rows: one entry each, written straight into their place.
+template <class Find>
+Status DescList::BuildPlain(std::span<const DescRow> rows, Find& find) {
+  plain_ = std::make_unique_for_overwrite<Span[]>(rows.size());
+  plain_tags_ = std::make_unique_for_overwrite<uint32_t[]>(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const DescRow& r = rows[i];
+    if (r.length == 0) return InvalidArgumentError("row " + std::to_string(i) + ": length is zero");
+    if (r.addr + r.length < r.addr) {
+      return InvalidArgumentError("row " + std::to_string(i) + ": " + FormatRange(r.addr, r.length) +
+                                  " wraps around the address space");
+    }
+    auto tag = find(r.addr, r.length);
+    if (!tag.ok()) return tag.status().WithPrefix("row " + std::to_string(i));
+    plain_[i] = {r.addr, r.length};
+    plain_tags_[i] = *tag;
+  }
+  entries_ = rows.size();
+  return OkStatus();
+}
+
+// A strided row whose first and last entries share a region lies in it
+// whole (a region is contiguous); otherwise its entries are checked, and
+// kept, one by one.
+template <class Find>
+Status DescList::AddRow(size_t i, const DescRow& r, Find& find) {
+  auto first = find(r.addr, r.length);
+  if (!first.ok()) return first.status().WithPrefix(RowName(i, r, 0));
+  if (r.count == 1) {
+    rows_.push_back(r);
+    tags_.push_back(*first);
+    return OkStatus();
+  }
+  auto whole = find(r.addr, (r.count - 1) * r.stride + r.length);
+  if (whole.ok()) {
+    rows_.push_back(r);
+    tags_.push_back(*whole);
+    return OkStatus();
+  }
+  for (uint64_t k = 0; k < r.count; ++k) {
+    const uint64_t a = r.addr + k * r.stride;
+    auto tag = find(a, r.length);
+    if (!tag.ok()) return tag.status().WithPrefix(RowName(i, r, k));
+    rows_.push_back({a, r.length, 0, 1});
+    tags_.push_back(*tag);
+  }
+  return OkStatus();
 }
 
 StatusOr<std::shared_ptr<const DescList>> DescList::Local(std::span<const DescRow> rows,

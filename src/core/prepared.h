@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "common/memory_kind.h"
-#include "core/memory_registry.h"
+#include "base/memory_registry.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
-#include "transport/transport.h"
+#include "base/transport.h"
 
 namespace ferry::internal {
 
@@ -53,6 +53,10 @@ class DescList {
   // returns the tag or a Status naming the problem.
   template <class Find>
   static StatusOr<std::shared_ptr<DescList>> Build(std::span<const DescRow> rows, Find find);
+  template <class Find>
+  Status BuildPlain(std::span<const DescRow> rows, Find& find);
+  template <class Find>
+  Status AddRow(size_t i, const DescRow& r, Find& find);
 
   // A list of plain rows only (the common case: 1 M rows should cost about
   // a copy of them) keeps 20 bytes per row, written once, in `plain_` and

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "transport/transport.h"
+#include "base/transport.h"
 
 namespace ferry::internal {
 

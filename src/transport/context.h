@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/auth.h"
-#include "core/target.h"
+#include "base/target.h"
 #include "ferry/options.h"
 #include "transport/stream/host.h"
 #include "transport/stream/hello.h"

@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "common/log.h"
-#include "transport/cuda/cuda_ipc_transport.h"
-#include "transport/cuda/staging.h"
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+#include "cuda/staging.h"
 #include "transport/fabric/fabric_transport.h"
 #include "transport/fault/fault_transport.h"
 #include "transport/local/local_transport.h"

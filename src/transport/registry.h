@@ -14,10 +14,10 @@
 #include <string_view>
 #include <vector>
 
-#include "core/memory_registry.h"
+#include "base/memory_registry.h"
 #include "transport/context.h"
 #include "transport/stream/host.h"
-#include "transport/transport.h"
+#include "base/transport.h"
 
 namespace ferry::internal {
 

@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "core/memory_registry.h"
-#include "core/target.h"
+#include "base/memory_registry.h"
+#include "base/target.h"
 #include "ferry/options.h"
 #include "ferry/transports.h"
 #include "tests/testing/status_matchers.h"
 #include "transport/context.h"
-#include "transport/transport.h"
+#include "base/transport.h"
 #include "wire/descriptor.h"
 
 namespace ferry::internal {

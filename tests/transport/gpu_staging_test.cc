@@ -1,5 +1,5 @@
 // GPU memory of this engine over transports that reach only host memory
-// (tcp, shm, fabric): staged through page-locked buffers (src/transport/cuda/
+// (tcp, shm, fabric): staged through page-locked buffers (src/cuda/
 // staging.h). The initiator's buffers are GPU memory of the tests' CUDA
 // driver (the fake: the CPU cannot touch them, copies run late), the target's
 // host memory; every byte is checked, GPU bytes by copying them back.

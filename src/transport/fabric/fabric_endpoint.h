@@ -37,10 +37,10 @@
 #include <string>
 #include <vector>
 
-#include "core/memory_registry.h"
-#include "core/target.h"
+#include "base/memory_registry.h"
+#include "base/target.h"
 #include "ferry/status.h"
-#include "transport/transport.h"
+#include "base/transport.h"
 #include "wire/frame.h"
 
 namespace ferry::internal::fabric {

@@ -19,7 +19,7 @@
 
 #include "ferry/options.h"
 #include "transport/context.h"
-#include "transport/transport.h"
+#include "base/transport.h"
 
 namespace ferry::internal {
 

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "transport/transport.h"
+#include "base/transport.h"
 
 namespace ferry::internal::fabric {
 

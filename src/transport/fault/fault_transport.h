@@ -14,7 +14,7 @@
 #include <memory>
 
 #include "ferry/options.h"
-#include "transport/transport.h"
+#include "base/transport.h"
 
 namespace ferry::internal {
 

@@ -6,9 +6,9 @@
 
 #include <memory>
 
-#include "core/target.h"
+#include "base/target.h"
 #include "transport/context.h"
-#include "transport/transport.h"
+#include "base/transport.h"
 
 namespace ferry::internal {
 

@@ -20,7 +20,7 @@
 #include <string>
 
 #include "transport/context.h"
-#include "transport/transport.h"
+#include "base/transport.h"
 
 namespace ferry::internal {
 

@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "common/net.h"
-#include "core/memory_registry.h"
+#include "base/memory_registry.h"
 #include "transport/stream/admission.h"
 #include "transport/stream/event_loop.h"
 #include "transport/stream/frame_reader.h"

@@ -6,10 +6,10 @@
 #include <memory>
 #include <string>
 
-#include "core/target.h"
+#include "base/target.h"
 #include "transport/stream/auth.h"
 #include "ferry/status.h"
-#include "transport/transport.h"
+#include "base/transport.h"
 #include "wire/frame.h"
 
 namespace ferry::internal::stream {

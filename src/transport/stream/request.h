@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "core/batch.h"
-#include "transport/transport.h"
+#include "base/batch.h"
+#include "base/transport.h"
 #include "wire/frame.h"
 
 namespace ferry::internal::stream {

@@ -12,7 +12,7 @@
 #include "transport/stream/connection.h"
 #include "transport/stream/event_loop.h"
 #include "transport/stream/request.h"
-#include "transport/transport.h"
+#include "base/transport.h"
 
 namespace ferry::internal::stream {
 

@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/target.h"
+#include "base/target.h"
 #include "tests/testing/fault_link.h"
 #include "tests/testing/status_matchers.h"
 #include "transport/stream/connection.h"

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "core/memory_registry.h"
-#include "core/target.h"
+#include "base/memory_registry.h"
+#include "base/target.h"
 #include "transport/stream/connection.h"
 #include "transport/stream/service.h"
 #include "wire/frame.h"

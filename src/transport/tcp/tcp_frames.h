@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/cuda/sync_copies.h"
+#include "cuda/sync_copies.h"
 #include "transport/stream/stream_link.h"
 #include "transport/stream/target_service.h"
 

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "transport/context.h"
-#include "transport/transport.h"
+#include "base/transport.h"
 
 namespace ferry::internal {
 

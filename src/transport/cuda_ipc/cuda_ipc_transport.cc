@@ -1,4 +1,4 @@
-#include "transport/cuda/cuda_ipc_transport.h"
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
 
 #include <poll.h>
 #include <sys/syscall.h>
@@ -11,7 +11,7 @@
 #include "common/cuda_driver.h"
 #include "common/log.h"
 #include "common/net.h"
-#include "transport/cuda/copy_queue.h"
+#include "cuda/copy_queue.h"
 
 namespace ferry::internal {
 namespace {

@@ -1,7 +1,7 @@
 // EngineTarget: the part of an engine that peers act on — its registered
 // memory and its notification inbox. Shared (shared_ptr) between the engine
 // and the transports that serve peers, so a transport never outlives it.
-// Published by the core for the transports. Thread-safe.
+// In src/base/, below the core and the transports. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/memory_registry.h"
+#include "base/memory_registry.h"
 #include "ferry/types.h"
 #include "wire/descriptor.h"
 

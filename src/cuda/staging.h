@@ -22,8 +22,8 @@
 #include <memory>
 #include <string>
 
-#include "core/target.h"
-#include "transport/transport.h"
+#include "base/target.h"
+#include "base/transport.h"
 
 namespace ferry::internal {
 

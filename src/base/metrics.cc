@@ -1,5 +1,5 @@
 // Metrics: the counters, their snapshot and the Prometheus text (see metrics.h).
-#include "core/metrics.h"
+#include "base/metrics.h"
 
 #include <cstdio>
 

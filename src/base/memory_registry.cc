@@ -1,4 +1,4 @@
-#include "core/memory_registry.h"
+#include "base/memory_registry.h"
 
 #include <algorithm>
 #include <chrono>
@@ -28,38 +28,56 @@ std::string FormatAddr(uint64_t addr) {
   return buf;
 }
 
-Status MemoryRegistry::Register(std::span<const MemoryRegion> regions, std::span<const MemoryKind> kinds,
-                                RegionHooks* hooks) {
-  if (!kinds.empty() && kinds.size() != regions.size()) return InternalError("a memory kind for every region is required");
-  // Validate the whole list first (against itself and what is registered),
-  // then insert: all or nothing.
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+namespace {
+
+using Range = std::pair<uint64_t, uint64_t>;  // (addr, length)
+
+// The list's ranges, each well-formed and none overlapping another.
+StatusOr<std::vector<Range>> CheckList(std::span<const MemoryRegion> regions) {
+  std::vector<Range> ranges;
   ranges.reserve(regions.size());
   for (size_t i = 0; i < regions.size(); ++i) {
     const auto& r = regions[i];
     uint64_t a = reinterpret_cast<uint64_t>(r.addr);
-    std::string where = regions.size() > 1 ? " (region " + std::to_string(i) + " of the list)" : "";
+    std::string where =
+        regions.size() > 1 ? " (region " + std::to_string(i) + " of the list)" : "";
     if (r.addr == nullptr) return InvalidArgumentError("cannot register a null address" + where);
     if (r.length == 0) {
-      return InvalidArgumentError("cannot register a zero-length region at " + FormatRange(a, 0) + where);
+      return InvalidArgumentError("cannot register a zero-length region at " + FormatRange(a, 0) +
+                                  where);
     }
     if (a + r.length < a) {
-      return InvalidArgumentError("region " + FormatRange(a, r.length) + " wraps around the address space" + where);
+      return InvalidArgumentError("region " + FormatRange(a, r.length) +
+                                  " wraps around the address space" + where);
     }
     ranges.emplace_back(a, r.length);
   }
   std::vector<size_t> order(ranges.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return ranges[x].first < ranges[y].first; });
+  std::sort(order.begin(), order.end(),
+            [&](size_t x, size_t y) { return ranges[x].first < ranges[y].first; });
   for (size_t k = 1; k < order.size(); ++k) {
     auto [pa, pl] = ranges[order[k - 1]];
     auto [ca, cl] = ranges[order[k]];
     if (pa + pl > ca) {
-      return AlreadyExistsError("regions " + std::to_string(order[k - 1]) + " " + FormatRange(pa, pl) +
-                                " and " + std::to_string(order[k]) + " " + FormatRange(ca, cl) +
-                                " of the list overlap");
+      return AlreadyExistsError("regions " + std::to_string(order[k - 1]) + " " +
+                                FormatRange(pa, pl) + " and " + std::to_string(order[k]) + " " +
+                                FormatRange(ca, cl) + " of the list overlap");
     }
   }
+  return ranges;
+}
+
+}  // namespace
+
+Status MemoryRegistry::Register(std::span<const MemoryRegion> regions,
+                                std::span<const MemoryKind> kinds, RegionHooks* hooks) {
+  if (!kinds.empty() && kinds.size() != regions.size()) {
+    return InternalError("a memory kind for every region is required");
+  }
+  // Validate the whole list first (against itself and what is registered),
+  // then insert: all or nothing.
+  FERRY_ASSIGN_OR_RETURN(std::vector<Range> ranges, CheckList(regions));
   std::unique_lock lock(mu_);
   for (auto [a, len] : ranges) {
     auto it = regions_.upper_bound(a + len - 1);  // first region starting after our end

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "common/cuda_driver.h"
-#include "transport/transport.h"
+#include "base/transport.h"
 
 namespace ferry::internal::cuda {
 

@@ -1,4 +1,4 @@
-#include "transport/cuda/copy_queue.h"
+#include "cuda/copy_queue.h"
 
 #include <future>
 

@@ -1,4 +1,4 @@
-#include "transport/transport.h"
+#include "base/transport.h"
 
 #include <algorithm>
 

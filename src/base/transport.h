@@ -8,9 +8,9 @@
 // success, or a Status that names the reason — before the deadline it was
 // given (or shortly after, with kDeadlineExceeded).
 //
-// What a transport may use of the core: BatchState (core/batch.h), the
-// registered memory and inbox of its engine (core/target.h,
-// core/memory_registry.h). Nothing else of the engine's internals.
+// What a transport may use of the core: BatchState (base/batch.h), the
+// registered memory and inbox of its engine (base/target.h,
+// base/memory_registry.h). Nothing else of the engine's internals.
 // How a transport is added: docs/architecture.md, "Adding a transport".
 #pragma once
 
@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "common/memory_kind.h"
-#include "core/batch.h"
-#include "core/memory_registry.h"
+#include "base/batch.h"
+#include "base/memory_registry.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
 #include "wire/descriptor.h"

@@ -1,7 +1,7 @@
 // BatchState: the requests of one batch and their completion, counted once
-// here for every transport. Published by the core for the transports (with
-// core/memory_registry.h and core/target.h): the only parts of the core they
-// include.
+// here for every transport. src/base/ is the layer below both the core and
+// the transports: what the core hands a transport (batches, the target, its
+// memory registry, the Transport seam) and nothing that knows either side.
 //
 // Thread contract: Reserve/Begin are called by the submitting thread;
 // CompleteSlice by any transport thread; readers (Get, Summary, Wait) by

@@ -1,4 +1,4 @@
-#include "transport/cuda/staging.h"
+#include "cuda/staging.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -10,7 +10,7 @@
 
 #include "common/cuda_driver.h"
 #include "common/log.h"
-#include "transport/cuda/copy_queue.h"
+#include "cuda/copy_queue.h"
 
 namespace ferry::internal {
 namespace {

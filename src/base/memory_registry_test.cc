@@ -1,4 +1,4 @@
-#include "core/memory_registry.h"
+#include "base/memory_registry.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // MemoryRegistry: the regions an engine registered, looked up by address.
-// Published by the core for the transports (with core/batch.h and
-// core/target.h): a transport's target side pins the ranges peers name here.
+// In src/base/ (below the core and the transports): a transport's target
+// side pins the ranges peers name here.
 //
 // Thread-safe. Lookups take a shared lock; (un)registration an exclusive one.
 // A transfer that touches a region holds a RegionPin; UnregisterMemory waits

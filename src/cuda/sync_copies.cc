@@ -1,4 +1,4 @@
-#include "transport/cuda/sync_copies.h"
+#include "cuda/sync_copies.h"
 
 namespace ferry::internal::cuda {
 

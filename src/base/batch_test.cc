@@ -1,4 +1,4 @@
-#include "core/batch.h"
+#include "base/batch.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/metrics.h"
+#include "base/metrics.h"
 
 namespace ferry::internal {
 namespace {

@@ -1,8 +1,8 @@
-#include "core/batch.h"
+#include "base/batch.h"
 
 #include <thread>
 
-#include "core/metrics.h"
+#include "base/metrics.h"
 
 namespace ferry::internal {
 
