@@ -42,7 +42,7 @@ class Engine {
   const EngineOptions& options() const;
 
   // ---- Memory --------------------------------------------------------------
-  // `location` names the memory kind ("cpu", "cpu:N", "*"; see
+  // `location` names the memory kind ("cpu", "cpu:N", "cuda:N", "*"; see
   // MemoryRegion). Every transport that needs a per-region key registers the
   // region too, and peers see it (with its kind and keys) in this engine's
   // published descriptor from the moment this returns. A region registered
@@ -50,13 +50,20 @@ class Engine {
   // only: peers do not see it and their requests into it are refused.
   // kInvalidArgument: null address, zero length or an unknown location.
   // kAlreadyExists: the range overlaps a registered region (named).
-  // kInvalidArgument too: a host ("cpu", "*") registration of memory the CUDA
-  // driver reports as GPU memory (checked when this process has loaded
-  // libcuda.so.1), or "cuda:N" for a device N this machine does not have.
+  // GPU memory: "cuda:N" ("cuda" = "cuda:0"), or "*" over memory the CUDA
+  // driver reports as one device's, registers it as that device's kind.
+  // Peers on this host reach it through cuda_ipc, others over tcp (whose
+  // target stages it through host memory); this engine's own transfers of
+  // it over shm, fabric and tcp are staged through page-locked host buffers
+  // (docs/architecture.md, "Memory kinds: cuda").
+  // kInvalidArgument too: "cuda:N" for a device N this machine does not
+  // have, or a range whose first or last byte is not GPU memory of device N;
+  // a host ("cpu", "cpu:N") registration of memory the driver reports as GPU
+  // memory (checked when this process has loaded libcuda.so.1); "*" over GPU
+  // memory that is not all of one device.
   // kFailedPrecondition: "cuda:N" without a usable CUDA driver (naming why:
-  // libcuda.so.1 not found, cuInit failed).
-  // kUnimplemented: "cuda:N" of a device that exists: the GPU data paths are
-  // not built yet.
+  // libcuda.so.1 not found, cuInit failed, an entry point the GPU data paths
+  // need missing).
   Status RegisterMemory(void* addr, size_t length, std::string_view location = "*");
   // All or nothing: on failure no region of the list stays registered.
   Status RegisterMemory(std::span<const MemoryRegion> regions);

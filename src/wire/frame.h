@@ -45,7 +45,11 @@ enum class FrameType : uint8_t {
   kCopyLendRead = 15,  // same-host: the target pins its ranges and answers (kAck); the
                        // initiator copies them out itself, then sends kCopyReturn
   kCopyReturn = 16,    // same-host: the ranges of a kCopyLendRead may be released; kAck
-  kAck = 20,       // reply to kWrite and kNotify
+  // Reply (body: Reply) to kWrite, kNotify and the same-host frames
+  // kCopyWrite, kCopyRead, kCopyLendRead and kCopyReturn. (The fabric
+  // transport acknowledges notifications with its own message,
+  // fabric_messages.h, not with this frame.)
+  kAck = 20,
   kReadData = 21,  // reply to kRead
 };
 
