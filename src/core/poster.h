@@ -49,8 +49,8 @@ struct PostEntry {
 // Begins requests [base, base + n) of the batch (request base + i is
 // entry_at(i)), then slices, orders and posts them chunk by chunk: the
 // transport starts sending the first chunk while the next ones are prepared
-// (for 262,144 requests, preparing them all first left the streams idle for
-// tens of milliseconds per batch). False if the batch was cancelled (its
+// (for batches of hundreds of thousands of requests, preparing them all first
+// left the streams idle). False if the batch was cancelled (its
 // requests failed at once; nothing was posted).
 template <class EntryAt>
 bool SliceAndPost(const std::shared_ptr<BatchState>& batch, size_t base, size_t n,

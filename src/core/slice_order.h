@@ -22,12 +22,12 @@ inline uint64_t OrderAddress(const Slice& s, SliceOrder order) {
 // Puts writes before reads (a transport coalesces consecutive slices of one
 // opcode into a frame) and orders each group by destination address, so the
 // receiving side's copy stores forward through memory instead of jumping
-// between pages. Scattered stores cost more than scattered loads: for 2 KiB
-// KV pages shuffled on both sides, ordering by destination took both sides'
-// CPU from ~0.82 to ~0.74 s/GB, ordering by source only to ~0.79.
+// between pages. Scattered stores cost more than scattered loads: for KV
+// pages shuffled on both sides, ordering by destination saved more CPU than
+// ordering by source (docs/benchmarks-history.md).
 // Requests complete by their index, so the order inside a batch is free.
 // One pass when the slices are already in order; otherwise a radix sort
-// (~3 ms for 262,144 slices, against ~30 ms for std::sort). A transport may
+// (an order of magnitude faster than std::sort there). A transport may
 // ask for its own key instead (Transport::PreferredOrder).
 void OrderForSending(std::vector<Slice>& slices, SliceOrder order = SliceOrder::kByDestination);
 

@@ -48,8 +48,8 @@ struct StreamLinkConfig {
 // stream) feeds the next frames. So a faster stream takes more of a batch,
 // the streams finish it together, and the socket buffers stay shallow (the
 // receiver copies bytes still in cache). Assigning every frame at Post time
-// left one stream idle at the end of each batch: 1 MiB x 32 writes 3.3 ->
-// 4.1 GB/s, 32 KiB KV pages 3.5 -> 4.5. Read frames are not held back (the
+// left one stream idle at the end of each batch (the measurements:
+// docs/benchmarks-history.md, stream windows). Read frames are not held back (the
 // peer needs its queue of requests to keep sending; its send buffer is kept
 // small instead, see EngineOptions::tcp_send_buffer), nor are frames of
 // small entries (see Windowed).
@@ -81,7 +81,8 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   void Feed(bool ignore_window = false);
   // Write frames of large entries wait for room. Frames of small scattered
   // entries do not: their cost is the sender's scattered loads, which need a
-  // deep queue (a 2 MiB window made 2 KiB KV pages ~12% slower, 8 MiB ~8%).
+  // deep queue (a window on them made 2 KiB KV pages slower: see
+  // docs/benchmarks-history.md).
   bool Windowed(const RequestFrame& r) const;
   // The stream with the fewest bytes queued; ties go to the lowest index, so
   // light traffic stays on one stream (one loop awake on each side) and heavy

@@ -25,8 +25,8 @@ using stream::Connection;
 // holds up every batch it carries a slice of, while the other streams run
 // dry once the batch's other frames are done. The timeout still follows
 // the path (srtt + 4 rttvar) above the floor, so long paths are unchanged.
-// Between two network namespaces with 2 % loss (tools/bench_loss.sh,
-// docs/benchmarks.md): 1 MiB writes 0.33 -> 0.38 GB/s, median of 3 A/B pairs.
+// Measured between two network namespaces with 2 % loss (tools/bench_loss.sh;
+// the figures: docs/benchmarks.md).
 void SetRetransmitFloor(int fd) {
 #ifdef TCP_RTO_MIN_US
   constexpr int kOption = TCP_RTO_MIN_US;
