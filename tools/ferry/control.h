@@ -39,7 +39,24 @@ class ControlServer {
 
  private:
   void AcceptLoop();
+  // One connection's commands, on its own thread, until it closes.
   void Serve(int fd);
+  // The commands (control.cc). Those that answer and wait for the next
+  // return false when the connection failed; the others end it.
+  bool ServeCpu(int fd);
+  bool ServeFill(int fd);
+  bool ServePoison(int fd);
+  bool ServeCheck(int fd);
+  void ServeReceive(int fd);
+  void ServeSend(int fd);
+  void ServeScatter(int fd);
+  void ServeGather(int fd);
+  void ServePingPong(int fd);
+  // A seed and ranges of the buffer ('Z', 'C'); false if they did not
+  // arrive or lie outside the buffer.
+  bool RecvSeedRanges(int fd, uint64_t* seed, std::vector<Range>* ranges);
+  // A scatter baseline's layout ('S', 'G'): non-empty ranges of the buffer.
+  bool RecvLayout(int fd, std::vector<Range>* ranges);
   bool ValidRanges(const std::vector<Range>& ranges) const;
 
   uint8_t* buffer_;
