@@ -159,8 +159,8 @@ int RunInProcess(const BenchOptions& o, uint64_t local_bytes) {
   Session s;
   s.target_in_process = true;
   s.target_buffer = std::make_unique<Buffer>(local_bytes, true, o.hugepages);
-  s.target_control =
-      std::make_unique<ControlServer>(o.listen, s.target_buffer->data(), local_bytes);
+  s.target_control = std::make_unique<ControlServer>(o.listen, s.target_buffer->data(), local_bytes,
+                                                     o.ByName() ? o.name : "");
   EngineOptions teo = o.MakeEngineOptions();
   if (o.ByName()) teo.local_name = o.name;
   auto te = Engine::Create(teo);

@@ -22,17 +22,22 @@ the baselines, and prints a table (about 5 s in all).
 Roles:
   --role target|initiator   run one side only (default: both, target as a child)
   --listen HOST             address to listen on and advertise (default 127.0.0.1)
-  --target HOST:PORT        initiator: the target's peer id (its first line of output)
-  --control HOST:PORT       initiator: the target's control port (its second line;
-                            found automatically from the target's segment name)
+  --target HOST:PORT        initiator: the target's peer id (its 'peer_id' line;
+                            with --metadata, its NAME: see --name)
+  --control HOST:PORT       initiator: the target's control port (its 'control'
+                            line; without --metadata found automatically from
+                            the target's segment name)
   --metadata URL            how the engines find each other, for every role
                             (default P2PHANDSHAKE: no server); e.g.
                             http://HOST:PORT/metadata (ferry metadata-server);
                             the kinds this build has: ferry info
   --name NAME               with --metadata: the name the target publishes under
-                            (default ferry-bench-target); the initiator takes
-                            --target NAME (default the same) and, when started
-                            by hand, --control HOST:PORT
+                            (default ferry-bench-target; the target prints it
+                            first: 'name NAME'); the initiator takes --target
+                            NAME (default the same) and, when started by hand,
+                            --control HOST:PORT. Given the target's HOST:PORT
+                            instead, it looks for the name the target's control
+                            port reports, then for the default name
 
 Workload:
   --operation write|read|mixed   direction (default write; mixed: alternate entries)

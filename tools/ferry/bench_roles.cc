@@ -7,7 +7,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -41,7 +40,9 @@ sigset_t BlockStopSignals() {
 
 // The target's first lines (see bench_roles.h), flushed: a parent waits for
 // them.
-void PrintWhereTargetIs(const Engine& engine, const std::string& control_addr) {
+void PrintWhereTargetIs(const BenchOptions& o, const Engine& engine,
+                        const std::string& control_addr) {
+  if (o.ByName()) std::printf("name %s\n", o.name.c_str());
   std::printf("peer_id %s\ncontrol %s\n", engine.PeerId().c_str(), control_addr.c_str());
   std::fflush(stdout);
 }
@@ -54,7 +55,7 @@ int RunTarget(const BenchOptions& o) {
 
   const uint64_t size = o.buffer_size > 0 ? o.buffer_size : (1ull << 30);
   Buffer buffer(size, o.buffer_size > 0, o.hugepages);
-  ControlServer control(o.listen, buffer.data(), size);
+  ControlServer control(o.listen, buffer.data(), size, o.ByName() ? o.name : "");
   const std::string control_addr = JoinHostPort(o.listen, control.port());
 
   EngineOptions eo = o.MakeEngineOptions();
@@ -68,7 +69,7 @@ int RunTarget(const BenchOptions& o) {
   Status s = (*engine)->RegisterMemory(buffer.data(), size, "cpu:0");
   if (!s.ok()) Fail("cannot register the target buffer", s);
 
-  PrintWhereTargetIs(**engine, control_addr);
+  PrintWhereTargetIs(o, **engine, control_addr);
 
   int sig = 0;
   while (sigwait(&sigs, &sig) != 0) {
@@ -149,10 +150,24 @@ Status TargetChild::Stop() {
                        std::to_string(WEXITSTATUS(status)));
 }
 
+namespace {
+
+// Whether `text` holds a whole line "control ..." (the target's last line).
+bool HasControlLine(const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line) && !in.eof()) {
+    if (line.starts_with("control ")) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void TargetChild::ReadAddresses() {
   std::string text;
   auto deadline = Clock::now() + std::chrono::seconds(30);
-  while (std::count(text.begin(), text.end(), '\n') < 2) {
+  while (!HasControlLine(text)) {
     int left = static_cast<int>(
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
     pollfd pfd{out_.get(), POLLIN, 0};

@@ -3,9 +3,11 @@
 // and the launcher's target child (the same program, started with --role
 // target, whose first lines say where it is).
 //
-// The target prints, flushed, before it serves: "peer_id HOST:PORT" (its
-// engine's peer id) and "control HOST:PORT" (its control port), one per
-// line.
+// The target prints, flushed, before it serves: with a metadata service
+// (--metadata), "name NAME" (the name it published: what an initiator takes
+// as --target); then "peer_id HOST:PORT" (its engine's peer id: the --target
+// of an initiator without a metadata service) and "control HOST:PORT" (its
+// control port), one per line.
 #pragma once
 
 #include <sys/types.h>

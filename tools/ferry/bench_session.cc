@@ -1,5 +1,9 @@
 #include "bench_session.h"
 
+#include <cstdio>
+#include <exception>
+#include <vector>
+
 #include "cli.h"
 #include "net.h"
 
@@ -15,11 +19,77 @@ Session::~Session() {
 
 namespace {
 
-// The target's segment. Throws cli::RunError.
-SegmentHandle OpenTarget(Engine& engine, const std::string& target) {
+// Whether `text` is a peer id: HOST:PORT or [IPV6]:PORT.
+bool IsHostPort(const std::string& text) {
+  std::string host;
+  uint16_t port = 0;
+  try {
+    SplitHostPort("--target", text, &host, &port);
+    return true;
+  } catch (const cli::UsageError&) {
+    return false;
+  }
+}
+
+// The name the target at `control_addr` published ("" when there is no
+// control address, the target published none, or it cannot be asked).
+std::string NameFromControl(const std::string& control_addr) {
+  if (control_addr.empty()) return "";
+  try {
+    std::string host;
+    uint16_t port = 0;
+    SplitHostPort("--control", control_addr, &host, &port);
+    return ControlClient(host, port).TargetName();
+  } catch (const std::exception&) {
+    return "";  // the caller names what to do without it
+  }
+}
+
+// With a metadata service the target is found by the name it published, not
+// by its peer id. For a `target` given as HOST:PORT anyway (`why` is why it
+// was not found under that name), looks under the name the target's control
+// port reports and under the default name for the engine whose peer id is
+// `target`. Returns its segment, or throws cli::RunError naming the name to
+// use.
+SegmentHandle FindByPeerId(Engine& engine, const BenchOptions& o, const std::string& target,
+                           const std::string& control_addr, const Status& why) {
+  const std::string told = NameFromControl(control_addr);
+  std::vector<std::string> names;
+  if (!told.empty()) names.push_back(told);
+  if (told != kDefaultTargetName) names.push_back(kDefaultTargetName);
+  for (const std::string& name : names) {
+    auto seg = engine.OpenSegment(name);
+    if (!seg.ok()) continue;
+    auto info = engine.DescribeSegment(*seg);
+    if (info.ok() && info->peer_id == target) {
+      std::fprintf(stderr,
+                   "ferry bench: %s is the target published as '%s' in %s; using that name "
+                   "(pass --target %s)\n",
+                   target.c_str(), name.c_str(), o.metadata.c_str(), name.c_str());
+      return *seg;
+    }
+    engine.CloseSegment(*seg).IgnoreError();
+  }
+  const std::string use =
+      told.empty()
+          ? std::string("the name it published (its first line, 'name NAME'; ") +
+                kDefaultTargetName + " unless it was started with --name)"
+          : "'" + told + "' (the name the target at --control " + control_addr + " published)";
+  throw cli::RunError("cannot open the target's segment " + target + ": " + why.ToString() +
+                      "; with --metadata the initiator names the target by " + use +
+                      ", not by its HOST:PORT: pass --target NAME");
+}
+
+// The target's segment: `target` as given, or, under a metadata service, the
+// engine whose peer id `target` is (see FindByPeerId).
+SegmentHandle OpenTarget(Engine& engine, const BenchOptions& o, const std::string& target,
+                         const std::string& control_addr) {
   auto seg = engine.OpenSegment(target);
-  if (!seg.ok()) Fail("cannot open the target's segment " + target, seg.status());
-  return *seg;
+  if (seg.ok()) return *seg;
+  if (o.ByName() && IsHostPort(target)) {
+    return FindByPeerId(engine, o, target, control_addr, seg.status());
+  }
+  Fail("cannot open the target's segment " + target, seg.status());
 }
 
 // The target's buffer: the largest region it registered (the bench target
@@ -57,7 +127,7 @@ void OpenSession(Session& s, const BenchOptions& o, const std::string& target,
   auto engine = Engine::Create(o.MakeEngineOptions());
   if (!engine.ok()) Fail("cannot start the engine", engine.status());
   s.engine = std::move(*engine);
-  s.segment = OpenTarget(*s.engine, target);
+  s.segment = OpenTarget(*s.engine, o, target, control_addr);
   auto info = s.engine->QuerySegment(s.segment);
   if (!info.ok()) Fail("cannot query the target's segment " + target, info.status());
   s.info = *info;

@@ -12,12 +12,14 @@
 #include <chrono>
 #include <cstring>
 #include <latch>
+#include <utility>
 
 #include "cli.h"
 #include "pattern.h"
 
 // Commands (initiator -> target), arguments are u64:
 //   'R'                      -> u64 user_us, u64 sys_us
+//   'N'                      -> u64 n, n bytes: the name the target published ("" for none)
 //   'F' seed                 -> u64 0           fill the whole buffer with the pattern
 //   'Z' seed n {off len}*n   -> u64 0           poison the ranges (pattern complement)
 //   'C' seed n {off len}*n   -> u64 bad, u64 first_bad_offset (~0 if none)
@@ -117,8 +119,9 @@ bool NonEmpty(const std::vector<Range>& ranges) {
 }
 }  // namespace
 
-ControlServer::ControlServer(const std::string& host, uint8_t* buffer, uint64_t length)
-    : buffer_(buffer), length_(length) {
+ControlServer::ControlServer(const std::string& host, uint8_t* buffer, uint64_t length,
+                             std::string name)
+    : buffer_(buffer), length_(length), name_(std::move(name)) {
   listen_fd_.reset(ListenOn(host, &port_));
   if (pipe2(wake_pipe_, O_CLOEXEC) != 0) {
     throw cli::RunError(std::string("pipe: ") + std::strerror(errno));
@@ -186,6 +189,9 @@ void ControlServer::Serve(int fd) {
       case 'R':
         if (!ServeCpu(fd)) return;
         break;
+      case 'N':
+        if (!ServeName(fd)) return;
+        break;
       case 'F':
         if (!ServeFill(fd)) return;
         break;
@@ -233,6 +239,10 @@ bool ControlServer::ServeCpu(int fd) {
   uint64_t reply[2] = {static_cast<uint64_t>(ru.ru_utime.tv_sec) * 1000000 + ru.ru_utime.tv_usec,
                        static_cast<uint64_t>(ru.ru_stime.tv_sec) * 1000000 + ru.ru_stime.tv_usec};
   return SendAll(fd, reply, sizeof(reply));
+}
+
+bool ControlServer::ServeName(int fd) {
+  return SendU64(fd, name_.size()) && SendAll(fd, name_.data(), name_.size());
 }
 
 bool ControlServer::ServeFill(int fd) {
@@ -377,6 +387,14 @@ double ControlClient::TargetCpuSeconds() {
   uint64_t reply[2];
   if (!SendAll(fd_.get(), "R", 1) || !RecvAll(fd_.get(), reply, sizeof(reply))) Lost(where_);
   return (reply[0] + reply[1]) * 1e-6;
+}
+
+std::string ControlClient::TargetName() {
+  uint64_t n = 0;
+  if (!SendAll(fd_.get(), "N", 1) || !RecvU64(fd_.get(), &n) || n > 4096) Lost(where_);
+  std::string name(n, '\0');
+  if (!RecvAll(fd_.get(), name.data(), n)) Lost(where_);
+  return name;
 }
 
 void ControlClient::Fill(uint64_t seed) {
