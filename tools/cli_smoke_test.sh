@@ -228,6 +228,74 @@ PYEOF
     done
     tpid=""; pid=""
     cat "$tlog" "$log" ;;
+  bench_metadata_names)
+    # With a metadata service a target started by hand says first the name it
+    # published: an initiator finds it by that name; one given the target's
+    # HOST:PORT (its peer_id line) finds it through the name its control port
+    # reports or the default name, or else fails saying to pass that name.
+    tlog=/tmp/ferry_smoke_mn_target.$$
+    elog=/tmp/ferry_smoke_mn_err.$$
+    pid=""; tpid=""
+    trap 'for p in $tpid $pid; do kill -9 $p 2>/dev/null; done; rm -f "$log" "$tlog" "$elog"' EXIT
+    start_metadata_server /tmp/ferry_smoke_mn.$$
+    url="http://127.0.0.1:$port/metadata"
+    # start_target [--name NAME]: sets tpid, first (its first line), peer, control.
+    start_target() {
+      "$FERRY" bench --role target --metadata "$url" "$@" --buffer-size 16M >"$tlog" 2>&1 &
+      tpid=$!
+      control=$(wait_line $tpid "$tlog" 's/^control \(.*\)$/\1/p') ||
+        { cat "$tlog"; fail "the target printed no control line"; }
+      first=$(head -n 1 "$tlog")
+      peer=$(sed -n 's/^peer_id \(.*\)$/\1/p' "$tlog")
+      [ -n "$peer" ] || { cat "$tlog"; fail "the target printed no peer_id line"; }
+    }
+    stop_target() {
+      stop $tpid
+      [ -n "$rc" ] || fail "the target is still running 10 s after SIGTERM"
+      [ "$rc" -eq 0 ] || { cat "$tlog"; fail "the target exited $rc after SIGTERM"; }
+      tpid=""
+    }
+    # initiator ARGS...: a short verified run (no --verify without --control);
+    # stdout in $out, stderr in $elog, exit status in $irc.
+    initiator() {
+      out=$(timeout 60 "$FERRY" bench --role initiator --metadata "$url" "$@" \
+        --block-size 64K --batch-size 8 --duration 0.2 --json --no-baseline 2>"$elog")
+      irc=$?
+      cat "$elog"
+    }
+    json_ok() {
+      printf '%s' "$out" | $PY -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if $1 else 1)" ||
+        fail "JSON check failed: $1: $out"
+    }
+    start_target --name smoke-names
+    [ "$first" = "name smoke-names" ] || fail "the target's first line is '$first', not 'name smoke-names'"
+    # (a) By the published name.
+    initiator --target smoke-names --control "$control" --verify
+    [ "$irc" -eq 0 ] || fail "the initiator given the published name exited $irc"
+    json_ok "d['mismatches'] == 0 and d['verified_bytes'] > 0"
+    # (b) By HOST:PORT with --control: the control port names the target.
+    initiator --target "$peer" --control "$control" --verify
+    [ "$irc" -eq 0 ] || fail "the initiator given $peer and --control exited $irc"
+    json_ok "d['mismatches'] == 0 and d['verified_bytes'] > 0"
+    grep -q "published as 'smoke-names'" "$elog" || fail "no note naming smoke-names"
+    # (c) By HOST:PORT alone, a name other than the default: exit 1, saying
+    # to pass the name the target printed.
+    initiator --target "$peer"
+    [ "$irc" -eq 1 ] || fail "the initiator given $peer alone exited $irc, expected 1"
+    grep -q "pass --target NAME" "$elog" && grep -q "'name NAME'" "$elog" ||
+      fail "the error does not say which name to use"
+    stop_target
+    # (d) By HOST:PORT alone, the default name: found.
+    start_target
+    [ "$first" = "name ferry-bench-target" ] || fail "the target's first line is '$first'"
+    initiator --target "$peer"
+    [ "$irc" -eq 0 ] || fail "the initiator given $peer (default name) exited $irc"
+    json_ok "d['bytes'] > 0"
+    grep -q "published as 'ferry-bench-target'" "$elog" || fail "no note naming ferry-bench-target"
+    stop_target
+    stop $pid
+    [ -n "$rc" ] && [ "$rc" -eq 0 ] || { cat "$log"; fail "the metadata-server did not exit 0 after SIGTERM"; }
+    pid="" ;;
   *)
     fail "unknown case" ;;
 esac

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <iostream>
+#include <utility>
 
 #include "cli.h"
 #include "ferry/metadata.h"
@@ -21,17 +22,22 @@ the baselines, and prints a table (about 5 s in all).
 Roles:
   --role target|initiator   run one side only (default: both, target as a child)
   --listen HOST             address to listen on and advertise (default 127.0.0.1)
-  --target HOST:PORT        initiator: the target's peer id (its first line of output)
-  --control HOST:PORT       initiator: the target's control port (its second line;
-                            found automatically from the target's segment name)
+  --target HOST:PORT        initiator: the target's peer id (its 'peer_id' line;
+                            with --metadata, its NAME: see --name)
+  --control HOST:PORT       initiator: the target's control port (its 'control'
+                            line; without --metadata found automatically from
+                            the target's segment name)
   --metadata URL            how the engines find each other, for every role
                             (default P2PHANDSHAKE: no server); e.g.
                             http://HOST:PORT/metadata (ferry metadata-server);
                             the kinds this build has: ferry info
   --name NAME               with --metadata: the name the target publishes under
-                            (default ferry-bench-target); the initiator takes
-                            --target NAME (default the same) and, when started
-                            by hand, --control HOST:PORT
+                            (default ferry-bench-target; the target prints it
+                            first: 'name NAME'); the initiator takes --target
+                            NAME (default the same) and, when started by hand,
+                            --control HOST:PORT. Given the target's HOST:PORT
+                            instead, it looks for the name the target's control
+                            port reports, then for the default name
 
 Workload:
   --operation write|read|mixed   direction (default write; mixed: alternate entries)
@@ -130,12 +136,35 @@ std::optional<BenchOptions> BenchOptions::FromCommandLine(const std::vector<std:
 
 bool BenchOptions::ByName() const { return MetadataBackendOf(metadata) != "p2p"; }
 
+namespace {
+
+// A value flag: its text goes to `parse`, which checks it and throws
+// cli::UsageError naming the flag.
+void Value(CLI::App& app, const char* flag, std::function<void(const std::string&)> parse) {
+  app.add_option_function<std::string>(flag, std::move(parse));
+}
+
+// "a, b, c": the forms of --metadata this build takes.
+std::string MetadataForms() {
+  std::string forms;
+  for (const MetadataBackendInfo& b : ListMetadataBackends()) {
+    forms += (forms.empty() ? "" : ", ") + b.form;
+  }
+  return forms;
+}
+
+}  // namespace
+
 void BenchOptions::AddFlags(CLI::App& app) {
-  // Each value flag hands its text to a callback that parses and checks it.
-  const auto value = [&app](const char* flag, std::function<void(const std::string&)> parse) {
-    app.add_option_function<std::string>(flag, std::move(parse));
-  };
-  value("--role", [this](const std::string& v) {
+  AddRoleFlags(app);
+  AddWorkloadFlags(app);
+  AddEngineFlags(app);
+  AddRunFlags(app);
+  AddOutputFlags(app);
+}
+
+void BenchOptions::AddRoleFlags(CLI::App& app) {
+  Value(app, "--role", [this](const std::string& v) {
     if (v == "target") {
       role = Role::kTarget;
     } else if (v == "initiator") {
@@ -144,28 +173,27 @@ void BenchOptions::AddFlags(CLI::App& app) {
       throw cli::UsageError("bad value '" + v + "' for --role: expected target or initiator");
     }
   });
-  value("--target", [this](const std::string& v) { target = v; });
-  value("--control", [this](const std::string& v) { control = v; });
-  value("--listen", [this](const std::string& v) {
+  Value(app, "--target", [this](const std::string& v) { target = v; });
+  Value(app, "--control", [this](const std::string& v) { control = v; });
+  Value(app, "--listen", [this](const std::string& v) {
     if (v.empty()) throw cli::UsageError("bad value '' for --listen: expected an address");
     listen = v;
   });
-  value("--metadata", [this](const std::string& v) {
+  Value(app, "--metadata", [this](const std::string& v) {
     if (v.empty() || MetadataBackendOf(v).empty()) {
-      std::string forms;
-      for (const MetadataBackendInfo& b : ListMetadataBackends()) {
-        forms += (forms.empty() ? "" : ", ") + b.form;
-      }
-      throw cli::UsageError("bad value '" + v + "' for --metadata: expected one of " + forms +
-                            " (see ferry info)");
+      throw cli::UsageError("bad value '" + v + "' for --metadata: expected one of " +
+                            MetadataForms() + " (see ferry info)");
     }
     metadata = v;
   });
-  value("--name", [this](const std::string& v) {
+  Value(app, "--name", [this](const std::string& v) {
     if (v.empty()) throw cli::UsageError("bad value '' for --name: expected a name");
     name = v;
   });
-  value("--operation", [this](const std::string& v) {
+}
+
+void BenchOptions::AddWorkloadFlags(CLI::App& app) {
+  Value(app, "--operation", [this](const std::string& v) {
     if (v == "write") {
       op = Operation::kWrite;
     } else if (v == "read") {
@@ -176,23 +204,26 @@ void BenchOptions::AddFlags(CLI::App& app) {
       throw cli::UsageError("bad value '" + v + "' for --operation: expected write, read or mixed");
     }
   });
-  value("--block-size", [this](const std::string& v) {
+  Value(app, "--block-size", [this](const std::string& v) {
     block = cli::ParseSize("--block-size", v);
     if (block == 0) throw cli::UsageError("bad value '0' for --block-size: must be at least 1");
     block_set = true;
   });
-  value("--batch-size", [this](const std::string& v) {
+  Value(app, "--batch-size", [this](const std::string& v) {
     batch = static_cast<uint64_t>(PositiveInt("--batch-size", v, 1 << 24));
     batch_set = true;
   });
-  value("--threads", [this](const std::string& v) {
+  Value(app, "--threads", [this](const std::string& v) {
     threads = PositiveInt("--threads", v, 256);
     threads_set = true;
   });
-  value("--workload", [this](const std::string& v) { kv = ParseKvPreset(v); });
+  Value(app, "--workload", [this](const std::string& v) { kv = ParseKvPreset(v); });
   app.add_flag("--sync", sync);
   app.add_flag("--prepared", prepared);
-  value("--transport", [this](const std::string& v) {
+}
+
+void BenchOptions::AddEngineFlags(CLI::App& app) {
+  Value(app, "--transport", [this](const std::string& v) {
     std::string names = "auto";
     bool known = v == "auto";
     for (const TransportInfo& t : ListTransports()) {  // the registry's names
@@ -204,14 +235,16 @@ void BenchOptions::AddFlags(CLI::App& app) {
     }
     transport = v;
   });
-  value("--fabric-provider", [this](const std::string& v) {
-    if (v.empty()) throw cli::UsageError("bad value '' for --fabric-provider: expected a libfabric provider");
+  Value(app, "--fabric-provider", [this](const std::string& v) {
+    if (v.empty()) {
+      throw cli::UsageError("bad value '' for --fabric-provider: expected a libfabric provider");
+    }
     fabric_provider = v;
   });
-  value("--streams", [this](const std::string& v) {
+  Value(app, "--streams", [this](const std::string& v) {
     streams = PositiveInt("--streams", v, OptionMax("tcp_streams"));
   });
-  value("--io-threads", [this](const std::string& v) {
+  Value(app, "--io-threads", [this](const std::string& v) {
     uint64_t n = cli::ParseUint("--io-threads", v);
     const uint64_t max = static_cast<uint64_t>(OptionMax("io_threads"));
     if (n > max) {
@@ -220,41 +253,47 @@ void BenchOptions::AddFlags(CLI::App& app) {
     }
     io_threads = static_cast<int>(n);
   });
-  value("--slice-size", [this](const std::string& v) {
+  Value(app, "--slice-size", [this](const std::string& v) {
     slice_size = cli::ParseSize("--slice-size", v);
     if (slice_size == 0 || slice_size > 0xffffffffu) {
       throw cli::UsageError("bad value '" + v + "' for --slice-size: 1..4G-1");
     }
   });
-  value("--spin-us", [this](const std::string& v) {
+  Value(app, "--spin-us", [this](const std::string& v) {
     spin_us = static_cast<int64_t>(cli::ParseUint("--spin-us", v));
   });
-  value("--wait-spin-us", [this](const std::string& v) {
+  Value(app, "--wait-spin-us", [this](const std::string& v) {
     wait_spin_us = static_cast<int64_t>(cli::ParseUint("--wait-spin-us", v));
   });
-  value("--duration",
+}
+
+void BenchOptions::AddRunFlags(CLI::App& app) {
+  Value(app, "--duration",
         [this](const std::string& v) { duration = cli::ParseSeconds("--duration", v); });
-  value("--total-bytes", [this](const std::string& v) {
+  Value(app, "--total-bytes", [this](const std::string& v) {
     total_bytes = cli::ParseSize("--total-bytes", v);
     if (total_bytes == 0) throw cli::UsageError("bad value '0' for --total-bytes");
   });
-  value("--buffer-size", [this](const std::string& v) {
+  Value(app, "--buffer-size", [this](const std::string& v) {
     buffer_size = cli::ParseSize("--buffer-size", v);
     if (buffer_size == 0) throw cli::UsageError("bad value '0' for --buffer-size");
   });
   app.add_flag("--hugepages", hugepages);
+}
+
+void BenchOptions::AddOutputFlags(CLI::App& app) {
   app.add_flag("--verify", verify);
   app.add_flag("--inject-mismatch", inject_mismatch);
   app.add_flag("--no-baseline", no_baseline);
   app.add_flag("--json", json);
   app.add_flag("--sweep", sweep);
-  value("--sweep-blocks", [this](const std::string& v) {
+  Value(app, "--sweep-blocks", [this](const std::string& v) {
     sweep_blocks = cli::ParseSizeList("--sweep-blocks", v);
     for (uint64_t b : sweep_blocks) {
       if (b == 0) throw cli::UsageError("bad value '" + v + "' for --sweep-blocks: 0");
     }
   });
-  value("--sweep-threads", [this](const std::string& v) {
+  Value(app, "--sweep-threads", [this](const std::string& v) {
     sweep_threads = cli::ParseUintList("--sweep-threads", v);
     for (uint64_t t : sweep_threads) {
       if (t == 0 || t > 256) {
@@ -262,11 +301,19 @@ void BenchOptions::AddFlags(CLI::App& app) {
       }
     }
   });
-  value("--output", [this](const std::string& v) { output = v; });
-  value("--plot-script", [this](const std::string& v) { plot_script = v; });
+  Value(app, "--output", [this](const std::string& v) { output = v; });
+  Value(app, "--plot-script", [this](const std::string& v) { plot_script = v; });
 }
 
 void BenchOptions::Finish() {
+  CheckNames();
+  CheckRoles();
+  CheckWorkload();
+  CheckTarget();
+  FillDefaults();
+}
+
+void BenchOptions::CheckNames() {
   BenchOptions& o = *this;
   if (o.ByName()) {
     if (MetadataBackendOf(o.metadata) == "memory" &&
@@ -285,7 +332,10 @@ void BenchOptions::Finish() {
     throw cli::UsageError(
         "--name needs --metadata (with P2PHANDSHAKE the target is found by HOST:PORT)");
   }
-  // Combinations.
+}
+
+void BenchOptions::CheckRoles() {
+  const BenchOptions& o = *this;
   if (o.role == Role::kInitiator && o.target.empty()) {
     throw cli::UsageError("--role initiator needs --target HOST:PORT (the target's peer id)");
   }
@@ -300,6 +350,10 @@ void BenchOptions::Finish() {
         "--transport local runs both engines in one process; "
         "use it without --role");
   }
+}
+
+void BenchOptions::CheckWorkload() {
+  const BenchOptions& o = *this;
   if (o.kv && (o.block_set || o.batch_set)) {
     throw cli::UsageError(
         "--block-size and --batch-size do not apply to --workload "
@@ -333,16 +387,23 @@ void BenchOptions::Finish() {
         "--transport fabric needs a libfabric provider: --fabric-provider NAME (e.g. tcp) or "
         "FERRY_FABRIC_PROVIDER (what this machine has: ferry info)");
   }
-  if (o.role == Role::kTarget) {
-    // The target only needs what shapes its engine and buffer.
-    if (o.json || o.verify || o.sweep || o.sync || o.prepared || o.kv || o.block_set || o.batch_set ||
-        o.threads_set || o.duration > 0 || o.total_bytes > 0 || o.no_baseline) {
-      throw cli::UsageError(
-          "--role target takes only --listen, --metadata, --name, --buffer-size, --hugepages, "
-          "--transport, --fabric-provider, --streams, --io-threads, --slice-size, --spin-us and --wait-spin-us; the "
-          "initiator chooses the workload");
-    }
+}
+
+void BenchOptions::CheckTarget() {
+  const BenchOptions& o = *this;
+  if (o.role != Role::kTarget) return;
+  // The target only needs what shapes its engine and buffer.
+  if (o.json || o.verify || o.sweep || o.sync || o.prepared || o.kv || o.block_set || o.batch_set ||
+      o.threads_set || o.duration > 0 || o.total_bytes > 0 || o.no_baseline) {
+    throw cli::UsageError(
+        "--role target takes only --listen, --metadata, --name, --buffer-size, --hugepages, "
+        "--transport, --fabric-provider, --streams, --io-threads, --slice-size, --spin-us and "
+        "--wait-spin-us; the initiator chooses the workload");
   }
+}
+
+void BenchOptions::FillDefaults() {
+  BenchOptions& o = *this;
   if (o.sweep) {
     if (o.sweep_blocks.empty()) {
       o.sweep_blocks = {4u << 10, 16u << 10, 64u << 10, 256u << 10, 1u << 20, 4u << 20};

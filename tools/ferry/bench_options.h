@@ -87,9 +87,20 @@ struct BenchOptions {
   static std::optional<BenchOptions> FromCommandLine(const std::vector<std::string>& args);
 
  private:
+  // The flags, in groups (in the order they were always declared).
   void AddFlags(CLI::App& app);
+  void AddRoleFlags(CLI::App& app);
+  void AddWorkloadFlags(CLI::App& app);  // what one batch is
+  void AddEngineFlags(CLI::App& app);
+  void AddRunFlags(CLI::App& app);  // how long, how much memory
+  void AddOutputFlags(CLI::App& app);
   // Refuses combinations that make no sense and fills in the defaults.
   void Finish();
+  void CheckNames();  // --metadata, --name, --target NAME
+  void CheckRoles();
+  void CheckWorkload();
+  void CheckTarget();  // what --role target takes
+  void FillDefaults();
 };
 
 }  // namespace ferry::bench

@@ -12,12 +12,14 @@
 #include <chrono>
 #include <cstring>
 #include <latch>
+#include <utility>
 
 #include "cli.h"
 #include "pattern.h"
 
 // Commands (initiator -> target), arguments are u64:
 //   'R'                      -> u64 user_us, u64 sys_us
+//   'N'                      -> u64 n, n bytes: the name the target published ("" for none)
 //   'F' seed                 -> u64 0           fill the whole buffer with the pattern
 //   'Z' seed n {off len}*n   -> u64 0           poison the ranges (pattern complement)
 //   'C' seed n {off len}*n   -> u64 bad, u64 first_bad_offset (~0 if none)
@@ -117,8 +119,9 @@ bool NonEmpty(const std::vector<Range>& ranges) {
 }
 }  // namespace
 
-ControlServer::ControlServer(const std::string& host, uint8_t* buffer, uint64_t length)
-    : buffer_(buffer), length_(length) {
+ControlServer::ControlServer(const std::string& host, uint8_t* buffer, uint64_t length,
+                             std::string name)
+    : buffer_(buffer), length_(length), name_(std::move(name)) {
   listen_fd_.reset(ListenOn(host, &port_));
   if (pipe2(wake_pipe_, O_CLOEXEC) != 0) {
     throw cli::RunError(std::string("pipe: ") + std::strerror(errno));
@@ -179,158 +182,194 @@ bool ControlServer::ValidRanges(const std::vector<Range>& ranges) const {
 }
 
 void ControlServer::Serve(int fd) {
-  auto recv_ranges = [&](uint64_t* seed, std::vector<Range>* ranges) {
-    uint64_t n = 0;
-    if (!RecvU64(fd, seed) || !RecvU64(fd, &n) || n > (1ull << 26)) return false;
-    ranges->resize(n);
-    if (!RecvAll(fd, ranges->data(), n * sizeof(Range))) return false;
-    return ValidRanges(*ranges);
-  };
   while (!stopping_.load(std::memory_order_relaxed)) {
     char cmd = 0;
     if (!RecvAll(fd, &cmd, 1)) return;
     switch (cmd) {
-      case 'R': {
-        rusage ru{};
-        getrusage(RUSAGE_SELF, &ru);
-        uint64_t reply[2] = {
-            static_cast<uint64_t>(ru.ru_utime.tv_sec) * 1000000 + ru.ru_utime.tv_usec,
-            static_cast<uint64_t>(ru.ru_stime.tv_sec) * 1000000 + ru.ru_stime.tv_usec};
-        if (!SendAll(fd, reply, sizeof(reply))) return;
+      case 'R':
+        if (!ServeCpu(fd)) return;
         break;
-      }
-      case 'F': {
-        uint64_t seed = 0;
-        if (!RecvU64(fd, &seed)) return;
-        FillPattern(buffer_, 0, length_, seed);
-        if (!SendU64(fd, 0)) return;
+      case 'N':
+        if (!ServeName(fd)) return;
         break;
-      }
-      case 'Z': {
-        uint64_t seed = 0;
-        std::vector<Range> ranges;
-        if (!recv_ranges(&seed, &ranges)) return;
-        for (const Range& r : ranges) FillPattern(buffer_ + r.first, r.first, r.second, seed, true);
-        if (!SendU64(fd, 0)) return;
+      case 'F':
+        if (!ServeFill(fd)) return;
         break;
-      }
-      case 'C': {
-        uint64_t seed = 0;
-        std::vector<Range> ranges;
-        if (!recv_ranges(&seed, &ranges)) return;
-        uint64_t bad = 0, first = ~0ull;
-        for (const Range& r : ranges) {
-          uint64_t f = ~0ull;
-          uint64_t b = CheckPattern(buffer_ + r.first, r.first, r.second, seed, &f);
-          if (b != 0 && bad == 0) first = f;
-          bad += b;
-        }
-        uint64_t reply[2] = {bad, first};
-        if (!SendAll(fd, reply, sizeof(reply))) return;
+      case 'Z':
+        if (!ServePoison(fd)) return;
         break;
-      }
-      case 'W': {
-        uint64_t off = 0, len = 0;
-        if (!RecvU64(fd, &off) || !RecvU64(fd, &len) || len == 0 || !ValidRanges({{off, len}})) {
-          return;
-        }
-        uint64_t total = 0, pos = 0;
-        while (true) {
-          ssize_t n = recv(fd, buffer_ + off + pos, std::min(kChunk, len - pos), 0);
-          if (n < 0 && errno == EINTR) continue;
-          if (n <= 0) break;
-          total += static_cast<uint64_t>(n);
-          pos += static_cast<uint64_t>(n);
-          if (pos == len) pos = 0;
-        }
-        SendU64(fd, total);
-        return;
-      }
-      case 'D': {
-        uint64_t off = 0, len = 0;
-        char go = 0;
-        if (!RecvU64(fd, &off) || !RecvU64(fd, &len) || len == 0 || !ValidRanges({{off, len}}) ||
-            !RecvAll(fd, &go, 1)) {
-          return;
-        }
-        uint64_t pos = 0;
-        while (true) {
-          ssize_t n = send(fd, buffer_ + off + pos, std::min(kChunk, len - pos), MSG_NOSIGNAL);
-          if (n < 0 && errno == EINTR) continue;
-          if (n <= 0) break;  // the initiator closed its side: done
-          pos += static_cast<uint64_t>(n);
-          if (pos == len) pos = 0;
-        }
-        return;
-      }
-      case 'S': {
-        std::vector<Range> ranges;
-        uint64_t n = 0;
-        if (!RecvU64(fd, &n) || n == 0 || n > (1ull << 26)) return;
-        ranges.resize(n);
-        if (!RecvAll(fd, ranges.data(), n * sizeof(Range)) || !ValidRanges(ranges) ||
-            !NonEmpty(ranges)) {
-          return;
-        }
-        ScatterCursor cursor(buffer_, ranges);
-        uint64_t total = 0;
-        while (true) {
-          ssize_t k = ScatterOnce(fd, cursor);
-          if (k < 0 && errno == EINTR) continue;
-          if (k <= 0) break;
-          total += static_cast<uint64_t>(k);
-        }
-        SendU64(fd, total);
-        return;
-      }
-      case 'G': {
-        std::vector<Range> ranges;
-        uint64_t n = 0;
-        char go = 0;
-        if (!RecvU64(fd, &n) || n == 0 || n > (1ull << 26)) return;
-        ranges.resize(n);
-        if (!RecvAll(fd, ranges.data(), n * sizeof(Range)) || !ValidRanges(ranges) ||
-            !NonEmpty(ranges) || !RecvAll(fd, &go, 1)) {
-          return;
-        }
-        ScatterCursor cursor(buffer_, ranges);
-        while (true) {
-          ssize_t k = GatherOnce(fd, cursor);
-          if (k < 0 && errno == EINTR) continue;
-          if (k <= 0) break;
-        }
-        return;
-      }
-      case 'P': {
-        int flags = fcntl(fd, F_GETFL);
-        fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-        char msg[8];
-        while (true) {
-          size_t got = 0;
-          uint64_t spins = 0;
-          while (got < sizeof(msg)) {
-            ssize_t n = recv(fd, msg + got, sizeof(msg) - got, 0);
-            if (n > 0) {
-              got += static_cast<size_t>(n);
-            } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-              return;
-            } else if ((++spins & 0xfffff) == 0 && stopping_.load(std::memory_order_relaxed)) {
-              return;
-            }
-          }
-          size_t sent = 0;
-          while (sent < sizeof(msg)) {
-            ssize_t n = send(fd, msg + sent, sizeof(msg) - sent, MSG_NOSIGNAL);
-            if (n > 0) {
-              sent += static_cast<size_t>(n);
-            } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
-              return;
-            }
-          }
-        }
-      }
+      case 'C':
+        if (!ServeCheck(fd)) return;
+        break;
+      case 'W':
+        return ServeReceive(fd);
+      case 'D':
+        return ServeSend(fd);
+      case 'S':
+        return ServeScatter(fd);
+      case 'G':
+        return ServeGather(fd);
+      case 'P':
+        return ServePingPong(fd);
       default:
         return;
+    }
+  }
+}
+
+bool ControlServer::RecvSeedRanges(int fd, uint64_t* seed, std::vector<Range>* ranges) {
+  uint64_t n = 0;
+  if (!RecvU64(fd, seed) || !RecvU64(fd, &n) || n > (1ull << 26)) return false;
+  ranges->resize(n);
+  if (!RecvAll(fd, ranges->data(), n * sizeof(Range))) return false;
+  return ValidRanges(*ranges);
+}
+
+bool ControlServer::RecvLayout(int fd, std::vector<Range>* ranges) {
+  uint64_t n = 0;
+  if (!RecvU64(fd, &n) || n == 0 || n > (1ull << 26)) return false;
+  ranges->resize(n);
+  return RecvAll(fd, ranges->data(), n * sizeof(Range)) && ValidRanges(*ranges) &&
+         NonEmpty(*ranges);
+}
+
+bool ControlServer::ServeCpu(int fd) {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  uint64_t reply[2] = {static_cast<uint64_t>(ru.ru_utime.tv_sec) * 1000000 + ru.ru_utime.tv_usec,
+                       static_cast<uint64_t>(ru.ru_stime.tv_sec) * 1000000 + ru.ru_stime.tv_usec};
+  return SendAll(fd, reply, sizeof(reply));
+}
+
+bool ControlServer::ServeName(int fd) {
+  return SendU64(fd, name_.size()) && SendAll(fd, name_.data(), name_.size());
+}
+
+bool ControlServer::ServeFill(int fd) {
+  uint64_t seed = 0;
+  if (!RecvU64(fd, &seed)) return false;
+  FillPattern(buffer_, 0, length_, seed);
+  return SendU64(fd, 0);
+}
+
+bool ControlServer::ServePoison(int fd) {
+  uint64_t seed = 0;
+  std::vector<Range> ranges;
+  if (!RecvSeedRanges(fd, &seed, &ranges)) return false;
+  for (const Range& r : ranges) FillPattern(buffer_ + r.first, r.first, r.second, seed, true);
+  return SendU64(fd, 0);
+}
+
+bool ControlServer::ServeCheck(int fd) {
+  uint64_t seed = 0;
+  std::vector<Range> ranges;
+  if (!RecvSeedRanges(fd, &seed, &ranges)) return false;
+  uint64_t bad = 0, first = ~0ull;
+  for (const Range& r : ranges) {
+    uint64_t f = ~0ull;
+    uint64_t b = CheckPattern(buffer_ + r.first, r.first, r.second, seed, &f);
+    if (b != 0 && bad == 0) first = f;
+    bad += b;
+  }
+  uint64_t reply[2] = {bad, first};
+  return SendAll(fd, reply, sizeof(reply));
+}
+
+// 'W': receives into [off, off + len) cyclically until the initiator shuts
+// down its side, then says how many bytes arrived.
+void ControlServer::ServeReceive(int fd) {
+  uint64_t off = 0, len = 0;
+  if (!RecvU64(fd, &off) || !RecvU64(fd, &len) || len == 0 || !ValidRanges({{off, len}})) {
+    return;
+  }
+  uint64_t total = 0, pos = 0;
+  while (true) {
+    ssize_t n = recv(fd, buffer_ + off + pos, std::min(kChunk, len - pos), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    total += static_cast<uint64_t>(n);
+    pos += static_cast<uint64_t>(n);
+    if (pos == len) pos = 0;
+  }
+  SendU64(fd, total);
+}
+
+// 'D': after the go byte, sends [off, off + len) cyclically until the
+// initiator closes its side.
+void ControlServer::ServeSend(int fd) {
+  uint64_t off = 0, len = 0;
+  char go = 0;
+  if (!RecvU64(fd, &off) || !RecvU64(fd, &len) || len == 0 || !ValidRanges({{off, len}}) ||
+      !RecvAll(fd, &go, 1)) {
+    return;
+  }
+  uint64_t pos = 0;
+  while (true) {
+    ssize_t n = send(fd, buffer_ + off + pos, std::min(kChunk, len - pos), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the initiator closed its side: done
+    pos += static_cast<uint64_t>(n);
+    if (pos == len) pos = 0;
+  }
+}
+
+// 'S': scatters what arrives into the layout until the initiator shuts down
+// its side, then says how many bytes arrived.
+void ControlServer::ServeScatter(int fd) {
+  std::vector<Range> ranges;
+  if (!RecvLayout(fd, &ranges)) return;
+  ScatterCursor cursor(buffer_, ranges);
+  uint64_t total = 0;
+  while (true) {
+    ssize_t k = ScatterOnce(fd, cursor);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    total += static_cast<uint64_t>(k);
+  }
+  SendU64(fd, total);
+}
+
+// 'G': after the go byte, gathers the layout and sends it until the
+// initiator closes its side.
+void ControlServer::ServeGather(int fd) {
+  std::vector<Range> ranges;
+  char go = 0;
+  if (!RecvLayout(fd, &ranges) || !RecvAll(fd, &go, 1)) return;
+  ScatterCursor cursor(buffer_, ranges);
+  while (true) {
+    ssize_t k = GatherOnce(fd, cursor);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+  }
+}
+
+// 'P': echoes 8-byte messages, spinning on a non-blocking socket, until EOF
+// (or Stop()).
+void ControlServer::ServePingPong(int fd) {
+  int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  char msg[8];
+  while (true) {
+    size_t got = 0;
+    uint64_t spins = 0;
+    while (got < sizeof(msg)) {
+      ssize_t n = recv(fd, msg + got, sizeof(msg) - got, 0);
+      if (n > 0) {
+        got += static_cast<size_t>(n);
+      } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        return;
+      } else if ((++spins & 0xfffff) == 0 && stopping_.load(std::memory_order_relaxed)) {
+        return;
+      }
+    }
+    size_t sent = 0;
+    while (sent < sizeof(msg)) {
+      ssize_t n = send(fd, msg + sent, sizeof(msg) - sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+      } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+        return;
+      }
     }
   }
 }
@@ -348,6 +387,14 @@ double ControlClient::TargetCpuSeconds() {
   uint64_t reply[2];
   if (!SendAll(fd_.get(), "R", 1) || !RecvAll(fd_.get(), reply, sizeof(reply))) Lost(where_);
   return (reply[0] + reply[1]) * 1e-6;
+}
+
+std::string ControlClient::TargetName() {
+  uint64_t n = 0;
+  if (!SendAll(fd_.get(), "N", 1) || !RecvU64(fd_.get(), &n) || n > 4096) Lost(where_);
+  std::string name(n, '\0');
+  if (!RecvAll(fd_.get(), name.data(), n)) Lost(where_);
+  return name;
 }
 
 void ControlClient::Fill(uint64_t seed) {
@@ -384,7 +431,8 @@ namespace {
 
 // Totals of a set of baseline streams that started together at `start`.
 StreamResult Summarize(const char* what, Clock::time_point start, const std::vector<uint8_t>& ok,
-                       const std::vector<uint64_t>& bytes, const std::vector<Clock::time_point>& end) {
+                       const std::vector<uint64_t>& bytes,
+                       const std::vector<Clock::time_point>& end) {
   StreamResult r;
   r.streams = static_cast<int>(ok.size());
   Clock::time_point last = start;
@@ -395,6 +443,121 @@ StreamResult Summarize(const char* what, Clock::time_point start, const std::vec
   }
   r.seconds = std::chrono::duration<double>(last - start).count();
   return r;
+}
+
+// How one baseline stream ended: whether it worked, and the bytes it moved
+// (as the receiver counted them).
+struct StreamEnd {
+  bool ok = true;
+  uint64_t bytes = 0;
+};
+
+// Runs `stream(i, deadline)` for i = 0..n-1, each on its own thread, all
+// started together once every thread is ready; the deadline is `seconds`
+// after the start. Throws cli::RunError naming `what` if a stream failed.
+template <typename Stream>
+StreamResult RunTogether(const char* what, int n, double seconds, Stream stream) {
+  std::latch ready(n + 1), go(1);
+  std::vector<uint64_t> bytes(n, 0);
+  std::vector<Clock::time_point> end(n);
+  std::vector<uint8_t> ok(n, 1);  // not vector<bool>: threads write their own element
+  Clock::time_point start;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      ready.count_down();
+      go.wait();
+      const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(seconds));
+      const StreamEnd e = stream(i, deadline);
+      ok[i] = e.ok;
+      bytes[i] = e.bytes;
+      end[i] = Clock::now();
+    });
+  }
+  ready.arrive_and_wait();
+  start = Clock::now();
+  go.count_down();
+  for (auto& t : threads) t.join();
+  return Summarize(what, start, ok, bytes, end);
+}
+
+// After sending until the deadline: shuts down this side and reads the
+// byte count the target received.
+StreamEnd FinishSending(int fd, bool ok) {
+  shutdown(fd, SHUT_WR);
+  uint64_t received = 0;
+  if (!RecvU64(fd, &received)) ok = false;
+  return {ok, received};
+}
+
+// Sends [base, base + slice) cyclically until the deadline.
+StreamEnd SendSlice(int fd, uint8_t* base, uint64_t slice, Clock::time_point deadline) {
+  bool ok = true;
+  uint64_t pos = 0;
+  while (Clock::now() < deadline) {
+    ssize_t k = send(fd, base + pos, std::min(kChunk, slice - pos), MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      ok = false;
+      break;
+    }
+    pos += static_cast<uint64_t>(k);
+    if (pos == slice) pos = 0;
+  }
+  return FinishSending(fd, ok);
+}
+
+// Sends the go byte, then receives into [base, base + slice) cyclically
+// until the deadline.
+StreamEnd ReceiveSlice(int fd, uint8_t* base, uint64_t slice, Clock::time_point deadline) {
+  bool ok = SendAll(fd, "g", 1);
+  uint64_t total = 0, pos = 0;
+  while (ok && Clock::now() < deadline) {
+    ssize_t k = recv(fd, base + pos, std::min(kChunk, slice - pos), 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      ok = false;
+      break;
+    }
+    total += static_cast<uint64_t>(k);
+    pos += static_cast<uint64_t>(k);
+    if (pos == slice) pos = 0;
+  }
+  shutdown(fd, SHUT_RDWR);
+  return {ok, total};
+}
+
+// Gathers the cursor's ranges and sends them until the deadline.
+StreamEnd SendGathered(int fd, ScatterCursor& cursor, Clock::time_point deadline) {
+  bool ok = true;
+  while (Clock::now() < deadline) {
+    ssize_t k = GatherOnce(fd, cursor);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      ok = false;
+      break;
+    }
+  }
+  return FinishSending(fd, ok);
+}
+
+// Sends the go byte, then scatters what arrives into the cursor's ranges
+// until the deadline.
+StreamEnd ReceiveScattered(int fd, ScatterCursor& cursor, Clock::time_point deadline) {
+  bool ok = SendAll(fd, "g", 1);
+  uint64_t total = 0;
+  while (ok && Clock::now() < deadline) {
+    ssize_t k = ScatterOnce(fd, cursor);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      ok = false;
+      break;
+    }
+    total += static_cast<uint64_t>(k);
+  }
+  shutdown(fd, SHUT_RDWR);
+  return {ok, total};
 }
 
 }  // namespace
@@ -417,61 +580,11 @@ StreamResult RunPlainStreams(const std::string& host, uint16_t port,
       throw cli::RunError("baseline stream setup failed");
     }
   }
-  std::latch ready(n + 1), go(1);
-  std::vector<uint64_t> bytes(n, 0);
-  std::vector<Clock::time_point> end(n);
-  std::vector<uint8_t> ok(n, 1);  // not vector<bool>: threads write their own element
-  Clock::time_point start;
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      int fd = fds[i].get();
-      uint8_t* base = local + local_slice * i;
-      ready.count_down();
-      go.wait();
-      const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>(seconds));
-      uint64_t pos = 0;
-      if (initiator_sends[i]) {
-        while (Clock::now() < deadline) {
-          ssize_t k = send(fd, base + pos, std::min(kChunk, local_slice - pos), MSG_NOSIGNAL);
-          if (k < 0 && errno == EINTR) continue;
-          if (k <= 0) {
-            ok[i] = false;
-            break;
-          }
-          pos += static_cast<uint64_t>(k);
-          if (pos == local_slice) pos = 0;
-        }
-        shutdown(fd, SHUT_WR);
-        uint64_t received = 0;
-        if (!RecvU64(fd, &received)) ok[i] = false;
-        bytes[i] = received;
-      } else {
-        if (!SendAll(fd, "g", 1)) ok[i] = false;
-        uint64_t total = 0;
-        while (ok[i] && Clock::now() < deadline) {
-          ssize_t k = recv(fd, base + pos, std::min(kChunk, local_slice - pos), 0);
-          if (k < 0 && errno == EINTR) continue;
-          if (k <= 0) {
-            ok[i] = false;
-            break;
-          }
-          total += static_cast<uint64_t>(k);
-          pos += static_cast<uint64_t>(k);
-          if (pos == local_slice) pos = 0;
-        }
-        bytes[i] = total;
-        shutdown(fd, SHUT_RDWR);
-      }
-      end[i] = Clock::now();
-    });
-  }
-  ready.arrive_and_wait();
-  start = Clock::now();
-  go.count_down();
-  for (auto& t : threads) t.join();
-  return Summarize("baseline", start, ok, bytes, end);
+  return RunTogether("baseline", n, seconds, [&](int i, Clock::time_point deadline) {
+    uint8_t* base = local + local_slice * i;
+    return initiator_sends[i] ? SendSlice(fds[i].get(), base, local_slice, deadline)
+                              : ReceiveSlice(fds[i].get(), base, local_slice, deadline);
+  });
 }
 
 StreamResult RunScatterStreams(const std::string& host, uint16_t port,
@@ -493,56 +606,11 @@ StreamResult RunScatterStreams(const std::string& host, uint16_t port,
       throw cli::RunError("scatter baseline stream setup failed");
     }
   }
-  std::latch ready(n + 1), go(1);
-  std::vector<uint64_t> bytes(n, 0);
-  std::vector<Clock::time_point> end(n);
-  std::vector<uint8_t> ok(n, 1);  // not vector<bool>: threads write their own element
-  Clock::time_point start;
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      int fd = fds[i].get();
-      ScatterCursor cursor(local, local_ranges[i]);
-      ready.count_down();
-      go.wait();
-      const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>(seconds));
-      if (initiator_sends[i]) {
-        while (Clock::now() < deadline) {
-          ssize_t k = GatherOnce(fd, cursor);
-          if (k < 0 && errno == EINTR) continue;
-          if (k <= 0) {
-            ok[i] = false;
-            break;
-          }
-        }
-        shutdown(fd, SHUT_WR);
-        uint64_t received = 0;
-        if (!RecvU64(fd, &received)) ok[i] = false;
-        bytes[i] = received;
-      } else {
-        if (!SendAll(fd, "g", 1)) ok[i] = false;
-        uint64_t total = 0;
-        while (ok[i] && Clock::now() < deadline) {
-          ssize_t k = ScatterOnce(fd, cursor);
-          if (k < 0 && errno == EINTR) continue;
-          if (k <= 0) {
-            ok[i] = false;
-            break;
-          }
-          total += static_cast<uint64_t>(k);
-        }
-        bytes[i] = total;
-        shutdown(fd, SHUT_RDWR);
-      }
-      end[i] = Clock::now();
-    });
-  }
-  ready.arrive_and_wait();
-  start = Clock::now();
-  go.count_down();
-  for (auto& t : threads) t.join();
-  return Summarize("scatter baseline", start, ok, bytes, end);
+  return RunTogether("scatter baseline", n, seconds, [&](int i, Clock::time_point deadline) {
+    ScatterCursor cursor(local, local_ranges[i]);
+    return initiator_sends[i] ? SendGathered(fds[i].get(), cursor, deadline)
+                              : ReceiveScattered(fds[i].get(), cursor, deadline);
+  });
 }
 
 std::vector<double> RunPingPong(const std::string& host, uint16_t port, double seconds,

@@ -31,7 +31,9 @@ double ProcessCpuSeconds();  // user + system time of this process (getrusage)
 class ControlServer {
  public:
   // Listens on host (any free port). `buffer` is borrowed until Stop().
-  ControlServer(const std::string& host, uint8_t* buffer, uint64_t length);
+  // `name`: the name the target published in a metadata service ("" for
+  // none), what an initiator that asks is told.
+  ControlServer(const std::string& host, uint8_t* buffer, uint64_t length, std::string name = "");
   ~ControlServer();
   uint16_t port() const { return port_; }
   // Closes the listener and every connection, joins every thread.
@@ -39,11 +41,30 @@ class ControlServer {
 
  private:
   void AcceptLoop();
+  // One connection's commands, on its own thread, until it closes.
   void Serve(int fd);
+  // The commands (control.cc). Those that answer and wait for the next
+  // return false when the connection failed; the others end it.
+  bool ServeCpu(int fd);
+  bool ServeName(int fd);
+  bool ServeFill(int fd);
+  bool ServePoison(int fd);
+  bool ServeCheck(int fd);
+  void ServeReceive(int fd);
+  void ServeSend(int fd);
+  void ServeScatter(int fd);
+  void ServeGather(int fd);
+  void ServePingPong(int fd);
+  // A seed and ranges of the buffer ('Z', 'C'); false if they did not
+  // arrive or lie outside the buffer.
+  bool RecvSeedRanges(int fd, uint64_t* seed, std::vector<Range>* ranges);
+  // A scatter baseline's layout ('S', 'G'): non-empty ranges of the buffer.
+  bool RecvLayout(int fd, std::vector<Range>* ranges);
   bool ValidRanges(const std::vector<Range>& ranges) const;
 
   uint8_t* buffer_;
   uint64_t length_;
+  const std::string name_;
   uint16_t port_ = 0;
   Fd listen_fd_;
   int wake_pipe_[2] = {-1, -1};
@@ -63,6 +84,8 @@ class ControlClient {
   ControlClient(const std::string& host, uint16_t port);
   // The target's user + system CPU seconds so far.
   double TargetCpuSeconds();
+  // The name the target published in a metadata service ("" for none).
+  std::string TargetName();
   // Fills the whole target buffer with the pattern for `seed`.
   void Fill(uint64_t seed);
   // Writes the complement of the pattern for `seed` into the ranges.

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,7 +25,8 @@
 namespace ferry::cli {
 namespace {
 
-constexpr const char* kMetadataHelp = R"(Usage: ferry metadata-server --port N [--listen HOST] [--ttl-ms T]
+constexpr const char* kMetadataHelp =
+    R"(Usage: ferry metadata-server --port N [--listen HOST] [--ttl-ms T]
 
 A metadata service that lets many engines find each other by name: engines
 with EngineOptions.metadata = "http://HOST:PORT/metadata" publish their
@@ -117,67 +119,27 @@ bool KeyOf(const httplib::Request& req, httplib::Response& res, std::string* key
   return true;
 }
 
-#endif  // FERRY_HAVE_HTTP_METADATA
-
-}  // namespace
-
-int MetadataServerMain(const std::vector<std::string>& args) {
-  std::string listen = "127.0.0.1";
-  uint64_t port = 0, ttl_ms = 10000;
-  bool port_given = false;
-  CLI::App app("ferry metadata-server");
-  PrepareApp(app);
-  app.add_option_function<std::string>("--port", [&](const std::string& v) {
-    port = ParseUint("--port", v);
-    port_given = true;
-  });
-  app.add_option_function<std::string>("--listen", [&](const std::string& v) { listen = v; });
-  app.add_option_function<std::string>(
-      "--ttl-ms", [&](const std::string& v) { ttl_ms = ParseUint("--ttl-ms", v); });
-  if (ParseFlags(app, args)) {
-    std::cout << kMetadataHelp;
-    return 0;
-  }
-  if (!port_given) throw UsageError("--port is required (0: any free port)");
-  if (port > 65535) throw UsageError("bad value '" + std::to_string(port) + "' for --port: at most 65535");
-  if (listen.empty()) throw UsageError("--listen needs a host");
-#ifndef FERRY_HAVE_HTTP_METADATA
-  (void)ttl_ms;
-  throw RunError("this build has no HTTP metadata server (install libcpp-httplib-dev and rebuild)");
-#else
-  // SIGINT and SIGTERM are taken by this thread (sigtimedwait below); every
-  // thread started from here on inherits the mask.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
-  Table table(ttl_ms);
-  httplib::Server server;
-  server.set_payload_max_length(kMaxValue);
-  server.set_keep_alive_timeout(1);  // bounds how long stop() waits for idle connections
-  server.set_read_timeout(5);
-  server.set_write_timeout(5);
-  const std::string ttl_header = std::to_string(ttl_ms);
-
-  server.Get("/metadata", [&](const httplib::Request& req, httplib::Response& res) {
+// The table's routes on /metadata, and text answers for what httplib
+// refuses itself.
+void AddRoutes(httplib::Server& server, Table& table, const std::string& ttl_header) {
+  server.Get("/metadata", [&table](const httplib::Request& req, httplib::Response& res) {
     std::string key, value;
     if (!KeyOf(req, res, &key)) return;
     if (!table.Get(key, &value)) return Text(res, 404, "no entry for key '" + key + "'");
     res.status = 200;
     res.set_content(std::move(value), "application/octet-stream");
   });
-  server.Put("/metadata", [&](const httplib::Request& req, httplib::Response& res) {
-    std::string key;
-    if (!KeyOf(req, res, &key)) return;
-    if (req.body.size() > kMaxValue) return Text(res, 413, "value too large (at most 16 MiB)");
-    table.Put(key, req.body);
-    res.set_header("X-Ferry-TTL-Ms", ttl_header);
-    Text(res, 200, "stored");
-  });
-  server.Delete("/metadata", [&](const httplib::Request& req, httplib::Response& res) {
+  server.Put("/metadata",
+             [&table, ttl_header](const httplib::Request& req, httplib::Response& res) {
+               std::string key;
+               if (!KeyOf(req, res, &key)) return;
+               if (req.body.size() > kMaxValue)
+                 return Text(res, 413, "value too large (at most 16 MiB)");
+               table.Put(key, req.body);
+               res.set_header("X-Ferry-TTL-Ms", ttl_header);
+               Text(res, 200, "stored");
+             });
+  server.Delete("/metadata", [&table](const httplib::Request& req, httplib::Response& res) {
     std::string key;
     if (!KeyOf(req, res, &key)) return;
     if (!table.Delete(key)) return Text(res, 404, "no entry for key '" + key + "'");
@@ -195,12 +157,18 @@ int MetadataServerMain(const std::vector<std::string>& args) {
   server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 413) return Text(res, 413, "value too large (at most 16 MiB)");
-    if (res.status == 404) return Text(res, 404, "no such path '" + req.path + "': the service is on /metadata");
+    if (res.status == 404) {
+      return Text(res, 404, "no such path '" + req.path + "': the service is on /metadata");
+    }
     Text(res, res.status,
          "bad request (status " + std::to_string(res.status) +
              "): malformed or unsupported request; use GET, PUT or DELETE /metadata?key=K");
   });
+}
 
+// Binds `listen`:`port` (0: any free port); returns the port. Throws
+// RunError.
+int Bind(httplib::Server& server, const std::string& listen, uint64_t port) {
   int bound = -1;
   if (port == 0) {
     bound = server.bind_to_any_port(listen);
@@ -211,6 +179,20 @@ int MetadataServerMain(const std::vector<std::string>& args) {
     throw RunError("cannot listen on " + listen + ":" + std::to_string(port) +
                    " (address in use, or not an address of this host)");
   }
+  return bound;
+}
+
+// Serves `table` on `listen`:`port` until SIGINT or SIGTERM (blocked in
+// `stop_signals`), sweeping expired entries once a second.
+void Serve(Table& table, uint64_t ttl_ms, const std::string& listen, uint64_t port,
+           const sigset_t& stop_signals) {
+  httplib::Server server;
+  server.set_payload_max_length(kMaxValue);
+  server.set_keep_alive_timeout(1);  // bounds how long stop() waits for idle connections
+  server.set_read_timeout(5);
+  server.set_write_timeout(5);
+  AddRoutes(server, table, std::to_string(ttl_ms));
+  const int bound = Bind(server, listen, port);
   std::thread serving([&] { server.listen_after_bind(); });
   // stop() only stops a server that is running: wait (bounded) until it is.
   for (int i = 0; i < 5000 && !server.is_running(); ++i) {
@@ -228,6 +210,60 @@ int MetadataServerMain(const std::vector<std::string>& args) {
   }
   server.stop();
   serving.join();
+}
+
+#endif  // FERRY_HAVE_HTTP_METADATA
+
+struct ServerFlags {
+  std::string listen = "127.0.0.1";
+  uint64_t port = 0, ttl_ms = 10000;
+};
+
+// Parses the command line; nullopt when --help was printed. Throws
+// UsageError.
+std::optional<ServerFlags> ParseServerFlags(const std::vector<std::string>& args) {
+  ServerFlags f;
+  bool port_given = false;
+  CLI::App app("ferry metadata-server");
+  PrepareApp(app);
+  app.add_option_function<std::string>("--port", [&](const std::string& v) {
+    f.port = ParseUint("--port", v);
+    port_given = true;
+  });
+  app.add_option_function<std::string>("--listen", [&](const std::string& v) { f.listen = v; });
+  app.add_option_function<std::string>(
+      "--ttl-ms", [&](const std::string& v) { f.ttl_ms = ParseUint("--ttl-ms", v); });
+  if (ParseFlags(app, args)) {
+    std::cout << kMetadataHelp;
+    return std::nullopt;
+  }
+  if (!port_given) throw UsageError("--port is required (0: any free port)");
+  if (f.port > 65535) {
+    throw UsageError("bad value '" + std::to_string(f.port) + "' for --port: at most 65535");
+  }
+  if (f.listen.empty()) throw UsageError("--listen needs a host");
+  return f;
+}
+
+}  // namespace
+
+int MetadataServerMain(const std::vector<std::string>& args) {
+  const std::optional<ServerFlags> flags = ParseServerFlags(args);
+  if (!flags) return 0;
+#ifndef FERRY_HAVE_HTTP_METADATA
+  throw RunError("this build has no HTTP metadata server (install libcpp-httplib-dev and rebuild)");
+#else
+  // SIGINT and SIGTERM are taken by this thread (sigtimedwait in Serve);
+  // every thread started from here on inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  Table table(flags->ttl_ms);
+  Serve(table, flags->ttl_ms, flags->listen, flags->port, stop_signals);
   return 0;
 #endif
 }
