@@ -40,11 +40,13 @@ struct EngineOptions {
   // one service keep apart by this prefix. Letters, digits, '.', '_', '-'.
   std::string metadata_cluster = "ferry";
 
-  // "auto" picks by locality and capability: local within a process, shm
-  // for another process on this host (falling back to tcp if it cannot
-  // connect, e.g. without ptrace access to the peer), else tcp. "local",
-  // "shm" or "tcp" forces one (opening a segment fails, with the reason, if
-  // the forced transport cannot reach the peer).
+  // "auto" picks, per peer, the first transport in the order of
+  // ListTransports() (ferry/transports.h; `ferry info` prints it) that can
+  // reach the peer and move bytes between the two memory kinds: local, then
+  // cuda_ipc, then shm, then fabric, then tcp. One that says it reaches the
+  // peer but cannot connect (shm without ptrace access to the peer) gives
+  // way to the next. A transport's name forces it (opening a segment fails,
+  // with the reason, if the forced transport cannot reach the peer).
   std::string transport = "auto";
 
   // The libfabric provider of the `fabric` transport (RDMA-class networks:

@@ -301,6 +301,27 @@ TEST(OptionTable, DocsListEveryRow) {
   EXPECT_NE(section.find("`FERRY_LOG_LEVEL`"), std::string::npos);
 }
 
+// `text` with comment markers ("//") dropped and every run of white space
+// made one space, so that a sentence reads the same however it is wrapped.
+std::string Flatten(const std::string& text) {
+  std::string out;
+  std::istringstream words(std::regex_replace(text, std::regex("//"), " "));
+  for (std::string word; words >> word;) out += (out.empty() ? "" : " ") + word;
+  return out;
+}
+
+TEST(TransportOrder, DocumentedAsListTransportsHasIt) {
+  const std::vector<std::string> names = TransportNames();
+  ASSERT_FALSE(names.empty());
+  std::string order;
+  for (const std::string& name : names) order += (order.empty() ? "" : ", then ") + name;
+  // The sentences that present `auto`'s order; each must name every transport, in order.
+  EXPECT_THAT(Flatten(SourceFile("README.md")), HasSubstr("(`auto`: " + order + ";"));
+  EXPECT_THAT(Flatten(SourceFile("include/ferry/options.h")),
+              HasSubstr("the two memory kinds: " + order + "."));
+  EXPECT_THAT(Flatten(SourceFile("python/README.md")), HasSubstr("`auto` tries " + order + ","));
+}
+
 TEST(ValidateOptions, DefaultsAreValid) { EXPECT_TRUE(ValidateOptions(EngineOptions{}).ok()); }
 
 TEST(ValidateOptions, RejectsEachIntegerOptionOutsideItsRange) {
