@@ -1,6 +1,8 @@
 // EngineOptions: every setting of an engine, with its default. OptionTable()
-// lists the ranged settings and their FERRY_* variables (one table, in
-// src/common/option_table.cc, that the engine, `ferry info` and the docs use).
+// lists each of them (but `testing`) with its range, its FERRY_* variable and
+// what it belongs to: one table, in src/common/option_table.cc, that
+// SetOption(), ValidateOptions(), the environment overlay, the Python
+// package, `ferry info` and docs/configuration.md use.
 #pragma once
 
 #include <chrono>
@@ -8,9 +10,9 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "ferry/status.h"
+#include "ferry/testing_options.h"
 
 namespace ferry {
 
@@ -38,11 +40,13 @@ struct EngineOptions {
   // one service keep apart by this prefix. Letters, digits, '.', '_', '-'.
   std::string metadata_cluster = "ferry";
 
-  // "auto" picks by locality and capability: local within a process, shm
-  // for another process on this host (falling back to tcp if it cannot
-  // connect, e.g. without ptrace access to the peer), else tcp. "local",
-  // "shm" or "tcp" forces one (opening a segment fails, with the reason, if
-  // the forced transport cannot reach the peer).
+  // "auto" picks, per peer, the first transport in the order of
+  // ListTransports() (ferry/transports.h; `ferry info` prints it) that can
+  // reach the peer and move bytes between the two memory kinds: local, then
+  // cuda_ipc, then shm, then fabric, then tcp. One that says it reaches the
+  // peer but cannot connect (shm without ptrace access to the peer) gives
+  // way to the next. A transport's name forces it (opening a segment fails,
+  // with the reason, if the forced transport cannot reach the peer).
   std::string transport = "auto";
 
   // The libfabric provider of the `fabric` transport (RDMA-class networks:
@@ -86,8 +90,9 @@ struct EngineOptions {
   // 0..64 (0 = one per stream, at most 4). On shm they also do the copies
   // of the streams this engine serves.
   int io_threads = 0;
-  // TCP and shm: a request larger than this is cut into slices striped across
-  // streams. 4 KiB <= slice_size <= max_frame_bytes.
+  // shm, fabric and tcp: a request larger than this is cut into slices,
+  // striped across streams (fabric: across its rails). 4 KiB <= slice_size
+  // <= max_frame_bytes.
   uint32_t slice_size = 1u << 20;
   // TCP and shm: most bytes (<= 64 MiB) and entries (1..1024) coalesced into
   // one frame.
@@ -95,10 +100,9 @@ struct EngineOptions {
   uint32_t max_frame_entries = 512;
   // TCP: send buffer (SO_SNDBUF, bytes) of the streams this engine serves as
   // a target, which carry its read replies; 0 = the kernel's autotuning.
-  // A small buffer keeps the bytes the reader copies still in its cache
-  // (1 MiB reads on loopback: ~+30%). Raise it (or 0) for long paths: a
-  // stream carries at most about twice this per round trip. 0 or
-  // 64 KiB..256 MiB.
+  // A small buffer keeps the bytes the reader copies still in its cache.
+  // Raise it (or 0) for long paths: a stream carries at most about twice
+  // this per round trip. 0 or 64 KiB..256 MiB.
   uint32_t tcp_send_buffer = 512u << 10;
 
   // Limits (docs/reliability.md, "Limits"). Per peer (and route), the slices
@@ -125,49 +129,15 @@ struct EngineOptions {
   std::chrono::microseconds spin{50};
   // How long a caller waiting for its transfers (WaitBatch, TransferSync)
   // spins before it blocks. Longer than `spin`: a blocked caller costs a
-  // wake-up (40-50 us on our VMs) on every small batch, while a spinning one
-  // takes CPU only from its own thread.
+  // wake-up on every small batch, while a spinning one takes CPU only from
+  // its own thread.
   std::chrono::microseconds wait_spin{200};
 
-  // Test-only: pretend to speak only these wire versions (0 = real range).
-  struct Testing {
-    uint16_t wire_version_min = 0;
-    uint16_t wire_version_max = 0;
-    // Refuse peers' same-host (shm) streams as if their memory could not be
-    // reached, so they fall back to tcp.
-    bool refuse_same_host_copy = false;
-    // Accept registrations of the test memory kind (location "test-opaque":
-    // pages the CPU must not touch, reached only through their own copy
-    // functions; see docs/architecture.md, "Memory kinds").
-    bool allow_test_memory_kind = false;
-    // Load the CUDA driver from this library (a path) instead of
-    // libcuda.so.1: the tests' fake driver on machines without a GPU.
-    std::string cuda_driver;
-    // Play a build that reads and writes descriptor formats up to this one
-    // (0 = this build's newest).
-    uint16_t descriptor_format_max = 0;
-    // Play an older build: leave these features (e.g. "notify-1m") out of
-    // what this engine advertises to its peers.
-    std::vector<std::string> omit_features;
-    // Faults injected below the engine into every link of every transport
-    // (src/transport/fault/): each slice posted is, with these chances in
-    // percent, failed at once (kUnavailable), dropped (its reply never comes:
-    // kDeadlineExceeded at its deadline), answered late (`delay`), answered
-    // out of order, or answered with a corrupted status (kDataLoss).
-    // Deterministic: the same seed and the same posts give the same faults.
-    // seed 0: off.
-    struct LinkFaults {
-      uint32_t seed = 0;
-      int fail_percent = 0;
-      int drop_percent = 0;
-      int delay_percent = 0;
-      int reorder_percent = 0;
-      int corrupt_percent = 0;
-      std::chrono::milliseconds delay{5};
-    } link_faults;
-  } testing;
+  // Test-only settings (ferry/testing_options.h); not in OptionTable().
+  using Testing = TestingOptions;
+  Testing testing;
 
-  // Overlays the FERRY_* variables of OptionTable() (see docs/architecture.md)
+  // Overlays the FERRY_* variables of OptionTable() (docs/configuration.md)
   // onto these options; an invalid value is reported on stderr and ignored.
   // The environment is read once per process (src/common/env.cc).
   EngineOptions WithEnvironment() const;
@@ -181,6 +151,10 @@ struct OptionSpec {
   std::string_view range;          // the valid values: "[1, 64]", "0 or [64 KiB, 256 MiB]", ...
   std::string_view default_value;  // that of a default-constructed EngineOptions, in `unit`
   std::string_view meaning;
+  // What reads the setting: "engine" (the engine itself, or every
+  // transport), "metadata" (the metadata store), or the transports that
+  // do, by name in the order of ListTransports(): "fabric", "shm, tcp".
+  std::string_view belongs_to;
   // Integer options: the bounds of `range` (which may also allow 0, or raise
   // `min` to another option's value: max_frame_bytes >= slice_size).
   int64_t min = 0;
@@ -190,13 +164,27 @@ struct OptionSpec {
   int64_t (*integer_value)(const EngineOptions& o) = nullptr;
   const std::string& (*string_value)(const EngineOptions& o) = nullptr;
 
-  // The value in `o` as text: an integer in decimal (in `unit`), a string as it is.
+  // The value in `o` as text: an integer in decimal (in `unit`), a string as
+  // it is (a metadata URL with its password redacted).
   std::string Value(const EngineOptions& o) const;
 };
 
-// Every EngineOptions setting that has a range or a FERRY_* variable, in the
-// order of the fields. Static storage; the same on every call.
+// Every setting of EngineOptions but `testing`, in the order of the fields.
+// Static storage; the same on every call.
 std::span<const OptionSpec> OptionTable();
+
+// The row of OptionTable() named `name`, or null.
+const OptionSpec* FindOption(std::string_view name);
+
+// Sets the option `name` (a row of OptionTable()) in `o` from text: an
+// integer option from a decimal integer in the row's unit ("5000" for a
+// timeout in ms), a string option from the text as it is. kInvalidArgument,
+// leaving `o` as it was, for an unknown name (naming the closest known ones)
+// or an integer that does not parse or is outside the row's range (naming
+// the option, the range and the value). Bounds set by another option
+// (max_frame_bytes >= slice_size) and transport names are checked by
+// ValidateOptions and Engine::Create, once every option is set.
+Status SetOption(EngineOptions& o, std::string_view name, std::string_view value);
 
 // OK, or kInvalidArgument naming the first option outside its range, the
 // range and the value got ("tcp_streams must be in [1, 64], got 0").

@@ -7,7 +7,7 @@
 namespace ferry {
 
 struct TransportInfo {
-  std::string name;                       // "local", "shm", "tcp"
+  std::string name;                       // "local", "cuda_ipc", "shm", ...
   std::string reach;                      // "same process", "same host", "network"
   std::vector<std::string> memory_kinds;  // kinds it reads and writes: "cpu", ...
   bool needs_region_keys = false;         // peers need a per-region key from it

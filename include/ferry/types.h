@@ -146,7 +146,7 @@ struct SegmentInfo {
   std::string engine_name;  // the peer's local segment name
   uint64_t instance_id = 0;  // new on every start of the peer
   uint16_t wire_version = 0;  // negotiated
-  std::string transport;    // transport used for cpu-to-cpu data: "local", "shm" or "tcp"
+  std::string transport;    // transport used for cpu-to-cpu data: "shm", "tcp", ...
   Capabilities capabilities;
   std::vector<RemoteRegion> regions;  // as of the last handshake, in registration order
 };

@@ -7,6 +7,9 @@
         seg = engine.open_segment("127.0.0.1:12345")
         engine.write(seg, buf, remote_addr, 4096)
 
+Keyword arguments of ferry.Engine are the engine options ``ferry.option_table()``
+lists (``ferry info`` prints them); durations in seconds.
+
 Errors are raised as ferry.FerryError subclasses, one per C++ status code.
 ``ferry.mooncake.TransferEngine`` is a drop-in for Mooncake's
 ``mooncake.engine.TransferEngine``; the ``nixl`` package built next to this one
@@ -31,6 +34,7 @@ from ._engine import (
     Transfer,
     TransferState,
     TransferTelemetry,
+    option_table,
     resolve_memory,
 )
 from ._errors import (
@@ -60,5 +64,5 @@ __all__ = [
     "NotFound", "Notification", "Opcode", "RemoteRegion", "Request", "ResourceExhausted",
     "Segment", "SegmentInfo", "Transfer", "TransferState", "TransferTelemetry", "Unauthenticated",
     "Unavailable", "Unimplemented", "Unknown", "WIRE_VERSION_MAX", "WIRE_VERSION_MIN",
-    "__version__", "resolve_memory",
+    "__version__", "option_table", "resolve_memory",
 ]

@@ -462,24 +462,39 @@ def _opcode(op) -> int:
     raise InvalidArgument(f"unknown opcode {op!r}: ferry.Opcode.READ or WRITE")
 
 
+# Test-only settings (ferry/testing_options.h): keywords of Engine, not rows of the table.
+_TESTING_OPTIONS = ("testing_wire_version_min", "testing_wire_version_max", "testing_cuda_driver")
+
+
+def option_table() -> list[dict]:
+    """Every engine option, as ``ferry info`` lists them: one dict per option
+    with ``name``, ``belongs_to`` ("engine", "metadata" or the transports that
+    read it, e.g. "shm, tcp"), ``type`` ("int", "str" or "seconds": what
+    :class:`Engine` takes for it), ``default`` (as Engine takes it), and the
+    table's ``variable`` (FERRY_*, or ""), ``unit``, ``range``, ``min`` and
+    ``max`` (in ``unit``: a duration's range is in ms or us, its value here in
+    seconds; None for strings) and ``meaning``."""
+    return _ferry.option_table()
+
+
+_OPTION_NAMES = tuple(row["name"] for row in option_table())
+
+
 class Engine:
     """A Ferry engine: registers memory, opens peer segments, moves bytes.
 
-    Keyword arguments set ``EngineOptions`` (durations in seconds):
-    local_name, listen_host ("127.0.0.1"), listen_port (0: any), metadata
-    ("P2PHANDSHAKE"; or etcd://H:P, redis://H:P, http://H:P/metadata — see
-    ferry info), metadata_ttl (10), metadata_cluster ("ferry"), secret_file
-    ("": no cluster secret; see docs/reliability.md), metrics_address ("": off;
-    "127.0.0.1:0" serves Prometheus text at GET /metrics on a free port, see
-    :attr:`metrics_address`), transport ("auto" | "local" | "shm" | "tcp"),
-    connect_timeout (5), transfer_timeout (30), handshake_timeout (5), tcp_streams (2), io_threads
-    (0), slice_size, max_frame_bytes, max_frame_entries, tcp_send_buffer
-    (524288 bytes; 0: kernel autotuning), spin (50e-6), wait_spin (200e-6),
-    testing_wire_version_min/max, testing_cuda_driver (tests only: the path of
-    a library to load as the CUDA driver instead of libcuda.so.1, e.g. the
-    fake driver of Ferry's tests). With ``environment=True`` (default) FERRY_*
-    environment variables replace the defaults (Ferry reads them once per
-    process); keyword arguments win over both.
+    Keyword arguments set engine options: every option of
+    :func:`option_table` (``ferry info`` lists them with their ranges),
+    e.g. ``transfer_timeout=10.0``, ``tcp_streams=4``,
+    ``fabric_provider="tcp"``, ``metadata="etcd://127.0.0.1:2379"``.
+    Integers are ints, strings strs, durations seconds (floats). An unknown
+    name or a value of the wrong type raises TypeError (naming the closest
+    options); a value outside its range raises InvalidArgument. Test-only:
+    testing_wire_version_min/max, testing_cuda_driver (the path of a library
+    to load as the CUDA driver instead of libcuda.so.1, e.g. the fake driver
+    of Ferry's tests). With ``environment=True`` (default) FERRY_* environment
+    variables replace the defaults (Ferry reads them once per process);
+    keyword arguments win over both.
 
     A context manager: leaving the block closes the engine.
     """
@@ -489,9 +504,13 @@ class Engine:
         if environment:
             opts = opts.with_environment()
         for key, value in options.items():
-            if key.startswith("_") or not hasattr(opts, key):
-                raise TypeError(f"Engine() got an unknown option {key!r}")
-            setattr(opts, key, value)
+            if key in _TESTING_OPTIONS:
+                setattr(opts, key, value)
+                continue
+            try:
+                opts.set(key, value)  # through the option table: its ranges and messages
+            except TypeError as e:
+                raise TypeError(f"Engine(): {e}") from None
         self._native = _ferry.NativeEngine(opts)
         self._lock = threading.Lock()
         self._registered: dict[int, tuple[int, Any]] = {}  # addr -> (length, keepalive)
@@ -543,9 +562,10 @@ class Engine:
 
     @property
     def options(self) -> dict:
-        """The options in effect, after defaults and the environment."""
+        """The options in effect, after defaults and the environment: every
+        option of :func:`option_table` (durations in seconds) and the test-only ones."""
         o = self._native.options()
-        return {name: getattr(o, name) for name in dir(o) if not name.startswith("_")}
+        return {name: getattr(o, name) for name in _OPTION_NAMES + _TESTING_OPTIONS}
 
     # ---- Memory ---------------------------------------------------------------
     def register(self, obj: Any, length: int | None = None, location: str = "*",

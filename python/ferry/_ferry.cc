@@ -858,6 +858,131 @@ void* Address(uint64_t addr) { return reinterpret_cast<void*>(static_cast<uintpt
 // Copies below this size are not worth dropping the GIL for.
 constexpr size_t kReleaseGilAbove = 64 * 1024;
 
+// ---- Engine options ------------------------------------------------------------
+// Every row of ferry::OptionTable() is a property of EngineOptions and a
+// keyword of ferry.Engine: an int, a str, or for durations (rows in "ms" or
+// "us") seconds as a float. Values are set through ferry::SetOption, so the
+// table's ranges and messages apply; nothing here names an option.
+
+bool IsDuration(const ferry::OptionSpec& s) { return s.unit == "ms" || s.unit == "us"; }
+
+// "int", "str" or "seconds": what Python passes for the option.
+const char* OptionType(const ferry::OptionSpec& s) {
+  if (s.string_value != nullptr) return "str";
+  return IsDuration(s) ? "seconds" : "int";
+}
+
+py::object OptionValue(const ferry::OptionSpec& s, const ferry::EngineOptions& o) {
+  if (s.string_value != nullptr) return py::str(s.string_value(o));
+  const int64_t v = s.integer_value(o);
+  if (s.unit == "ms") return py::float_(Seconds(std::chrono::milliseconds(v)));
+  if (s.unit == "us") return py::float_(Seconds(std::chrono::microseconds(v)));
+  return py::int_(v);
+}
+
+// Seconds in the row's unit: milliseconds rounded up, microseconds to the
+// nearest; not positive (or NaN) gives 0, which the ranges of timeouts refuse.
+int64_t FromSeconds(const ferry::OptionSpec& s, double seconds) {
+  if (s.unit == "ms") return Millis(seconds).count();
+  if (!(seconds > 0)) return 0;
+  return static_cast<int64_t>(std::llround(std::min(seconds, 1e6) * 1e6));
+}
+
+[[noreturn]] void WrongType(const ferry::OptionSpec& s, const py::handle& value) {
+  throw py::type_error("option " + std::string(s.name) + " takes " +
+                       (IsDuration(s) ? std::string("seconds (a number)") : OptionType(s)) +
+                       ", got " + Py_TYPE(value.ptr())->tp_name);
+}
+
+// The text ferry::SetOption takes for `value`; TypeError if it has the wrong type.
+std::string OptionText(const ferry::OptionSpec& s, const py::handle& value) {
+  if (s.string_value != nullptr) {
+    if (!py::isinstance<py::str>(value)) WrongType(s, value);
+    return value.cast<std::string>();
+  }
+  if (IsDuration(s)) {
+    if (py::isinstance<py::str>(value)) WrongType(s, value);
+    const double seconds = PyFloat_AsDouble(value.ptr());
+    if (seconds == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      WrongType(s, value);
+    }
+    return std::to_string(FromSeconds(s, seconds));
+  }
+  PyObject* index = PyNumber_Index(value.ptr());
+  if (index == nullptr) {
+    PyErr_Clear();
+    WrongType(s, value);
+  }
+  return py::str(py::reinterpret_steal<py::object>(index));
+}
+
+// EngineOptions.set(name, value): TypeError for an unknown name (naming the
+// closest ones) or a value of the wrong type; InvalidArgument outside the range.
+void SetOptionFromPython(ferry::EngineOptions& o, const std::string& name,
+                         const py::handle& value) {
+  const ferry::OptionSpec* s = ferry::FindOption(name);
+  if (s == nullptr) throw py::type_error(std::string(ferry::SetOption(o, name, "").message()));
+  Check(ferry::SetOption(o, name, OptionText(*s, value)));
+}
+
+// ferry.option_table(): one dict per row, in the table's order.
+py::list OptionTableList() {
+  const ferry::EngineOptions defaults{};
+  py::list rows;
+  for (const ferry::OptionSpec& s : ferry::OptionTable()) {
+    py::dict row;
+    row["name"] = std::string(s.name);
+    row["belongs_to"] = std::string(s.belongs_to);
+    row["type"] = OptionType(s);
+    row["default"] = OptionValue(s, defaults);
+    row["variable"] = std::string(s.variable);
+    row["unit"] = std::string(s.unit);
+    row["range"] = std::string(s.range);
+    // The bounds of `range`, in `unit` (None for strings).
+    row["min"] = s.integer_value != nullptr ? py::object(py::int_(s.min)) : py::object(py::none());
+    row["max"] = s.integer_value != nullptr ? py::object(py::int_(s.max)) : py::object(py::none());
+    row["meaning"] = std::string(s.meaning);
+    rows.append(row);
+  }
+  return rows;
+}
+
+void BindEngineOptions(py::module_& m) {
+  py::class_<ferry::EngineOptions> options(m, "EngineOptions");
+  options.def(py::init<>())
+      .def("with_environment", &ferry::EngineOptions::WithEnvironment,
+           "A copy with FERRY_* environment variables overlaid.")
+      .def("set", &SetOptionFromPython, py::arg("name"), py::arg("value"),
+           "Sets the option `name` (a row of option_table()) to `value`.");
+  for (const ferry::OptionSpec& spec : ferry::OptionTable()) {
+    const ferry::OptionSpec* s = &spec;
+    options.def_property(
+        std::string(s->name).c_str(),
+        [s](const ferry::EngineOptions& o) { return OptionValue(*s, o); },
+        [s](ferry::EngineOptions& o, const py::object& v) {
+          Check(ferry::SetOption(o, s->name, OptionText(*s, v)));
+        },
+        std::string(s->meaning).c_str());
+  }
+  // Test-only settings (ferry/testing_options.h), outside the table.
+  options
+      .def_property(
+          "testing_wire_version_min",
+          [](const ferry::EngineOptions& o) { return o.testing.wire_version_min; },
+          [](ferry::EngineOptions& o, uint16_t v) { o.testing.wire_version_min = v; })
+      .def_property(
+          "testing_wire_version_max",
+          [](const ferry::EngineOptions& o) { return o.testing.wire_version_max; },
+          [](ferry::EngineOptions& o, uint16_t v) { o.testing.wire_version_max = v; })
+      .def_property(
+          "testing_cuda_driver",
+          [](const ferry::EngineOptions& o) { return o.testing.cuda_driver; },
+          [](ferry::EngineOptions& o, const std::string& path) { o.testing.cuda_driver = path; },
+          "Test-only: load the CUDA driver from this library (a path) instead of libcuda.so.1, "
+          "e.g. the tests' fake driver; \"\" = the real driver.");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ferry, m) {
@@ -915,69 +1040,10 @@ PYBIND11_MODULE(_ferry, m) {
       },
       py::arg("source"), py::arg("length"));
 
-  py::class_<ferry::EngineOptions>(m, "EngineOptions")
-      .def(py::init<>())
-      .def("with_environment", &ferry::EngineOptions::WithEnvironment,
-           "A copy with FERRY_* environment variables overlaid.")
-      .def_readwrite("local_name", &ferry::EngineOptions::local_name)
-      .def_readwrite("listen_host", &ferry::EngineOptions::listen_host)
-      .def_readwrite("listen_port", &ferry::EngineOptions::listen_port)
-      .def_readwrite("metadata", &ferry::EngineOptions::metadata)
-      .def_property(
-          "metadata_ttl",
-          [](const ferry::EngineOptions& o) { return Seconds(o.metadata_ttl); },
-          [](ferry::EngineOptions& o, double s) { o.metadata_ttl = Millis(s); })
-      .def_readwrite("metadata_cluster", &ferry::EngineOptions::metadata_cluster)
-      .def_readwrite("transport", &ferry::EngineOptions::transport)
-      .def_readwrite("secret_file", &ferry::EngineOptions::secret_file,
-                     "Path of the cluster secret file (FERRY_SECRET_FILE); empty = no secret.")
-      .def_readwrite(
-          "metrics_address", &ferry::EngineOptions::metrics_address,
-          "HOST:PORT of the Prometheus text endpoint (FERRY_METRICS_ADDRESS); empty = off.")
-      .def_property(
-          "connect_timeout",
-          [](const ferry::EngineOptions& o) { return Seconds(o.connect_timeout); },
-          [](ferry::EngineOptions& o, double s) { o.connect_timeout = Millis(s); })
-      .def_property(
-          "transfer_timeout",
-          [](const ferry::EngineOptions& o) { return Seconds(o.transfer_timeout); },
-          [](ferry::EngineOptions& o, double s) { o.transfer_timeout = Millis(s); })
-      .def_property(
-          "handshake_timeout",
-          [](const ferry::EngineOptions& o) { return Seconds(o.handshake_timeout); },
-          [](ferry::EngineOptions& o, double s) { o.handshake_timeout = Millis(s); })
-      .def_readwrite("tcp_streams", &ferry::EngineOptions::tcp_streams)
-      .def_readwrite("io_threads", &ferry::EngineOptions::io_threads)
-      .def_readwrite("slice_size", &ferry::EngineOptions::slice_size)
-      .def_readwrite("max_frame_bytes", &ferry::EngineOptions::max_frame_bytes)
-      .def_readwrite("max_frame_entries", &ferry::EngineOptions::max_frame_entries)
-      .def_readwrite("tcp_send_buffer", &ferry::EngineOptions::tcp_send_buffer)
-      .def_property(
-          "spin", [](const ferry::EngineOptions& o) { return Seconds(o.spin); },
-          [](ferry::EngineOptions& o, double s) {
-            o.spin = std::chrono::microseconds(
-                s > 0 ? static_cast<int64_t>(std::llround(std::min(s, 1e6) * 1e6)) : 0);
-          })
-      .def_property(
-          "wait_spin", [](const ferry::EngineOptions& o) { return Seconds(o.wait_spin); },
-          [](ferry::EngineOptions& o, double s) {
-            o.wait_spin = std::chrono::microseconds(
-                s > 0 ? static_cast<int64_t>(std::llround(std::min(s, 1e6) * 1e6)) : 0);
-          })
-      .def_property(
-          "testing_wire_version_min",
-          [](const ferry::EngineOptions& o) { return o.testing.wire_version_min; },
-          [](ferry::EngineOptions& o, uint16_t v) { o.testing.wire_version_min = v; })
-      .def_property(
-          "testing_wire_version_max",
-          [](const ferry::EngineOptions& o) { return o.testing.wire_version_max; },
-          [](ferry::EngineOptions& o, uint16_t v) { o.testing.wire_version_max = v; })
-      .def_property(
-          "testing_cuda_driver",
-          [](const ferry::EngineOptions& o) { return o.testing.cuda_driver; },
-          [](ferry::EngineOptions& o, const std::string& path) { o.testing.cuda_driver = path; },
-          "Test-only: load the CUDA driver from this library (a path) instead of libcuda.so.1, "
-          "e.g. the tests' fake driver; \"\" = the real driver.");
+  BindEngineOptions(m);
+  m.def("option_table", &OptionTableList,
+        "Every engine option: name, belongs_to, type, default, variable, unit, range, min, max, "
+        "meaning.");
 
   py::class_<NativeEngine>(m, "NativeEngine")
       .def(py::init<ferry::EngineOptions>(), py::arg("options"))

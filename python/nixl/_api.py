@@ -4,9 +4,11 @@ on Ferry, for vLLM's NixlConnector and SGLang's nixl backend.
 One ``ferry.Engine`` per agent (its local name is the agent's name; it
 listens on 127.0.0.1 unless FERRY_* settings or ``listen_port`` say
 otherwise). Backends ``UCX``, ``LIBFABRIC`` and ``FERRY`` all map onto Ferry's
-transport ``auto``: ``local`` within a process, ``shm`` on the same host, then
-``fabric`` (libfabric RMA) where a hardware provider (verbs, efa, cxi) is found or
-FERRY_FABRIC_PROVIDER names one, else ``tcp``.
+transport ``auto``: per peer, the first of ``local`` (within a process),
+``cuda_ipc`` (a peer's GPU memory on the same host), ``shm`` (the same host),
+``fabric`` (libfabric RMA, where a hardware provider such as verbs, efa or cxi
+is found or FERRY_FABRIC_PROVIDER names one) and ``tcp`` that reaches the peer
+and both memory kinds (``ferry info`` lists them in this order).
 
 Memory: ``DRAM`` (alias ``cpu``) and ``VRAM`` (aliases ``CUDA``, ``GPU``):
 each row of a VRAM registration list is registered as Ferry location

@@ -1,7 +1,7 @@
 // The one place Ferry reads environment variables (env.cc; nothing else calls
 // getenv). FERRY_LOG_LEVEL is read here; the variables of engine options are
 // the rows of OptionTable() (ferry/options.h, option_table.cc).
-// docs/architecture.md lists them all.
+// docs/configuration.md lists them all.
 #pragma once
 
 #include <cstddef>

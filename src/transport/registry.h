@@ -36,7 +36,7 @@ struct TransportEntry {
 std::span<const TransportEntry> BuiltinTransports();
 // The entry named `name`, or null.
 const TransportEntry* FindTransport(std::string_view name);
-// "local, shm, tcp".
+// Every transport's name, in preference order, comma-separated.
 std::string TransportNames();
 
 // The transports of one engine, the stream machinery they share (its only

@@ -8,6 +8,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "cli.h"
 #include "commands.h"
@@ -57,7 +59,8 @@ constexpr const char* kInfoHelp = R"(Usage: ferry info [--json] [--version]
 
 Starts an engine on 127.0.0.1 (any free port) with the settings from the
 environment (FERRY_*), prints what it reports, and stops it:
-version, transports, features, wire versions, every effective option, and
+version, transports, features, wire versions, every effective option (grouped
+by what reads it: the engine, the metadata store, transports), and
 what libfabric offers the fabric transport at listen_host, and the CUDA
 driver found (last).
 
@@ -114,16 +117,42 @@ std::string MetadataLines(const std::vector<MetadataBackendInfo>& backends) {
   return out;
 }
 
-// One line of the text output per row of OptionTable(): name, effective
-// value, variable, range.
-std::string OptionLines(const EngineOptions& o) {
-  std::string out = "  " + Pad("option", 20) + Pad("value", 16) + Pad("variable", 28) + "range\n";
+// What the settings of OptionTable() belong to, in the order each first
+// appears: "engine", "metadata", then transports ("fabric", "shm, tcp", ...).
+std::vector<std::string_view> OptionGroups() {
+  std::vector<std::string_view> groups;
   for (const OptionSpec& s : OptionTable()) {
-    std::string value = s.Value(o);
-    if (!s.unit.empty()) value += " " + std::string(s.unit);
-    out += "  " + Pad(std::string(s.name), 20) + Pad(value, 16) +
-           Pad(s.variable.empty() ? "-" : std::string(s.variable), 28) + std::string(s.range) +
-           "\n";
+    if (std::find(groups.begin(), groups.end(), s.belongs_to) == groups.end()) {
+      groups.push_back(s.belongs_to);
+    }
+  }
+  return groups;
+}
+
+// The heading of a group of options: "engine", "metadata store", "transport
+// fabric", "transports shm, tcp".
+std::string GroupHeading(std::string_view group) {
+  if (group == "engine") return "engine";
+  if (group == "metadata") return "metadata store";
+  const bool several = group.find(',') != std::string_view::npos;
+  return (several ? "transports " : "transport ") + std::string(group);
+}
+
+// One line of the text output per row of OptionTable(), grouped by what the
+// setting belongs to: name, effective value, variable, range.
+std::string OptionLines(const EngineOptions& o) {
+  std::string out = "  " + Pad("option", 30) + Pad("value", 16) + Pad("variable", 28) + "range\n";
+  for (std::string_view group : OptionGroups()) {
+    out += "  " + GroupHeading(group) + ":\n";
+    for (const OptionSpec& s : OptionTable()) {
+      if (s.belongs_to != group) continue;
+      std::string value = s.Value(o);
+      if (value.empty()) value = "(empty)";
+      if (!s.unit.empty()) value += " " + std::string(s.unit);
+      out += "    " + Pad(std::string(s.name), 28) + Pad(value, 16) +
+             Pad(s.variable.empty() ? "-" : std::string(s.variable), 28) + std::string(s.range) +
+             "\n";
+    }
   }
   return out;
 }
@@ -221,15 +250,12 @@ int InfoMain(const std::vector<std::string>& args) {
                                         {"missing", b.missing}});
     }
     Json& options = j["options"];
-    options["local_name"] = o.local_name;
-    options["listen_host"] = o.listen_host;
-    options["listen_port"] = o.listen_port;
-    options["metadata"] = RedactMetadataUrl(o.metadata);
     for (const OptionSpec& s : OptionTable()) options[JsonKey(s)] = OptionJsonValue(s, o);
     // The table itself, with the effective values.
     j["option_table"] = Json::array();
     for (const OptionSpec& s : OptionTable()) {
       j["option_table"].push_back({{"name", s.name},
+                                   {"belongs_to", s.belongs_to},
                                    {"variable", s.variable},
                                    {"unit", s.unit},
                                    {"range", s.range},
@@ -285,14 +311,10 @@ int InfoMain(const std::vector<std::string>& args) {
             << "metadata           " << RedactMetadataUrl(o.metadata) << "   (" << backend_note
             << "; ferry bench takes --metadata URL)\n"
             << MetadataLines(backends)
-            << "\neffective options (defaults overlaid with FERRY_* from the environment):\n"
-            << "  local_name          " << (o.local_name.empty() ? "(the peer id)" : o.local_name)
-            << "   [this probe: " << (*engine)->LocalName() << "]\n"
-            << "  listen_host         " << o.listen_host << "\n"
-            << "  listen_port         " << o.listen_port
-            << (o.listen_port == 0 ? " (any free)" : "")
-            << "   [this probe: " << (*engine)->RpcPort() << "]\n"
-            << OptionLines(o) << "\nlimits:\n"
+            << "\neffective options (defaults overlaid with FERRY_* from the environment), by what"
+            << " reads them:\n"
+            << OptionLines(o) << "  [this probe's rpc port: " << (*engine)->RpcPort() << "]\n"
+            << "\nlimits:\n"
             << "  batch capacity      " << kMaxBatchCapacity << " requests\n"
             << "  notification        name " << kMaxNotificationName << " B, message "
             << kMaxNotificationMessage << " B\n"

@@ -1,0 +1,52 @@
+// TestingOptions: settings that only Ferry's own tests use (EngineOptions::testing).
+// They play older builds, refuse paths or inject faults; none belongs in a
+// deployment, so they are not rows of OptionTable(), have no FERRY_* variable
+// and `ferry info` does not list them.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+struct TestingOptions {
+  // Pretend to speak only these wire versions (0 = real range).
+  uint16_t wire_version_min = 0;
+  uint16_t wire_version_max = 0;
+  // Refuse peers' same-host (shm) streams as if their memory could not be
+  // reached, so they fall back to tcp.
+  bool refuse_same_host_copy = false;
+  // Accept registrations of the test memory kind (location "test-opaque":
+  // pages the CPU must not touch, reached only through their own copy
+  // functions; see docs/architecture.md, "Memory kinds").
+  bool allow_test_memory_kind = false;
+  // Load the CUDA driver from this library (a path) instead of
+  // libcuda.so.1: the tests' fake driver on machines without a GPU.
+  std::string cuda_driver;
+  // Play a build that reads and writes descriptor formats up to this one
+  // (0 = this build's newest).
+  uint16_t descriptor_format_max = 0;
+  // Play an older build: leave these features (e.g. "notify-1m") out of
+  // what this engine advertises to its peers.
+  std::vector<std::string> omit_features;
+  // Faults injected below the engine into every link of every transport
+  // (src/transport/fault/): each slice posted is, with these chances in
+  // percent, failed at once (kUnavailable), dropped (its reply never comes:
+  // kDeadlineExceeded at its deadline), answered late (`delay`), answered
+  // out of order, or answered with a corrupted status (kDataLoss).
+  // Deterministic: the same seed and the same posts give the same faults.
+  // seed 0: off.
+  struct LinkFaults {
+    uint32_t seed = 0;
+    int fail_percent = 0;
+    int drop_percent = 0;
+    int delay_percent = 0;
+    int reorder_percent = 0;
+    int corrupt_percent = 0;
+    std::chrono::milliseconds delay{5};
+  } link_faults;
+};
+
+}  // namespace ferry
