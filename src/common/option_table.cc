@@ -21,7 +21,7 @@ namespace {
 
 constexpr int64_t kKiB = int64_t{1} << 10;
 constexpr int64_t kMiB = int64_t{1} << 20;
-// The largest payload of one frame (wire::kMaxPayload; option_table_test
+// The largest payload of one frame (wire::kMaxPayload; frame_test.cc
 // checks they agree).
 constexpr int64_t kMaxPayload = 64 * kMiB;
 constexpr int64_t kDayMs = 86400000;

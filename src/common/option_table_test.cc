@@ -15,7 +15,6 @@
 #include "common/env.h"
 #include "ferry/options.h"
 #include "ferry/transports.h"
-#include "wire/frame.h"
 
 namespace ferry {
 namespace {
@@ -366,16 +365,6 @@ TEST(ValidateOptions, KeepsTheEngineMessages) {
   EXPECT_EQ(message("connect_timeout", -1), "connect_timeout must be in [1, 86400000] ms, got -1");
   EXPECT_EQ(message("spin", 1000001), "spin must be in [0, 1000000] us, got 1000001");
   EXPECT_TRUE(ValidateOptions(With(EngineOptions{}, "tcp_send_buffer", 0)).ok());
-}
-
-TEST(ValidateOptions, FramesFitTheWire) {
-  EngineOptions o{};
-  o.slice_size = o.max_frame_bytes = wire::kMaxPayload;
-  EXPECT_TRUE(ValidateOptions(o).ok());
-  o.max_frame_bytes = wire::kMaxPayload + 1;
-  EXPECT_FALSE(ValidateOptions(o).ok());
-  o.slice_size = wire::kMaxPayload + 1;
-  EXPECT_FALSE(ValidateOptions(o).ok());
 }
 
 TEST(ValidateOptions, LeavesTransportNamesToTheEngine) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/options.h"
 #include "tests/testing/status_matchers.h"
 
 namespace ferry::wire {
@@ -199,4 +200,17 @@ TEST(Frame, AuthenticationBodiesRoundTripAndHaveAFixedLayout) {
 }
 
 }  // namespace
+
+// The option table's frame limits (src/common/option_table.cc) agree with
+// what one frame may carry.
+TEST(Frame, OptionLimitsFitTheWire) {
+  EngineOptions o{};
+  o.slice_size = o.max_frame_bytes = kMaxPayload;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  o.max_frame_bytes = kMaxPayload + 1;
+  EXPECT_FALSE(ValidateOptions(o).ok());
+  o.slice_size = kMaxPayload + 1;
+  EXPECT_FALSE(ValidateOptions(o).ok());
+}
+
 }  // namespace ferry::wire
