@@ -200,6 +200,168 @@ std::string CudaLines(const CudaInfo& c) {
 
 }  // namespace
 
+namespace {
+
+// What `ferry info` reports, gathered once from a probe engine.
+struct Probe {
+  std::unique_ptr<Engine> engine;
+  Capabilities caps;
+  std::vector<TransportInfo> registry;
+  std::vector<MetadataBackendInfo> backends;
+  std::string backend;
+  FabricInfo fabric;
+  CudaInfo cuda;
+};
+
+Probe Gather() {
+  Probe p;
+  auto engine = Engine::Create(EngineOptions{}.WithEnvironment());
+  if (!engine.ok()) {
+    throw RunError("cannot start an engine to ask it: " + engine.status().ToString());
+  }
+  p.engine = std::move(*engine);
+  const EngineOptions& o = p.engine->options();
+  p.caps = p.engine->GetCapabilities();
+  p.registry = ListTransports();
+  p.backends = ListMetadataBackends();
+  p.backend = MetadataBackendOf(o.metadata);
+  p.fabric = DescribeFabric(o.fabric_provider, o.listen_host);
+  p.cuda = DescribeCuda();
+  return p;
+}
+
+constexpr const char* kPinning =
+    "local, shm and tcp do not pin pages; fabric registers regions with its provider, which "
+    "may pin them (bound by RLIMIT_MEMLOCK)";
+
+Json RegistryJson(const Probe& p) {
+  Json out = Json::array();
+  for (const auto& t : p.registry) {
+    out.push_back({{"name", t.name},
+                   {"reach", t.reach},
+                   {"memory_kinds", t.memory_kinds},
+                   {"needs_region_keys", t.needs_region_keys},
+                   {"unavailable", t.unavailable}});
+  }
+  return out;
+}
+
+Json BackendsJson(const Probe& p) {
+  Json out = Json::array();
+  for (const auto& b : p.backends) {
+    out.push_back({{"name", b.name},
+                   {"form", b.form},
+                   {"description", b.description},
+                   {"built", b.built},
+                   {"missing", b.missing}});
+  }
+  return out;
+}
+
+// The table itself, with the effective values.
+Json OptionTableJson(const EngineOptions& o) {
+  Json out = Json::array();
+  for (const OptionSpec& s : OptionTable()) {
+    out.push_back({{"name", s.name},
+                   {"belongs_to", s.belongs_to},
+                   {"variable", s.variable},
+                   {"unit", s.unit},
+                   {"range", s.range},
+                   {"default", s.default_value},
+                   {"meaning", s.meaning},
+                   {"value", OptionJsonValue(s, o)}});
+  }
+  return out;
+}
+
+Json FabricJson(const FabricInfo& fabric, const EngineOptions& o) {
+  Json domains = Json::array();
+  for (const auto& d : fabric.domains) {
+    domains.push_back({{"provider", d.provider},
+                       {"fabric", d.fabric},
+                       {"domain", d.domain},
+                       {"hardware", d.hardware}});
+  }
+  return {{"library", fabric.library},         {"node", o.listen_host},
+          {"error", fabric.error},             {"domains", std::move(domains)},
+          {"fabric_provider", o.fabric_provider}, {"fabric_nics", o.fabric_nics},
+          {"chosen", fabric.chosen},           {"why_none", fabric.why_none}};
+}
+
+Json CudaJson(const CudaInfo& cuda) {
+  Json devices = Json::array();
+  for (const auto& d : cuda.devices) devices.push_back({{"ordinal", d.ordinal}, {"name", d.name}});
+  return {{"library", cuda.library},
+          {"loaded", cuda.loaded},
+          {"available", cuda.available},
+          {"why_unavailable", cuda.why_unavailable},
+          {"driver_version", cuda.driver_version},
+          {"devices", std::move(devices)},
+          {"error", cuda.error},
+          {"data_path", cuda.data_path},
+          {"why_no_data_path", cuda.why_no_data_path}};
+}
+
+void PrintJson(const Probe& p) {
+  const EngineOptions& o = p.engine->options();
+  Json j;
+  j["version"] = Version();
+  j["wire_versions"] = {{"min", p.caps.wire_version_min}, {"max", p.caps.wire_version_max}};
+  j["transports"] = p.caps.transports;
+  j["transport_registry"] = RegistryJson(p);
+  j["features"] = p.caps.features;
+  j["metadata_backend"] = p.backend;
+  j["metadata_backends"] = BackendsJson(p);
+  Json& options = j["options"];
+  for (const OptionSpec& s : OptionTable()) options[JsonKey(s)] = OptionJsonValue(s, o);
+  j["option_table"] = OptionTableJson(o);
+  j["limits"] = {{"max_batch_capacity", static_cast<uint64_t>(kMaxBatchCapacity)},
+                 {"max_notification_name", static_cast<uint64_t>(kMaxNotificationName)},
+                 {"max_notification_message", static_cast<uint64_t>(kMaxNotificationMessage)},
+                 {"registered_memory", std::string("address space (") + kPinning + ")"},
+                 {"memlock_soft", MemlockSoft()},
+                 {"yama_ptrace_scope", YamaPtraceScope()},
+                 {"same_host_access", SameHostAccess()},
+                 {"same_host_copy", SameHostCopyProbe(p.registry)}};
+  j["peer_id_of_this_probe"] = p.engine->PeerId();
+  j["fabric"] = FabricJson(p.fabric, o);
+  j["cuda"] = CudaJson(p.cuda);
+  std::cout << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;
+}
+
+void PrintText(const Probe& p) {
+  const EngineOptions& o = p.engine->options();
+  std::string backend_note = p.backend.empty() ? "no backend takes it" : "backend " + p.backend;
+  for (const auto& b : p.backends) {
+    if (b.name == p.backend && !b.built) backend_note += ", not in this build";
+  }
+  std::cout << "ferry " << Version() << "\n"
+            << "wire versions      " << p.caps.wire_version_min << ".." << p.caps.wire_version_max
+            << " (this build: " << kWireVersionMin << ".." << kWireVersionMax << ")\n"
+            << "transports         " << Join(p.caps.transports) << "   (preferred first)\n"
+            << RegistryLines(p.registry) << "features           " << Join(p.caps.features)
+            << "\n"
+            << "metadata           " << RedactMetadataUrl(o.metadata) << "   (" << backend_note
+            << "; ferry bench takes --metadata URL)\n"
+            << MetadataLines(p.backends)
+            << "\neffective options (defaults overlaid with FERRY_* from the environment), by what"
+            << " reads them:\n"
+            << OptionLines(o) << "  [this probe's rpc port: " << p.engine->RpcPort() << "]\n"
+            << "\nlimits:\n"
+            << "  batch capacity      " << kMaxBatchCapacity << " requests\n"
+            << "  notification        name " << kMaxNotificationName << " B, message "
+            << kMaxNotificationMessage << " B\n"
+            << "  registered memory   any amount: " << kPinning << "\n"
+            << "  same-host (shm)     " << SameHostAccess()
+            << "; probe of a child: " << SameHostCopyProbe(p.registry) << "\n"
+            << "  RLIMIT_MEMLOCK      " << MemlockSoft() << "\n"
+            << "\n"
+            << FabricLines(p.fabric, o) << "\n"
+            << CudaLines(p.cuda);
+}
+
+}  // namespace
+
 int InfoMain(const std::vector<std::string>& args) {
   bool json = false, version_only = false;
   CLI::App app("ferry info");
@@ -214,115 +376,12 @@ int InfoMain(const std::vector<std::string>& args) {
     std::cout << "ferry " << Version() << "\n";
     return 0;
   }
-  EngineOptions requested = EngineOptions{}.WithEnvironment();
-  auto engine = Engine::Create(requested);
-  if (!engine.ok()) {
-    throw RunError("cannot start an engine to ask it: " + engine.status().ToString());
-  }
-  const Capabilities caps = (*engine)->GetCapabilities();
-  const std::vector<TransportInfo> registry = ListTransports();
-  const EngineOptions& o = (*engine)->options();
-  const std::vector<MetadataBackendInfo> backends = ListMetadataBackends();
-  const std::string backend = MetadataBackendOf(o.metadata);
-  const FabricInfo fabric = DescribeFabric(o.fabric_provider, o.listen_host);
-  const CudaInfo cuda = DescribeCuda();
+  const Probe probe = Gather();
   if (json) {
-    Json j;
-    j["version"] = Version();
-    j["wire_versions"] = {{"min", caps.wire_version_min}, {"max", caps.wire_version_max}};
-    j["transports"] = caps.transports;
-    j["transport_registry"] = Json::array();
-    for (const auto& t : registry) {
-      j["transport_registry"].push_back({{"name", t.name},
-                                         {"reach", t.reach},
-                                         {"memory_kinds", t.memory_kinds},
-                                         {"needs_region_keys", t.needs_region_keys},
-                                         {"unavailable", t.unavailable}});
-    }
-    j["features"] = caps.features;
-    j["metadata_backend"] = backend;
-    j["metadata_backends"] = Json::array();
-    for (const auto& b : backends) {
-      j["metadata_backends"].push_back({{"name", b.name},
-                                        {"form", b.form},
-                                        {"description", b.description},
-                                        {"built", b.built},
-                                        {"missing", b.missing}});
-    }
-    Json& options = j["options"];
-    for (const OptionSpec& s : OptionTable()) options[JsonKey(s)] = OptionJsonValue(s, o);
-    // The table itself, with the effective values.
-    j["option_table"] = Json::array();
-    for (const OptionSpec& s : OptionTable()) {
-      j["option_table"].push_back({{"name", s.name},
-                                   {"belongs_to", s.belongs_to},
-                                   {"variable", s.variable},
-                                   {"unit", s.unit},
-                                   {"range", s.range},
-                                   {"default", s.default_value},
-                                   {"meaning", s.meaning},
-                                   {"value", OptionJsonValue(s, o)}});
-    }
-    j["limits"] = {{"max_batch_capacity", static_cast<uint64_t>(kMaxBatchCapacity)},
-                   {"max_notification_name", static_cast<uint64_t>(kMaxNotificationName)},
-                   {"max_notification_message", static_cast<uint64_t>(kMaxNotificationMessage)},
-                   {"registered_memory", "address space (local, shm and tcp do not pin pages)"},
-                   {"memlock_soft", MemlockSoft()},
-                   {"yama_ptrace_scope", YamaPtraceScope()},
-                   {"same_host_access", SameHostAccess()},
-                   {"same_host_copy", SameHostCopyProbe(registry)}};
-    j["peer_id_of_this_probe"] = (*engine)->PeerId();
-    Json domains = Json::array();
-    for (const auto& d : fabric.domains) {
-      domains.push_back(
-          {{"provider", d.provider}, {"fabric", d.fabric}, {"domain", d.domain}, {"hardware", d.hardware}});
-    }
-    j["fabric"] = {{"library", fabric.library},
-                   {"node", o.listen_host},
-                   {"error", fabric.error},
-                   {"domains", std::move(domains)},
-                   {"fabric_provider", o.fabric_provider},
-                   {"fabric_nics", o.fabric_nics},
-                   {"chosen", fabric.chosen},
-                   {"why_none", fabric.why_none}};
-    Json cuda_devices = Json::array();
-    for (const auto& d : cuda.devices) cuda_devices.push_back({{"ordinal", d.ordinal}, {"name", d.name}});
-    j["cuda"] = {{"library", cuda.library},
-                 {"loaded", cuda.loaded},
-                 {"available", cuda.available},
-                 {"why_unavailable", cuda.why_unavailable},
-                 {"driver_version", cuda.driver_version},
-                 {"devices", std::move(cuda_devices)},
-                 {"error", cuda.error},
-                 {"data_path", cuda.data_path},
-                 {"why_no_data_path", cuda.why_no_data_path}};
-    std::cout << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;
-    return 0;
+    PrintJson(probe);
+  } else {
+    PrintText(probe);
   }
-  std::string backend_note = backend.empty() ? "no backend takes it" : "backend " + backend;
-  for (const auto& b : backends) {
-    if (b.name == backend && !b.built) backend_note += ", not in this build";
-  }
-  std::cout << "ferry " << Version() << "\n"
-            << "wire versions      " << caps.wire_version_min << ".." << caps.wire_version_max
-            << " (this build: " << kWireVersionMin << ".." << kWireVersionMax << ")\n"
-            << "transports         " << Join(caps.transports) << "   (preferred first)\n"
-            << RegistryLines(registry) << "features           " << Join(caps.features) << "\n"
-            << "metadata           " << RedactMetadataUrl(o.metadata) << "   (" << backend_note
-            << "; ferry bench takes --metadata URL)\n"
-            << MetadataLines(backends)
-            << "\neffective options (defaults overlaid with FERRY_* from the environment), by what"
-            << " reads them:\n"
-            << OptionLines(o) << "  [this probe's rpc port: " << (*engine)->RpcPort() << "]\n"
-            << "\nlimits:\n"
-            << "  batch capacity      " << kMaxBatchCapacity << " requests\n"
-            << "  notification        name " << kMaxNotificationName << " B, message "
-            << kMaxNotificationMessage << " B\n"
-            << "  registered memory   any amount: local, shm and tcp do not pin pages\n"
-            << "  same-host (shm)     " << SameHostAccess()
-            << "; probe of a child: " << SameHostCopyProbe(registry) << "\n"
-            << "  RLIMIT_MEMLOCK      " << MemlockSoft() << " (for pinning transports, later)\n"
-            << "\n" << FabricLines(fabric, o) << "\n" << CudaLines(cuda);
   return 0;
 }
 
