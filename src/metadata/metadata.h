@@ -17,6 +17,7 @@
 //    on the prefix, fail-over between endpoints.
 //  - "redis://[USER:PASS@]H:P[/DB]" (src/metadata/redis/): keys with a TTL
 //    the store refreshes; watches poll.
+// Which backends exist, and which this build has: metadata/registry.h.
 // Implementations are thread-safe.
 #pragma once
 
@@ -75,23 +76,11 @@ struct MetadataContext {
 };
 
 // kInvalidArgument for a malformed or unknown connection string,
-// kUnimplemented for services this build does not support yet.
+// kUnimplemented for a backend this build lacks (saying what to install).
 StatusOr<std::unique_ptr<MetadataStore>> MakeMetadataStore(std::string_view url, const MetadataContext& ctx);
 
 // "p2p", "memory", "http", "etcd", "redis", or "" for a string no backend
-// takes (metadata.cc).
+// takes (the table of metadata/registry.h decides).
 std::string_view MetadataBackendName(std::string_view url);
-
-// Each store's factory (metadata.cc dispatches on the scheme).
-StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(const MetadataContext& ctx);
-StatusOr<std::unique_ptr<MetadataStore>> MakeMemoryStore(std::string_view cluster);
-// `url` is the whole connection string ("http://HOST[:PORT][/PATH]");
-// kInvalidArgument naming it when it is malformed. Only in builds with
-// cpp-httplib (FERRY_HAVE_HTTP_METADATA).
-StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url, const MetadataContext& ctx);
-// "etcd://H:P[,H:P...]" or "H:P[,H:P...]" (FERRY_HAVE_ETCD_METADATA).
-StatusOr<std::unique_ptr<MetadataStore>> MakeEtcdStore(std::string_view url, const MetadataContext& ctx);
-// "redis://[USER:PASS@]H:P[/DB]" (FERRY_HAVE_REDIS_METADATA).
-StatusOr<std::unique_ptr<MetadataStore>> MakeRedisStore(std::string_view url, const MetadataContext& ctx);
 
 }  // namespace ferry::internal

@@ -30,6 +30,7 @@
 #include "common/log.h"
 #include "metadata/entries.h"
 #include "metadata/metadata.h"
+#include "metadata/registry.h"
 
 namespace ferry::internal {
 namespace {
@@ -385,5 +386,7 @@ StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url, con
   FERRY_ASSIGN_OR_RETURN(Url u, ParseUrl(url));
   return std::unique_ptr<MetadataStore>(std::make_unique<HttpStore>(std::move(u), ctx));
 }
+
+std::string_view HttpStoreLacks() { return ""; }
 
 }  // namespace ferry::internal

@@ -3,11 +3,14 @@
 // other engine of the cluster that watches. The process is its scope, as for
 // the local transport's directory: the clusters table is the one other
 // process-wide table Ferry keeps.
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <vector>
 
+#include "ferry/metadata.h"
 #include "metadata/metadata.h"
+#include "metadata/registry.h"
 
 namespace ferry::internal {
 namespace {
@@ -117,10 +120,26 @@ class MemoryStore : public MetadataStore {
   std::shared_ptr<Watcher> watcher_;
 };
 
+constexpr std::string_view kScheme = "memory://";
+
+bool TakesMemoryUrl(std::string_view url) { return HasScheme(url, kScheme); }
+
 }  // namespace
 
-StatusOr<std::unique_ptr<MetadataStore>> MakeMemoryStore(std::string_view cluster) {
+StatusOr<std::unique_ptr<MetadataStore>> MakeMemoryStore(std::string_view url,
+                                                         const MetadataContext&) {
+  const std::string_view cluster = url.substr(std::min(url.size(), kScheme.size()));
+  if (!TakesMemoryUrl(url) || cluster.empty()) {
+    return InvalidArgumentError("metadata '" + RedactMetadataUrl(std::string(url)) +
+                                "' names no cluster (memory://NAME)");
+  }
   return std::unique_ptr<MetadataStore>(std::make_unique<MemoryStore>(std::string(cluster)));
+}
+
+MetadataBackend MemoryBackend() {
+  return {"memory", "memory://CLUSTER",
+          "engines of one process share a store (tests, single-process use)",
+          TakesMemoryUrl, /*keyed=*/true, NothingLacking, MakeMemoryStore};
 }
 
 }  // namespace ferry::internal

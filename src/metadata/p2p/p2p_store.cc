@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "metadata/metadata.h"
+#include "metadata/registry.h"
 #include "transport/stream/auth.h"
 #include "transport/stream/connection.h"
 #include "wire/exchange.h"
@@ -113,9 +114,11 @@ class P2PStore : public MetadataStore {
   const std::shared_ptr<Published> published_ = std::make_shared<Published>();
 };
 
+bool TakesP2PUrl(std::string_view url) { return url.empty() || url == "P2PHANDSHAKE"; }
+
 }  // namespace
 
-StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(const MetadataContext& ctx) {
+StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(std::string_view, const MetadataContext& ctx) {
   auto store = std::make_unique<P2PStore>(ctx.secret);
   if (ctx.rpc_openers == nullptr) return InternalError("P2PHANDSHAKE needs the rpc port");
   std::shared_ptr<Published> published = store->published();
@@ -126,6 +129,12 @@ StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(const MetadataContext& ctx
                          return Answer(*published, format_max, c, h, body);
                        });
   return std::unique_ptr<MetadataStore>(std::move(store));
+}
+
+MetadataBackend P2PBackend() {
+  return {"p2p", "P2PHANDSHAKE",
+          "no server: peers are named HOST:PORT and asked for their descriptor",
+          TakesP2PUrl, /*keyed=*/false, NothingLacking, MakeP2PStore};
 }
 
 }  // namespace ferry::internal

@@ -62,6 +62,7 @@
 #include "common/log.h"
 #include "metadata/entries.h"
 #include "metadata/metadata.h"
+#include "metadata/registry.h"
 
 namespace ferry::internal {
 namespace {
@@ -800,5 +801,7 @@ StatusOr<std::unique_ptr<MetadataStore>> MakeRedisStore(std::string_view url, co
   FERRY_RETURN_IF_ERROR(store->Start());
   return std::unique_ptr<MetadataStore>(std::move(store));
 }
+
+std::string_view RedisStoreLacks() { return ""; }
 
 }  // namespace ferry::internal
