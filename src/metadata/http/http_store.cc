@@ -10,26 +10,26 @@
 //
 // Publishing a name the first time checks that no live entry of another
 // instance holds it (there is no compare-and-set in the protocol: two engines
-// claiming one name in the same instant can both win). A refresh thread
-// re-PUTs what this store published every T/3, so a crashed engine's entry
-// expires and its name frees itself. Watches poll every name Fetch returned.
+// claiming one name in the same instant can both win). The refresher
+// (metadata/poller.h) re-PUTs what this store published every T/3, so a
+// crashed engine's entry expires and its name frees itself. Watches poll
+// every name Fetch returned, one GET each.
 // Values read from the service are untrusted: anything that does not decode
 // is kDataLoss, never a crash.
 #include <httplib.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
-#include <thread>
 #include <vector>
 
 #include "common/log.h"
 #include "metadata/entries.h"
 #include "metadata/metadata.h"
+#include "metadata/poller.h"
 #include "metadata/registry.h"
 
 namespace ferry::internal {
@@ -40,7 +40,6 @@ using std::chrono::milliseconds;
 constexpr size_t kMaxValue = size_t{16} << 20;  // as `ferry metadata-server` accepts
 constexpr milliseconds kPollInterval{500};
 constexpr milliseconds kPollTimeout{1000};
-constexpr milliseconds kMaxRefreshTimeout{2000};
 
 struct Url {
   std::string text;  // as given
@@ -128,17 +127,13 @@ class HttpStore : public MetadataStore {
  public:
   HttpStore(Url url, const MetadataContext& ctx)
       : url_(std::move(url)), where_("the metadata service at " + url_.text), cluster_(ctx.cluster),
-        write_timeout_(ctx.timeout) {}
+        write_timeout_(ctx.timeout),
+        poller_({[this] { return PublishedNames(); },
+                 [this](const std::string& name, milliseconds timeout) { Refresh(name, timeout); },
+                 [this](const std::vector<std::string>& names) { return Read(names); }},
+                kPollInterval) {}
 
-  ~HttpStore() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (refresher_.joinable()) refresher_.join();
-    if (poller_.joinable()) poller_.join();
-  }
+  ~HttpStore() override { poller_.Stop(); }
 
   Status Publish(const wire::PeerDescriptor& self) override {
     std::string bytes;
@@ -164,12 +159,12 @@ class HttpStore : public MetadataStore {
     if (r.status != 200) return Answered("PUT", key, r);
     milliseconds ttl{0};
     if (AllDigits(r.ttl) && r.ttl.size() < 12) ttl = milliseconds(std::strtoull(r.ttl.c_str(), nullptr, 10));
-    std::lock_guard<std::mutex> lock(mu_);
-    claimed_.insert(self.engine_name);
-    published_[self.engine_name] = std::move(bytes);
-    ttl_ = ttl;
-    if (ttl_.count() > 0 && !refresher_.joinable()) refresher_ = std::thread([this] { RefreshLoop(); });
-    cv_.notify_all();  // a changed TTL takes effect now
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      claimed_.insert(self.engine_name);
+      published_[self.engine_name] = std::move(bytes);
+    }
+    poller_.SetTtl(ttl);
     return OkStatus();
   }
 
@@ -191,8 +186,7 @@ class HttpStore : public MetadataStore {
     }
     if (r.status != 200) return Answered("GET", key, r);
     FERRY_ASSIGN_OR_RETURN(wire::PeerDescriptor desc, DecodeEntry(name, key, r.body, where_));
-    std::lock_guard<std::mutex> lock(mu_);
-    watched_[std::string(name)] = std::move(r.body);
+    poller_.Seen(std::string(name), std::move(r.body));
     return desc;
   }
 
@@ -212,13 +206,7 @@ class HttpStore : public MetadataStore {
     return OkStatus();
   }
 
-  Status Watch(ChangeCallback on_change) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (poller_.joinable()) return FailedPreconditionError("this store is already watched");
-    callback_ = std::move(on_change);
-    poller_ = std::thread([this] { PollLoop(); });
-    return OkStatus();
-  }
+  Status Watch(ChangeCallback on_change) override { return poller_.Watch(std::move(on_change)); }
 
  private:
   std::string Key(std::string_view name) const { return SegmentKey(cluster_, name); }
@@ -288,80 +276,48 @@ class HttpStore : public MetadataStore {
     return out;
   }
 
-  void RefreshLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    bool failing = false;
-    while (!stopping_) {
-      const milliseconds interval = std::max(ttl_ / 3, milliseconds(10));
-      cv_.wait_for(lock, interval, [&] { return stopping_; });
-      if (stopping_ || ttl_.count() == 0) break;
-      const milliseconds timeout = std::clamp(ttl_ / 3, milliseconds(100), kMaxRefreshTimeout);
-      std::vector<std::string> names;
-      for (const auto& [name, bytes] : published_) names.push_back(name);
-      lock.unlock();
-      {
-        std::lock_guard<std::mutex> write(write_mu_);
-        for (const auto& name : names) {
-          std::string bytes;
-          {
-            std::lock_guard<std::mutex> l(mu_);
-            if (stopping_) break;
-            auto it = published_.find(name);
-            if (it == published_.end()) continue;  // removed meanwhile
-            bytes = it->second;
-          }
-          Reply r = Call("PUT", Key(name), bytes, timeout);
-          const bool ok = r.error.empty() && r.status == 200;
-          if (!ok && !failing) {
-            FERRY_LOG(kWarning, "cannot refresh segment " << name << " in the metadata service at " << url_.text
-                                                          << ": "
-                                                          << (r.error.empty() ? "status " + std::to_string(r.status)
-                                                                              : r.error)
-                                                          << "; it expires unless a refresh gets through");
-          }
-          failing = !ok;
-        }
-      }
-      lock.lock();
-    }
-  }
-
-  void PollLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopping_) {
-      cv_.wait_for(lock, kPollInterval, [&] { return stopping_; });
-      if (stopping_) break;
-      std::vector<std::pair<std::string, std::optional<std::string>>> seen(watched_.begin(), watched_.end());
-      lock.unlock();
-      std::vector<std::string> changed;
-      for (auto& [name, last] : seen) {
-        if (StopRequested()) break;
-        Reply r = Call("GET", Key(name), "", kPollTimeout);
-        std::optional<std::string> now;
-        if (!r.error.empty()) continue;  // unreachable: nothing known
-        if (r.status == 200) {
-          now = std::move(r.body);
-        } else if (r.status != 404) {
-          continue;
-        }
-        if (now == last) continue;
-        std::lock_guard<std::mutex> l(mu_);
-        auto it = watched_.find(name);
-        if (it == watched_.end() || it->second != last) continue;  // Fetch saw newer bytes meanwhile
-        it->second = std::move(now);
-        changed.push_back(name);
-      }
-      for (const auto& name : changed) {
-        if (StopRequested()) break;
-        callback_(name);  // must not block (the engine only marks the segment)
-      }
-      lock.lock();
-    }
-  }
-
-  bool StopRequested() {
+  std::vector<std::string> PublishedNames() {
     std::lock_guard<std::mutex> lock(mu_);
-    return stopping_;
+    std::vector<std::string> names;
+    for (const auto& [name, bytes] : published_) names.push_back(name);
+    return names;
+  }
+
+  // The refresher's PUT of one entry; a failure is logged when refreshes
+  // start failing.
+  void Refresh(const std::string& name, milliseconds timeout) {
+    std::lock_guard<std::mutex> write(write_mu_);
+    std::string bytes;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = published_.find(name);
+      if (it == published_.end()) return;  // removed meanwhile
+      bytes = it->second;
+    }
+    Reply r = Call("PUT", Key(name), bytes, timeout);
+    const bool ok = r.error.empty() && r.status == 200;
+    if (!ok && !refresh_failing_) {
+      FERRY_LOG(kWarning, "cannot refresh segment "
+                              << name << " in the metadata service at " << url_.text << ": "
+                              << (r.error.empty() ? "status " + std::to_string(r.status) : r.error)
+                              << "; it expires unless a refresh gets through");
+    }
+    refresh_failing_ = !ok;
+  }
+
+  // The watcher's poll: one GET per name; an unreachable service or an
+  // unexpected status says nothing about the name.
+  std::vector<StorePoller::Reading> Read(const std::vector<std::string>& names) {
+    std::vector<StorePoller::Reading> out;
+    for (const std::string& name : names) {
+      if (poller_.stopping()) break;
+      Reply r = Call("GET", Key(name), "", kPollTimeout);
+      StorePoller::Reading& now = out.emplace_back();
+      if (!r.error.empty() || (r.status != 200 && r.status != 404)) continue;
+      now.known = true;
+      if (r.status == 200) now.value = std::move(r.body);
+    }
+    return out;
   }
 
   const Url url_;
@@ -370,14 +326,10 @@ class HttpStore : public MetadataStore {
   const milliseconds write_timeout_;  // Publish, Remove: no deadline is given
   std::mutex write_mu_;  // one PUT or DELETE of this store's entries at a time; taken before mu_
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                                      // guarded by mu_
-  milliseconds ttl_{0};                                        // guarded by mu_
-  std::set<std::string> claimed_;                              // names checked free once; guarded by mu_
-  std::map<std::string, std::string> published_;               // name -> bytes to refresh; guarded by mu_
-  std::map<std::string, std::optional<std::string>> watched_;  // name -> bytes last seen; guarded by mu_
-  ChangeCallback callback_;  // set before poller_ starts
-  std::thread refresher_, poller_;
+  std::set<std::string> claimed_;                 // names checked free once; guarded by mu_
+  std::map<std::string, std::string> published_;  // name -> bytes to refresh; guarded by mu_
+  bool refresh_failing_ = false;                  // the last refresh failed; refresher thread only
+  StorePoller poller_;                            // last: its threads use the members above
 };
 
 }  // namespace

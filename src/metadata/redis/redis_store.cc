@@ -15,7 +15,8 @@
 //    store does (an engine restarted right after its predecessor died takes
 //    the name over); anything else is kAlreadyExists naming the holder and
 //    when its entry expires.
-//  - Republish, refresh (every ttl/3, from a thread) and removal are
+//  - Republish, refresh (every ttl/3, from the refresher of
+//    metadata/poller.h) and removal are
 //    compare-and-set scripts: they write (or DEL) only if the key still holds
 //    the bytes this store last wrote, or (writes) holds nothing. So after a
 //    Redis restart (empty) the entries come back within ttl/3, and a name
@@ -50,18 +51,17 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "common/log.h"
 #include "metadata/entries.h"
 #include "metadata/metadata.h"
+#include "metadata/poller.h"
 #include "metadata/registry.h"
 
 namespace ferry::internal {
@@ -71,8 +71,6 @@ using std::chrono::milliseconds;
 
 constexpr milliseconds kPollInterval{500};
 constexpr milliseconds kPollTimeout{500};
-constexpr milliseconds kMinRefreshTimeout{100};
-constexpr milliseconds kMaxRefreshTimeout{2000};
 constexpr milliseconds kClaimReserve{300};  // a claim stops waiting for a dying holder this long before its deadline
 constexpr milliseconds kClaimRetry{200};    // and looks again this often
 constexpr size_t kIdleConnections = 4;
@@ -483,17 +481,13 @@ class RedisStore : public MetadataStore {
   RedisStore(Url url, const MetadataContext& ctx)
       : url_(std::move(url)), where_("the Redis server at " + url_.masked), cluster_(ctx.cluster),
         ttl_(std::max(ctx.ttl, milliseconds(1))), write_timeout_(std::max(ctx.timeout, milliseconds(1))),
-        format_(ctx.descriptor_format_max) {}
+        format_(ctx.descriptor_format_max), poll_conn_(url_),
+        poller_({[this] { return PublishedNames(); },
+                 [this](const std::string& name, milliseconds timeout) { Refresh(name, timeout); },
+                 [this](const std::vector<std::string>& names) { return Read(names); }},
+                kPollInterval) {}
 
-  ~RedisStore() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (refresher_.joinable()) refresher_.join();
-    if (poller_.joinable()) poller_.join();
-  }
+  ~RedisStore() override { poller_.Stop(); }
 
   // Connects once, so that a wrong address, password or database fails the
   // engine's creation.
@@ -518,12 +512,14 @@ class RedisStore : public MetadataStore {
       if (it != published_.end()) expected = it->second.bytes;
     }
     FERRY_RETURN_IF_ERROR(Write(self.engine_name, self.instance_id, key, expected, bytes, deadline));
-    std::lock_guard<std::mutex> lock(mu_);
-    Published& p = published_[self.engine_name];
-    p.bytes = std::move(bytes);
-    p.instance_id = self.instance_id;
-    p.lost = p.failing = false;
-    if (!refresher_.joinable()) refresher_ = std::thread([this] { RefreshLoop(); });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Published& p = published_[self.engine_name];
+      p.bytes = std::move(bytes);
+      p.instance_id = self.instance_id;
+      p.lost = p.failing = false;
+    }
+    poller_.SetTtl(ttl_);
     return OkStatus();
   }
 
@@ -550,8 +546,7 @@ class RedisStore : public MetadataStore {
                            std::to_string(reply->type));
     }
     FERRY_ASSIGN_OR_RETURN(wire::PeerDescriptor desc, DecodeEntry(name, key, reply->str, where_));
-    std::lock_guard<std::mutex> lock(mu_);
-    watched_[std::string(name)] = std::move(reply->str);
+    poller_.Seen(std::string(name), std::move(reply->str));
     return desc;
   }
 
@@ -580,13 +575,7 @@ class RedisStore : public MetadataStore {
     return OkStatus();
   }
 
-  Status Watch(ChangeCallback on_change) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (poller_.joinable()) return FailedPreconditionError("this store is already watched");
-    callback_ = std::move(on_change);
-    poller_ = std::thread([this] { PollLoop(); });
-    return OkStatus();
-  }
+  Status Watch(ChangeCallback on_change) override { return poller_.Watch(std::move(on_change)); }
 
  private:
   std::string Key(std::string_view name) const { return SegmentKey(cluster_, name); }
@@ -663,39 +652,32 @@ class RedisStore : public MetadataStore {
       // engine died moments ago) is waited for; a live one is refused.
       const milliseconds time_left = Left(deadline) - kClaimReserve;
       if (!claim || pttl <= 0 || milliseconds(pttl) >= time_left) return mine;
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::min(milliseconds(pttl) + milliseconds(1), kClaimRetry), [&] { return stopping_; });
-      if (stopping_) return CancelledError("the store is shutting down");
+      if (!poller_.WaitFor(std::min(milliseconds(pttl) + milliseconds(1), kClaimRetry))) {
+        return CancelledError("the store is shutting down");
+      }
     }
     return UnavailableError("the value under key '" + key + "' in " + where_ + " kept changing while this engine wrote it");
   }
 
-  void RefreshLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopping_) {
-      cv_.wait_for(lock, std::max(ttl_ / 3, milliseconds(10)), [&] { return stopping_; });
-      if (stopping_) break;
-      std::vector<std::string> names;
-      for (const auto& [name, p] : published_) names.push_back(name);
-      lock.unlock();
-      {
-        std::lock_guard<std::mutex> write(write_mu_);
-        for (const auto& name : names) {
-          Published p;
-          {
-            std::lock_guard<std::mutex> l(mu_);
-            if (stopping_) break;
-            auto it = published_.find(name);
-            if (it == published_.end()) continue;  // removed meanwhile
-            p = it->second;
-          }
-          const auto deadline = Clock::now() + std::clamp(ttl_ / 3, kMinRefreshTimeout, kMaxRefreshTimeout);
-          const Status s = Write(name, p.instance_id, Key(name), p.bytes, p.bytes, deadline);
-          Report(name, s);
-        }
-      }
-      lock.lock();
+  std::vector<std::string> PublishedNames() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> names;
+    for (const auto& [name, p] : published_) names.push_back(name);
+    return names;
+  }
+
+  // The refresher's compare-and-set of one entry.
+  void Refresh(const std::string& name, milliseconds timeout) {
+    std::lock_guard<std::mutex> write(write_mu_);
+    Published p;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = published_.find(name);
+      if (it == published_.end()) return;  // removed meanwhile
+      p = it->second;
     }
+    const Status s = Write(name, p.instance_id, Key(name), p.bytes, p.bytes, Clock::now() + timeout);
+    Report(name, s);
   }
 
   // Logs a refresh's outcome once per change of state.
@@ -726,53 +708,28 @@ class RedisStore : public MetadataStore {
     }
   }
 
-  void PollLoop() {
-    Connection conn(url_);
-    uint64_t seen_connects = 0;
-    Clock::time_point grace_until{};
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopping_) {
-      cv_.wait_for(lock, kPollInterval, [&] { return stopping_; });
-      if (stopping_) break;
-      if (watched_.empty()) continue;
-      std::vector<std::pair<std::string, std::optional<std::string>>> seen(watched_.begin(), watched_.end());
-      lock.unlock();
-      std::vector<std::string> args{"MGET"};
-      for (const auto& [name, last] : seen) args.push_back(Key(name));
-      auto reply = conn.Run(args, Clock::now() + kPollTimeout);
-      std::vector<std::string> changed;
-      if (reply.ok() && reply->type == REDIS_REPLY_ARRAY && reply->elements.size() == seen.size()) {
-        if (conn.connects() != seen_connects) {
-          // Reconnected: the server may have restarted empty. Its entries
-          // come back with their owners' next refreshes; vanished values
-          // are not news until a TTL has passed.
-          if (seen_connects != 0) grace_until = Clock::now() + ttl_ + kPollInterval;
-          seen_connects = conn.connects();
-        }
-        const bool grace = Clock::now() < grace_until;
-        for (size_t i = 0; i < seen.size(); ++i) {
-          const Value& e = reply->elements[i];
-          std::optional<std::string> now;
-          if (e.type == REDIS_REPLY_STRING) now = e.str;  // MGET answers nil for other types too
-          if (now == seen[i].second || (!now && grace)) continue;
-          std::lock_guard<std::mutex> l(mu_);
-          auto it = watched_.find(seen[i].first);
-          if (it == watched_.end() || it->second != seen[i].second) continue;  // Fetch saw newer bytes meanwhile
-          it->second = std::move(now);
-          changed.push_back(seen[i].first);
-        }
-      }
-      for (const auto& name : changed) {
-        if (StopRequested()) break;
-        callback_(name);  // must not block (the engine only marks the segment)
-      }
-      lock.lock();
+  // The watcher's poll: one MGET of every name on the watcher's own
+  // connection; no reply says nothing about any name.
+  std::vector<StorePoller::Reading> Read(const std::vector<std::string>& names) {
+    std::vector<std::string> args{"MGET"};
+    for (const std::string& name : names) args.push_back(Key(name));
+    auto reply = poll_conn_.Run(args, Clock::now() + kPollTimeout);
+    if (!reply.ok() || reply->type != REDIS_REPLY_ARRAY || reply->elements.size() != names.size()) return {};
+    if (poll_conn_.connects() != seen_connects_) {
+      // Reconnected: the server may have restarted empty. Its entries come
+      // back with their owners' next refreshes; vanished values are not
+      // news until a TTL has passed.
+      if (seen_connects_ != 0) grace_until_ = Clock::now() + ttl_ + kPollInterval;
+      seen_connects_ = poll_conn_.connects();
     }
-  }
-
-  bool StopRequested() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stopping_;
+    const bool grace = Clock::now() < grace_until_;
+    std::vector<StorePoller::Reading> out(names.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+      const Value& e = reply->elements[i];
+      if (e.type == REDIS_REPLY_STRING) out[i].value = e.str;  // MGET answers nil for other types too
+      out[i].known = out[i].value.has_value() || !grace;
+    }
+    return out;
   }
 
   const Url url_;
@@ -785,12 +742,14 @@ class RedisStore : public MetadataStore {
   std::vector<std::unique_ptr<Connection>> idle_;  // guarded by pool_mu_
   std::mutex write_mu_;  // one write of this store's entries at a time; taken before mu_
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                                      // guarded by mu_
-  std::map<std::string, Published> published_;                 // guarded by mu_
-  std::map<std::string, std::optional<std::string>> watched_;  // name -> bytes last seen; guarded by mu_
-  ChangeCallback callback_;  // set before poller_ starts
-  std::thread refresher_, poller_;
+  std::map<std::string, Published> published_;  // guarded by mu_
+  // The watcher's (StorePoller::Hooks::read) own connection, how many times
+  // it had connected at the last poll, and until when vanished values are
+  // not news (after a reconnect). Used on the watcher thread only.
+  Connection poll_conn_;
+  uint64_t seen_connects_ = 0;
+  Clock::time_point grace_until_{};
+  StorePoller poller_;  // last: its threads use the members above
 };
 
 }  // namespace
