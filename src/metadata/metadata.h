@@ -18,7 +18,29 @@
 //  - "redis://[USER:PASS@]H:P[/DB]" (src/metadata/redis/): keys with a TTL
 //    the store refreshes; watches poll.
 // Which backends exist, and which this build has: metadata/registry.h.
-// Implementations are thread-safe.
+//
+// Thread contract:
+//  - Publish, Fetch, Remove and Watch may be called from any thread, at the
+//    same time; a store orders its own writes (Publish, Remove) itself. Watch
+//    is called at most once. The destructor must not overlap any other call;
+//    it ends the store's threads, waiting for a callback that is running.
+//  - Threads each backend starts:
+//      p2p     none. Fetch connects on the caller's thread; handshake requests
+//              are answered on the engine's rpc port (its stream threads).
+//      memory  none. Callbacks run on the thread that called Publish or
+//              Remove on a store of the same cluster (this one included),
+//              before that call returns.
+//      http,   a refresher, at the first Publish (http: the first whose
+//      redis   reply carries a TTL), and a watcher, at Watch; both are
+//              metadata/poller.h's. Callbacks run on the watcher.
+//      etcd    the lease keep-alive, at the first Publish; the watcher (one
+//              streamed request), at Watch. Callbacks run on the watcher.
+//  - A store runs one callback at a time, and none once its destructor has
+//    returned. A callback must not block — it holds up the store's polling,
+//    or (memory) the publisher — and must not call into this store or, for
+//    memory, any store of its cluster (memory calls it under a lock that
+//    Publish and Remove take), nor destroy the store. The engine's callback
+//    only marks the peer stale; its next transfer there fetches it again.
 #pragma once
 
 #include <chrono>
@@ -50,8 +72,8 @@ class MetadataStore {
   virtual Status Remove(std::string_view name) = 0;
 
   // Called with a peer's name when its published descriptor changed or was
-  // removed; the engine then fetches it again before the next transfer. On
-  // a store's thread: must not block.
+  // removed; the engine then fetches it again before the next transfer. Which
+  // thread runs it and what it may do: the thread contract above.
   using ChangeCallback = std::function<void(const std::string& name)>;
   // kUnimplemented where the store cannot watch (P2P).
   virtual Status Watch(ChangeCallback on_change) = 0;
