@@ -56,18 +56,21 @@ StatusOr<Url> ParseUrl(std::string_view text) {
   Url u;
   u.text = std::string(text);
   const auto bad = [&](const std::string& why) {
-    return InvalidArgumentError("metadata '" + u.text + "': " + why +
-                                " (expected http://HOST[:PORT][/PATH], e.g. http://10.0.0.1:8080/metadata)");
+    return InvalidArgumentError(
+        "metadata '" + u.text + "': " + why +
+        " (expected http://HOST[:PORT][/PATH], e.g. http://10.0.0.1:8080/metadata)");
   };
   if (text.substr(0, 8) == "https://") return bad("https is not supported; use http://");
   if (text.substr(0, 7) != "http://") return bad("not an http:// URL");
   std::string_view rest = text.substr(7);
-  if (rest.find_first_of("?#") != std::string_view::npos) return bad("a query or fragment is not allowed");
+  if (rest.find_first_of("?#") != std::string_view::npos)
+    return bad("a query or fragment is not allowed");
   const size_t slash = rest.find('/');
   std::string_view authority = rest.substr(0, slash);
   if (slash != std::string_view::npos) u.path = std::string(rest.substr(slash));
   if (u.path.empty()) u.path = "/metadata";
-  if (authority.find('@') != std::string_view::npos) return bad("user information is not supported");
+  if (authority.find('@') != std::string_view::npos)
+    return bad("user information is not supported");
   std::string_view port;
   bool has_port = false;
   if (!authority.empty() && authority.front() == '[') {
@@ -103,8 +106,8 @@ std::string QueryEscape(std::string_view s) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
   for (unsigned char c : s) {
-    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
-        c == '_' || c == '~' || c == '/') {
+    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+        c == '.' || c == '_' || c == '~' || c == '/') {
       out += static_cast<char>(c);
     } else {
       out += '%';
@@ -126,7 +129,9 @@ struct Reply {
 class HttpStore : public MetadataStore {
  public:
   HttpStore(Url url, const MetadataContext& ctx)
-      : url_(std::move(url)), where_("the metadata service at " + url_.text), cluster_(ctx.cluster),
+      : url_(std::move(url)),
+        where_("the metadata service at " + url_.text),
+        cluster_(ctx.cluster),
         write_timeout_(ctx.timeout),
         poller_({[this] { return PublishedNames(); },
                  [this](const std::string& name, milliseconds timeout) { Refresh(name, timeout); },
@@ -158,7 +163,8 @@ class HttpStore : public MetadataStore {
     if (!r.error.empty()) return Unreachable("PUT", key, r.error);
     if (r.status != 200) return Answered("PUT", key, r);
     milliseconds ttl{0};
-    if (AllDigits(r.ttl) && r.ttl.size() < 12) ttl = milliseconds(std::strtoull(r.ttl.c_str(), nullptr, 10));
+    if (AllDigits(r.ttl) && r.ttl.size() < 12)
+      ttl = milliseconds(std::strtoull(r.ttl.c_str(), nullptr, 10));
     {
       std::lock_guard<std::mutex> lock(mu_);
       claimed_.insert(self.engine_name);
@@ -173,16 +179,17 @@ class HttpStore : public MetadataStore {
     const std::string key = Key(name);
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
-      return UnavailableError("no time left to ask the metadata service at " + url_.text + " for segment '" +
-                              std::string(name) + "'");
+      return UnavailableError("no time left to ask the metadata service at " + url_.text +
+                              " for segment '" + std::string(name) + "'");
     }
     Reply r = Call("GET", key, "", left);
     if (!r.error.empty()) {
-      return UnavailableError("cannot reach the metadata service at " + url_.text + " for segment '" +
-                              std::string(name) + "': " + r.error);
+      return UnavailableError("cannot reach the metadata service at " + url_.text +
+                              " for segment '" + std::string(name) + "': " + r.error);
     }
     if (r.status == 404) {
-      return UnavailableError("no segment '" + std::string(name) + "' in the metadata service at " + url_.text);
+      return UnavailableError("no segment '" + std::string(name) + "' in the metadata service at " +
+                              url_.text);
     }
     if (r.status != 200) return Answered("GET", key, r);
     FERRY_ASSIGN_OR_RETURN(wire::PeerDescriptor desc, DecodeEntry(name, key, r.body, where_));
@@ -212,14 +219,15 @@ class HttpStore : public MetadataStore {
   std::string Key(std::string_view name) const { return SegmentKey(cluster_, name); }
 
   Status Unreachable(const char* method, const std::string& key, const std::string& error) const {
-    return UnavailableError("cannot reach the metadata service at " + url_.text + " (" + method + " " + key +
-                            "): " + error);
+    return UnavailableError("cannot reach the metadata service at " + url_.text + " (" + method +
+                            " " + key + "): " + error);
   }
   Status Answered(const char* method, const std::string& key, const Reply& r) const {
     std::string body = r.body.substr(0, 200);
     while (!body.empty() && (body.back() == '\n' || body.back() == '\r')) body.pop_back();
-    return UnavailableError("the metadata service at " + url_.text + " answered " + method + " " + key +
-                            " with status " + std::to_string(r.status) + (body.empty() ? "" : ": " + body));
+    return UnavailableError("the metadata service at " + url_.text + " answered " + method + " " +
+                            key + " with status " + std::to_string(r.status) +
+                            (body.empty() ? "" : ": " + body));
   }
 
   // One request on a connection of its own (the store's threads never share
@@ -259,10 +267,18 @@ class HttpStore : public MetadataStore {
       }
       if (!res) {
         switch (res.error()) {
-          case httplib::Error::Connection: out.error = "cannot connect (refused or unreachable)"; break;
-          case httplib::Error::ConnectionTimeout: out.error = "connect timed out"; break;
-          case httplib::Error::Read: out.error = "no answer in time (read failed or timed out)"; break;
-          default: out.error = "HTTP error " + httplib::to_string(res.error()); break;
+          case httplib::Error::Connection:
+            out.error = "cannot connect (refused or unreachable)";
+            break;
+          case httplib::Error::ConnectionTimeout:
+            out.error = "connect timed out";
+            break;
+          case httplib::Error::Read:
+            out.error = "no answer in time (read failed or timed out)";
+            break;
+          default:
+            out.error = "HTTP error " + httplib::to_string(res.error());
+            break;
         }
         return out;
       }
@@ -334,7 +350,8 @@ class HttpStore : public MetadataStore {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url, const MetadataContext& ctx) {
+StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url,
+                                                       const MetadataContext& ctx) {
   FERRY_ASSIGN_OR_RETURN(Url u, ParseUrl(url));
   return std::unique_ptr<MetadataStore>(std::make_unique<HttpStore>(std::move(u), ctx));
 }

@@ -57,7 +57,8 @@ std::shared_ptr<Cluster> ClusterNamed(std::string_view name) {
 
 class MemoryStore : public MetadataStore {
  public:
-  explicit MemoryStore(std::string cluster) : name_(std::move(cluster)), cluster_(ClusterNamed(name_)) {}
+  explicit MemoryStore(std::string cluster)
+      : name_(std::move(cluster)), cluster_(ClusterNamed(name_)) {}
   ~MemoryStore() override {
     if (watcher_) {
       std::lock_guard<std::mutex> lock(watcher_->mu);
@@ -72,7 +73,8 @@ class MemoryStore : public MetadataStore {
       if (it != cluster_->entries.end() && it->second.instance_id != self.instance_id &&
           published_.count(self.engine_name) == 0) {
         return AlreadyExistsError("segment name '" + self.engine_name + "' is held by engine " +
-                                  it->second.peer_id + " (instance " + std::to_string(it->second.instance_id) +
+                                  it->second.peer_id + " (instance " +
+                                  std::to_string(it->second.instance_id) +
                                   ") in metadata cluster memory://" + name_);
       }
       cluster_->entries[self.engine_name] = self;
@@ -87,7 +89,8 @@ class MemoryStore : public MetadataStore {
     std::lock_guard<std::mutex> lock(cluster_->mu);
     auto it = cluster_->entries.find(name);
     if (it == cluster_->entries.end()) {
-      return UnavailableError("no segment '" + std::string(name) + "' in metadata cluster memory://" + name_);
+      return UnavailableError("no segment '" + std::string(name) +
+                              "' in metadata cluster memory://" + name_);
     }
     return it->second;
   }
@@ -137,9 +140,13 @@ StatusOr<std::unique_ptr<MetadataStore>> MakeMemoryStore(std::string_view url,
 }
 
 MetadataBackend MemoryBackend() {
-  return {"memory", "memory://CLUSTER",
+  return {"memory",
+          "memory://CLUSTER",
           "engines of one process share a store (tests, single-process use)",
-          TakesMemoryUrl, /*keyed=*/true, NothingLacking, MakeMemoryStore};
+          TakesMemoryUrl,
+          /*keyed=*/true,
+          NothingLacking,
+          MakeMemoryStore};
 }
 
 }  // namespace ferry::internal
