@@ -32,7 +32,8 @@ struct MetadataBackend {
   bool keyed;
   // "" where this build has the backend, else the packages it needs.
   std::string_view (*lacks)();
-  // Only called where `lacks()` is "".
+  // MakeMetadataStore calls it only where `lacks()` is ""; a missing
+  // store's (NAME_missing.cc) returns NotBuiltError.
   Factory make;
 };
 
