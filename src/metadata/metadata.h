@@ -17,7 +17,30 @@
 //    on the prefix, fail-over between endpoints.
 //  - "redis://[USER:PASS@]H:P[/DB]" (src/metadata/redis/): keys with a TTL
 //    the store refreshes; watches poll.
-// Implementations are thread-safe.
+// Which backends exist, and which this build has: metadata/registry.h.
+//
+// Thread contract:
+//  - Publish, Fetch, Remove and Watch may be called from any thread, at the
+//    same time; a store orders its own writes (Publish, Remove) itself. Watch
+//    is called at most once. The destructor must not overlap any other call;
+//    it ends the store's threads, waiting for a callback that is running.
+//  - Threads each backend starts:
+//      p2p     none. Fetch connects on the caller's thread; handshake requests
+//              are answered on the engine's rpc port (its stream threads).
+//      memory  none. Callbacks run on the thread that called Publish or
+//              Remove on a store of the same cluster (this one included),
+//              before that call returns.
+//      http,   a refresher, at the first Publish (http: the first whose
+//      redis   reply carries a TTL), and a watcher, at Watch; both are
+//              metadata/poller.h's. Callbacks run on the watcher.
+//      etcd    the lease keep-alive, at the first Publish; the watcher (one
+//              streamed request), at Watch. Callbacks run on the watcher.
+//  - A store runs one callback at a time, and none once its destructor has
+//    returned. A callback must not block — it holds up the store's polling,
+//    or (memory) the publisher — and must not call into this store or, for
+//    memory, any store of its cluster (memory calls it under a lock that
+//    Publish and Remove take), nor destroy the store. The engine's callback
+//    only marks the peer stale; its next transfer there fetches it again.
 #pragma once
 
 #include <chrono>
@@ -49,8 +72,8 @@ class MetadataStore {
   virtual Status Remove(std::string_view name) = 0;
 
   // Called with a peer's name when its published descriptor changed or was
-  // removed; the engine then fetches it again before the next transfer. On
-  // a store's thread: must not block.
+  // removed; the engine then fetches it again before the next transfer. Which
+  // thread runs it and what it may do: the thread contract above.
   using ChangeCallback = std::function<void(const std::string& name)>;
   // kUnimplemented where the store cannot watch (P2P).
   virtual Status Watch(ChangeCallback on_change) = 0;
@@ -75,23 +98,11 @@ struct MetadataContext {
 };
 
 // kInvalidArgument for a malformed or unknown connection string,
-// kUnimplemented for services this build does not support yet.
+// kUnimplemented for a backend this build lacks (saying what to install).
 StatusOr<std::unique_ptr<MetadataStore>> MakeMetadataStore(std::string_view url, const MetadataContext& ctx);
 
 // "p2p", "memory", "http", "etcd", "redis", or "" for a string no backend
-// takes (metadata.cc).
+// takes (the table of metadata/registry.h decides).
 std::string_view MetadataBackendName(std::string_view url);
-
-// Each store's factory (metadata.cc dispatches on the scheme).
-StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(const MetadataContext& ctx);
-StatusOr<std::unique_ptr<MetadataStore>> MakeMemoryStore(std::string_view cluster);
-// `url` is the whole connection string ("http://HOST[:PORT][/PATH]");
-// kInvalidArgument naming it when it is malformed. Only in builds with
-// cpp-httplib (FERRY_HAVE_HTTP_METADATA).
-StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url, const MetadataContext& ctx);
-// "etcd://H:P[,H:P...]" or "H:P[,H:P...]" (FERRY_HAVE_ETCD_METADATA).
-StatusOr<std::unique_ptr<MetadataStore>> MakeEtcdStore(std::string_view url, const MetadataContext& ctx);
-// "redis://[USER:PASS@]H:P[/DB]" (FERRY_HAVE_REDIS_METADATA).
-StatusOr<std::unique_ptr<MetadataStore>> MakeRedisStore(std::string_view url, const MetadataContext& ctx);
 
 }  // namespace ferry::internal

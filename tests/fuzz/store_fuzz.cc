@@ -30,6 +30,7 @@
 #include "fuzz_targets.h"
 #include "metadata/entries.h"
 #include "metadata/metadata.h"
+#include "metadata/registry.h"
 
 namespace ferry::fuzz {
 namespace {

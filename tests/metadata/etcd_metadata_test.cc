@@ -75,12 +75,13 @@ TEST(EtcdMetadataTest, UnreachableClusterFailsEngineCreationWithUnavailable) {
 TEST(EtcdMetadataTest, BareHostPortAndADeadFirstEndpointWork) {
   EtcdCluster etcd;
   ASSERT_TRUE(etcd.Start(1));
+  // Registered memory outlives the engines (declared before them).
+  AlignedBuffer remote(1 << 16), local(1 << 16);
   // Mooncake's form: a bare HOST:PORT is etcd; a dead endpoint first in the
   // list hands every call on to the live one.
   auto decode = MakeEngine(Options(DeadEndpoint() + "," + etcd.endpoint(0), "decode-0"));
   auto prefill = MakeEngine(Options(etcd.endpoint(0), "prefill-0"));
   ASSERT_TRUE(decode && prefill);
-  AlignedBuffer remote(1 << 16), local(1 << 16);
   FillPattern(remote.data(), 1 << 16, 3, 0);
   ASSERT_OK(decode->RegisterMemory(remote.data(), 1 << 16));
   ASSERT_OK(prefill->RegisterMemory(local.data(), 1 << 16));
@@ -92,10 +93,11 @@ TEST(EtcdMetadataTest, BareHostPortAndADeadFirstEndpointWork) {
 TEST(EtcdMetadataTest, ThreeMemberClusterKeepsWorkingWithOneMemberKilled) {
   EtcdCluster etcd;
   ASSERT_TRUE(etcd.Start(3));
+  // Registered memory outlives the engines (declared before them).
+  AlignedBuffer remote(4096), local(4096), late_buf(4096), second(4096);
   auto decode = MakeEngine(Options(etcd.url(), "decode-0"));
   auto prefill = MakeEngine(Options(etcd.url(), "prefill-0"));
   ASSERT_TRUE(decode && prefill);
-  AlignedBuffer remote(4096), local(4096);
   FillPattern(remote.data(), 4096, 8, 0);
   ASSERT_OK(decode->RegisterMemory(remote.data(), 4096));
   ASSERT_OK(prefill->RegisterMemory(local.data(), 4096));
@@ -108,7 +110,6 @@ TEST(EtcdMetadataTest, ThreeMemberClusterKeepsWorkingWithOneMemberKilled) {
   std::this_thread::sleep_for(3 * 2s);
   auto late = MakeEngine(Options(etcd.url(), "late-0"));
   ASSERT_TRUE(late);
-  AlignedBuffer late_buf(4096);
   ASSERT_OK(late->RegisterMemory(late_buf.data(), 4096));
   ASSERT_OK_AND_ASSIGN(SegmentHandle late_seg, late->OpenSegment("decode-0"));
   ASSERT_OK(late->TransferSync({Opcode::kRead, late_buf.data(), late_seg, remote.addr(), 4096}));
@@ -121,7 +122,6 @@ TEST(EtcdMetadataTest, ThreeMemberClusterKeepsWorkingWithOneMemberKilled) {
   decode.reset();
   decode = MakeEngine(Options(etcd.url(), "decode-0"));
   ASSERT_TRUE(decode);
-  AlignedBuffer second(4096);
   FillPattern(second.data(), 4096, 9, 0);
   ASSERT_OK(decode->RegisterMemory(second.data(), 4096));
   Status last = UnavailableError("never tried");

@@ -318,10 +318,10 @@ TEST_F(RedisMetadataTest, EngineRestartedRightAfterACrashWaitsForItsPredecessors
 }
 
 TEST_F(RedisMetadataTest, RestartedEmptyServerGetsTheEntriesBack) {
+  AlignedBuffer remote(kBufferSize);  // registered memory outlives the engines
   auto decode = MakeEngine("decode-0");
   auto prefill = MakeEngine("prefill-0");
   ASSERT_TRUE(decode && prefill);
-  AlignedBuffer remote(kBufferSize);
   FillPattern(remote.data(), kBufferSize, 5, 0);
   ASSERT_OK(decode->RegisterMemory(remote.data(), kBufferSize));
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, prefill->OpenSegment("decode-0"));

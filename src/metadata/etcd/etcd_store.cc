@@ -44,6 +44,7 @@
 #include "common/log.h"
 #include "metadata/entries.h"
 #include "metadata/metadata.h"
+#include "metadata/registry.h"
 
 namespace ferry::internal {
 namespace {
@@ -622,5 +623,7 @@ StatusOr<std::unique_ptr<MetadataStore>> MakeEtcdStore(std::string_view url, con
   if (shown.substr(0, 7) != "etcd://") shown = "etcd://" + shown;
   return std::unique_ptr<MetadataStore>(std::make_unique<EtcdStore>(std::move(shown), std::move(endpoints), ctx));
 }
+
+std::string_view EtcdStoreLacks() { return ""; }
 
 }  // namespace ferry::internal

@@ -10,26 +10,27 @@
 //
 // Publishing a name the first time checks that no live entry of another
 // instance holds it (there is no compare-and-set in the protocol: two engines
-// claiming one name in the same instant can both win). A refresh thread
-// re-PUTs what this store published every T/3, so a crashed engine's entry
-// expires and its name frees itself. Watches poll every name Fetch returned.
+// claiming one name in the same instant can both win). The refresher
+// (metadata/poller.h) re-PUTs what this store published every T/3, so a
+// crashed engine's entry expires and its name frees itself. Watches poll
+// every name Fetch returned, one GET each.
 // Values read from the service are untrusted: anything that does not decode
 // is kDataLoss, never a crash.
 #include <httplib.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
-#include <thread>
 #include <vector>
 
 #include "common/log.h"
 #include "metadata/entries.h"
 #include "metadata/metadata.h"
+#include "metadata/poller.h"
+#include "metadata/registry.h"
 
 namespace ferry::internal {
 namespace {
@@ -39,7 +40,6 @@ using std::chrono::milliseconds;
 constexpr size_t kMaxValue = size_t{16} << 20;  // as `ferry metadata-server` accepts
 constexpr milliseconds kPollInterval{500};
 constexpr milliseconds kPollTimeout{1000};
-constexpr milliseconds kMaxRefreshTimeout{2000};
 
 struct Url {
   std::string text;  // as given
@@ -56,18 +56,21 @@ StatusOr<Url> ParseUrl(std::string_view text) {
   Url u;
   u.text = std::string(text);
   const auto bad = [&](const std::string& why) {
-    return InvalidArgumentError("metadata '" + u.text + "': " + why +
-                                " (expected http://HOST[:PORT][/PATH], e.g. http://10.0.0.1:8080/metadata)");
+    return InvalidArgumentError(
+        "metadata '" + u.text + "': " + why +
+        " (expected http://HOST[:PORT][/PATH], e.g. http://10.0.0.1:8080/metadata)");
   };
   if (text.substr(0, 8) == "https://") return bad("https is not supported; use http://");
   if (text.substr(0, 7) != "http://") return bad("not an http:// URL");
   std::string_view rest = text.substr(7);
-  if (rest.find_first_of("?#") != std::string_view::npos) return bad("a query or fragment is not allowed");
+  if (rest.find_first_of("?#") != std::string_view::npos)
+    return bad("a query or fragment is not allowed");
   const size_t slash = rest.find('/');
   std::string_view authority = rest.substr(0, slash);
   if (slash != std::string_view::npos) u.path = std::string(rest.substr(slash));
   if (u.path.empty()) u.path = "/metadata";
-  if (authority.find('@') != std::string_view::npos) return bad("user information is not supported");
+  if (authority.find('@') != std::string_view::npos)
+    return bad("user information is not supported");
   std::string_view port;
   bool has_port = false;
   if (!authority.empty() && authority.front() == '[') {
@@ -103,8 +106,8 @@ std::string QueryEscape(std::string_view s) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
   for (unsigned char c : s) {
-    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
-        c == '_' || c == '~' || c == '/') {
+    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+        c == '.' || c == '_' || c == '~' || c == '/') {
       out += static_cast<char>(c);
     } else {
       out += '%';
@@ -126,18 +129,16 @@ struct Reply {
 class HttpStore : public MetadataStore {
  public:
   HttpStore(Url url, const MetadataContext& ctx)
-      : url_(std::move(url)), where_("the metadata service at " + url_.text), cluster_(ctx.cluster),
-        write_timeout_(ctx.timeout) {}
+      : url_(std::move(url)),
+        where_("the metadata service at " + url_.text),
+        cluster_(ctx.cluster),
+        write_timeout_(ctx.timeout),
+        poller_({[this] { return PublishedNames(); },
+                 [this](const std::string& name, milliseconds timeout) { Refresh(name, timeout); },
+                 [this](const std::vector<std::string>& names) { return Read(names); }},
+                kPollInterval) {}
 
-  ~HttpStore() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (refresher_.joinable()) refresher_.join();
-    if (poller_.joinable()) poller_.join();
-  }
+  ~HttpStore() override { poller_.Stop(); }
 
   Status Publish(const wire::PeerDescriptor& self) override {
     std::string bytes;
@@ -162,13 +163,14 @@ class HttpStore : public MetadataStore {
     if (!r.error.empty()) return Unreachable("PUT", key, r.error);
     if (r.status != 200) return Answered("PUT", key, r);
     milliseconds ttl{0};
-    if (AllDigits(r.ttl) && r.ttl.size() < 12) ttl = milliseconds(std::strtoull(r.ttl.c_str(), nullptr, 10));
-    std::lock_guard<std::mutex> lock(mu_);
-    claimed_.insert(self.engine_name);
-    published_[self.engine_name] = std::move(bytes);
-    ttl_ = ttl;
-    if (ttl_.count() > 0 && !refresher_.joinable()) refresher_ = std::thread([this] { RefreshLoop(); });
-    cv_.notify_all();  // a changed TTL takes effect now
+    if (AllDigits(r.ttl) && r.ttl.size() < 12)
+      ttl = milliseconds(std::strtoull(r.ttl.c_str(), nullptr, 10));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      claimed_.insert(self.engine_name);
+      published_[self.engine_name] = std::move(bytes);
+    }
+    poller_.SetTtl(ttl);
     return OkStatus();
   }
 
@@ -177,21 +179,21 @@ class HttpStore : public MetadataStore {
     const std::string key = Key(name);
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
-      return UnavailableError("no time left to ask the metadata service at " + url_.text + " for segment '" +
-                              std::string(name) + "'");
+      return UnavailableError("no time left to ask the metadata service at " + url_.text +
+                              " for segment '" + std::string(name) + "'");
     }
     Reply r = Call("GET", key, "", left);
     if (!r.error.empty()) {
-      return UnavailableError("cannot reach the metadata service at " + url_.text + " for segment '" +
-                              std::string(name) + "': " + r.error);
+      return UnavailableError("cannot reach the metadata service at " + url_.text +
+                              " for segment '" + std::string(name) + "': " + r.error);
     }
     if (r.status == 404) {
-      return UnavailableError("no segment '" + std::string(name) + "' in the metadata service at " + url_.text);
+      return UnavailableError("no segment '" + std::string(name) + "' in the metadata service at " +
+                              url_.text);
     }
     if (r.status != 200) return Answered("GET", key, r);
     FERRY_ASSIGN_OR_RETURN(wire::PeerDescriptor desc, DecodeEntry(name, key, r.body, where_));
-    std::lock_guard<std::mutex> lock(mu_);
-    watched_[std::string(name)] = std::move(r.body);
+    poller_.Seen(std::string(name), std::move(r.body));
     return desc;
   }
 
@@ -211,26 +213,21 @@ class HttpStore : public MetadataStore {
     return OkStatus();
   }
 
-  Status Watch(ChangeCallback on_change) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (poller_.joinable()) return FailedPreconditionError("this store is already watched");
-    callback_ = std::move(on_change);
-    poller_ = std::thread([this] { PollLoop(); });
-    return OkStatus();
-  }
+  Status Watch(ChangeCallback on_change) override { return poller_.Watch(std::move(on_change)); }
 
  private:
   std::string Key(std::string_view name) const { return SegmentKey(cluster_, name); }
 
   Status Unreachable(const char* method, const std::string& key, const std::string& error) const {
-    return UnavailableError("cannot reach the metadata service at " + url_.text + " (" + method + " " + key +
-                            "): " + error);
+    return UnavailableError("cannot reach the metadata service at " + url_.text + " (" + method +
+                            " " + key + "): " + error);
   }
   Status Answered(const char* method, const std::string& key, const Reply& r) const {
     std::string body = r.body.substr(0, 200);
     while (!body.empty() && (body.back() == '\n' || body.back() == '\r')) body.pop_back();
-    return UnavailableError("the metadata service at " + url_.text + " answered " + method + " " + key +
-                            " with status " + std::to_string(r.status) + (body.empty() ? "" : ": " + body));
+    return UnavailableError("the metadata service at " + url_.text + " answered " + method + " " +
+                            key + " with status " + std::to_string(r.status) +
+                            (body.empty() ? "" : ": " + body));
   }
 
   // One request on a connection of its own (the store's threads never share
@@ -270,10 +267,18 @@ class HttpStore : public MetadataStore {
       }
       if (!res) {
         switch (res.error()) {
-          case httplib::Error::Connection: out.error = "cannot connect (refused or unreachable)"; break;
-          case httplib::Error::ConnectionTimeout: out.error = "connect timed out"; break;
-          case httplib::Error::Read: out.error = "no answer in time (read failed or timed out)"; break;
-          default: out.error = "HTTP error " + httplib::to_string(res.error()); break;
+          case httplib::Error::Connection:
+            out.error = "cannot connect (refused or unreachable)";
+            break;
+          case httplib::Error::ConnectionTimeout:
+            out.error = "connect timed out";
+            break;
+          case httplib::Error::Read:
+            out.error = "no answer in time (read failed or timed out)";
+            break;
+          default:
+            out.error = "HTTP error " + httplib::to_string(res.error());
+            break;
         }
         return out;
       }
@@ -287,80 +292,48 @@ class HttpStore : public MetadataStore {
     return out;
   }
 
-  void RefreshLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    bool failing = false;
-    while (!stopping_) {
-      const milliseconds interval = std::max(ttl_ / 3, milliseconds(10));
-      cv_.wait_for(lock, interval, [&] { return stopping_; });
-      if (stopping_ || ttl_.count() == 0) break;
-      const milliseconds timeout = std::clamp(ttl_ / 3, milliseconds(100), kMaxRefreshTimeout);
-      std::vector<std::string> names;
-      for (const auto& [name, bytes] : published_) names.push_back(name);
-      lock.unlock();
-      {
-        std::lock_guard<std::mutex> write(write_mu_);
-        for (const auto& name : names) {
-          std::string bytes;
-          {
-            std::lock_guard<std::mutex> l(mu_);
-            if (stopping_) break;
-            auto it = published_.find(name);
-            if (it == published_.end()) continue;  // removed meanwhile
-            bytes = it->second;
-          }
-          Reply r = Call("PUT", Key(name), bytes, timeout);
-          const bool ok = r.error.empty() && r.status == 200;
-          if (!ok && !failing) {
-            FERRY_LOG(kWarning, "cannot refresh segment " << name << " in the metadata service at " << url_.text
-                                                          << ": "
-                                                          << (r.error.empty() ? "status " + std::to_string(r.status)
-                                                                              : r.error)
-                                                          << "; it expires unless a refresh gets through");
-          }
-          failing = !ok;
-        }
-      }
-      lock.lock();
-    }
-  }
-
-  void PollLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopping_) {
-      cv_.wait_for(lock, kPollInterval, [&] { return stopping_; });
-      if (stopping_) break;
-      std::vector<std::pair<std::string, std::optional<std::string>>> seen(watched_.begin(), watched_.end());
-      lock.unlock();
-      std::vector<std::string> changed;
-      for (auto& [name, last] : seen) {
-        if (StopRequested()) break;
-        Reply r = Call("GET", Key(name), "", kPollTimeout);
-        std::optional<std::string> now;
-        if (!r.error.empty()) continue;  // unreachable: nothing known
-        if (r.status == 200) {
-          now = std::move(r.body);
-        } else if (r.status != 404) {
-          continue;
-        }
-        if (now == last) continue;
-        std::lock_guard<std::mutex> l(mu_);
-        auto it = watched_.find(name);
-        if (it == watched_.end() || it->second != last) continue;  // Fetch saw newer bytes meanwhile
-        it->second = std::move(now);
-        changed.push_back(name);
-      }
-      for (const auto& name : changed) {
-        if (StopRequested()) break;
-        callback_(name);  // must not block (the engine only marks the segment)
-      }
-      lock.lock();
-    }
-  }
-
-  bool StopRequested() {
+  std::vector<std::string> PublishedNames() {
     std::lock_guard<std::mutex> lock(mu_);
-    return stopping_;
+    std::vector<std::string> names;
+    for (const auto& [name, bytes] : published_) names.push_back(name);
+    return names;
+  }
+
+  // The refresher's PUT of one entry; a failure is logged when refreshes
+  // start failing.
+  void Refresh(const std::string& name, milliseconds timeout) {
+    std::lock_guard<std::mutex> write(write_mu_);
+    std::string bytes;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = published_.find(name);
+      if (it == published_.end()) return;  // removed meanwhile
+      bytes = it->second;
+    }
+    Reply r = Call("PUT", Key(name), bytes, timeout);
+    const bool ok = r.error.empty() && r.status == 200;
+    if (!ok && !refresh_failing_) {
+      FERRY_LOG(kWarning, "cannot refresh segment "
+                              << name << " in the metadata service at " << url_.text << ": "
+                              << (r.error.empty() ? "status " + std::to_string(r.status) : r.error)
+                              << "; it expires unless a refresh gets through");
+    }
+    refresh_failing_ = !ok;
+  }
+
+  // The watcher's poll: one GET per name; an unreachable service or an
+  // unexpected status says nothing about the name.
+  std::vector<StorePoller::Reading> Read(const std::vector<std::string>& names) {
+    std::vector<StorePoller::Reading> out;
+    for (const std::string& name : names) {
+      if (poller_.stopping()) break;
+      Reply r = Call("GET", Key(name), "", kPollTimeout);
+      StorePoller::Reading& now = out.emplace_back();
+      if (!r.error.empty() || (r.status != 200 && r.status != 404)) continue;
+      now.known = true;
+      if (r.status == 200) now.value = std::move(r.body);
+    }
+    return out;
   }
 
   const Url url_;
@@ -369,21 +342,20 @@ class HttpStore : public MetadataStore {
   const milliseconds write_timeout_;  // Publish, Remove: no deadline is given
   std::mutex write_mu_;  // one PUT or DELETE of this store's entries at a time; taken before mu_
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                                      // guarded by mu_
-  milliseconds ttl_{0};                                        // guarded by mu_
-  std::set<std::string> claimed_;                              // names checked free once; guarded by mu_
-  std::map<std::string, std::string> published_;               // name -> bytes to refresh; guarded by mu_
-  std::map<std::string, std::optional<std::string>> watched_;  // name -> bytes last seen; guarded by mu_
-  ChangeCallback callback_;  // set before poller_ starts
-  std::thread refresher_, poller_;
+  std::set<std::string> claimed_;                 // names checked free once; guarded by mu_
+  std::map<std::string, std::string> published_;  // name -> bytes to refresh; guarded by mu_
+  bool refresh_failing_ = false;                  // the last refresh failed; refresher thread only
+  StorePoller poller_;                            // last: its threads use the members above
 };
 
 }  // namespace
 
-StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url, const MetadataContext& ctx) {
+StatusOr<std::unique_ptr<MetadataStore>> MakeHttpStore(std::string_view url,
+                                                       const MetadataContext& ctx) {
   FERRY_ASSIGN_OR_RETURN(Url u, ParseUrl(url));
   return std::unique_ptr<MetadataStore>(std::make_unique<HttpStore>(std::move(u), ctx));
 }
+
+std::string_view HttpStoreLacks() { return ""; }
 
 }  // namespace ferry::internal

@@ -3,11 +3,14 @@
 // other engine of the cluster that watches. The process is its scope, as for
 // the local transport's directory: the clusters table is the one other
 // process-wide table Ferry keeps.
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <vector>
 
+#include "ferry/metadata.h"
 #include "metadata/metadata.h"
+#include "metadata/registry.h"
 
 namespace ferry::internal {
 namespace {
@@ -54,7 +57,8 @@ std::shared_ptr<Cluster> ClusterNamed(std::string_view name) {
 
 class MemoryStore : public MetadataStore {
  public:
-  explicit MemoryStore(std::string cluster) : name_(std::move(cluster)), cluster_(ClusterNamed(name_)) {}
+  explicit MemoryStore(std::string cluster)
+      : name_(std::move(cluster)), cluster_(ClusterNamed(name_)) {}
   ~MemoryStore() override {
     if (watcher_) {
       std::lock_guard<std::mutex> lock(watcher_->mu);
@@ -69,7 +73,8 @@ class MemoryStore : public MetadataStore {
       if (it != cluster_->entries.end() && it->second.instance_id != self.instance_id &&
           published_.count(self.engine_name) == 0) {
         return AlreadyExistsError("segment name '" + self.engine_name + "' is held by engine " +
-                                  it->second.peer_id + " (instance " + std::to_string(it->second.instance_id) +
+                                  it->second.peer_id + " (instance " +
+                                  std::to_string(it->second.instance_id) +
                                   ") in metadata cluster memory://" + name_);
       }
       cluster_->entries[self.engine_name] = self;
@@ -84,7 +89,8 @@ class MemoryStore : public MetadataStore {
     std::lock_guard<std::mutex> lock(cluster_->mu);
     auto it = cluster_->entries.find(name);
     if (it == cluster_->entries.end()) {
-      return UnavailableError("no segment '" + std::string(name) + "' in metadata cluster memory://" + name_);
+      return UnavailableError("no segment '" + std::string(name) +
+                              "' in metadata cluster memory://" + name_);
     }
     return it->second;
   }
@@ -117,10 +123,30 @@ class MemoryStore : public MetadataStore {
   std::shared_ptr<Watcher> watcher_;
 };
 
+constexpr std::string_view kScheme = "memory://";
+
+bool TakesMemoryUrl(std::string_view url) { return HasScheme(url, kScheme); }
+
 }  // namespace
 
-StatusOr<std::unique_ptr<MetadataStore>> MakeMemoryStore(std::string_view cluster) {
+StatusOr<std::unique_ptr<MetadataStore>> MakeMemoryStore(std::string_view url,
+                                                         const MetadataContext&) {
+  const std::string_view cluster = url.substr(std::min(url.size(), kScheme.size()));
+  if (!TakesMemoryUrl(url) || cluster.empty()) {
+    return InvalidArgumentError("metadata '" + RedactMetadataUrl(std::string(url)) +
+                                "' names no cluster (memory://NAME)");
+  }
   return std::unique_ptr<MetadataStore>(std::make_unique<MemoryStore>(std::string(cluster)));
+}
+
+MetadataBackend MemoryBackend() {
+  return {"memory",
+          "memory://CLUSTER",
+          "engines of one process share a store (tests, single-process use)",
+          TakesMemoryUrl,
+          /*keyed=*/true,
+          NothingLacking,
+          MakeMemoryStore};
 }
 
 }  // namespace ferry::internal

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "metadata/metadata.h"
+#include "metadata/registry.h"
 #include "transport/stream/auth.h"
 #include "transport/stream/connection.h"
 #include "wire/exchange.h"
@@ -55,7 +56,8 @@ Status Answer(const Published& published, uint16_t format_max, stream::Connectio
     auto v = wire::NegotiateWireVersion(*self, *caller);
     if (!v.ok()) {
       // Said here too, so the side being called learns who is behind.
-      FERRY_LOG(kWarning, "peer " << caller->peer_id << " cannot talk to this engine: " << v.status().message());
+      FERRY_LOG(kWarning, "peer " << caller->peer_id
+                                  << " cannot talk to this engine: " << v.status().message());
     }
   }
   std::string out;
@@ -77,8 +79,9 @@ class P2PStore : public MetadataStore {
                                        Clock::time_point deadline) override {
     auto hp = ParsePeerId(name);
     if (!hp.ok()) {
-      return hp.status().WithPrefix("P2PHANDSHAKE names peers by \"host:port\" (a metadata service "
-                                    "resolves other names)");
+      return hp.status().WithPrefix(
+          "P2PHANDSHAKE names peers by \"host:port\" (a metadata service "
+          "resolves other names)");
     }
     const std::string peer(name);
     FERRY_ASSIGN_OR_RETURN(UniqueFd fd, ConnectTo(*hp, deadline));
@@ -88,8 +91,9 @@ class P2PStore : public MetadataStore {
     wire::EncodeDescriptor(self, &body, wire::kDescriptorFormatMin);
     auto ctx = [&](const Status& s) { return s.WithPrefix("handshake with " + peer); };
     const stream::Credentials cred{secret_, self.peer_id};
-    auto resp = stream::AuthenticatedExchange(fd.get(), cred, peer, wire::FrameType::kHandshakeRequest, body,
-                                              wire::FrameType::kHandshakeResponse, deadline);
+    auto resp =
+        stream::AuthenticatedExchange(fd.get(), cred, peer, wire::FrameType::kHandshakeRequest,
+                                      body, wire::FrameType::kHandshakeResponse, deadline);
     if (!resp.ok()) return ctx(resp.status());
     auto decoded = wire::DecodeHandshakeResponse(*resp);
     if (!decoded.ok()) return ctx(decoded.status());
@@ -103,7 +107,8 @@ class P2PStore : public MetadataStore {
   }
 
   Status Watch(ChangeCallback) override {
-    return UnimplementedError("P2PHANDSHAKE cannot watch peers (a restart is found when its streams break)");
+    return UnimplementedError(
+        "P2PHANDSHAKE cannot watch peers (a restart is found when its streams break)");
   }
 
   const std::shared_ptr<Published>& published() const { return published_; }
@@ -113,9 +118,12 @@ class P2PStore : public MetadataStore {
   const std::shared_ptr<Published> published_ = std::make_shared<Published>();
 };
 
+bool TakesP2PUrl(std::string_view url) { return url.empty() || url == "P2PHANDSHAKE"; }
+
 }  // namespace
 
-StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(const MetadataContext& ctx) {
+StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(std::string_view,
+                                                      const MetadataContext& ctx) {
   auto store = std::make_unique<P2PStore>(ctx.secret);
   if (ctx.rpc_openers == nullptr) return InternalError("P2PHANDSHAKE needs the rpc port");
   std::shared_ptr<Published> published = store->published();
@@ -126,6 +134,16 @@ StatusOr<std::unique_ptr<MetadataStore>> MakeP2PStore(const MetadataContext& ctx
                          return Answer(*published, format_max, c, h, body);
                        });
   return std::unique_ptr<MetadataStore>(std::move(store));
+}
+
+MetadataBackend P2PBackend() {
+  return {"p2p",
+          "P2PHANDSHAKE",
+          "no server: peers are named HOST:PORT and asked for their descriptor",
+          TakesP2PUrl,
+          /*keyed=*/false,
+          NothingLacking,
+          MakeP2PStore};
 }
 
 }  // namespace ferry::internal

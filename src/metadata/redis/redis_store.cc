@@ -15,7 +15,8 @@
 //    store does (an engine restarted right after its predecessor died takes
 //    the name over); anything else is kAlreadyExists naming the holder and
 //    when its entry expires.
-//  - Republish, refresh (every ttl/3, from a thread) and removal are
+//  - Republish, refresh (every ttl/3, from the refresher of
+//    metadata/poller.h) and removal are
 //    compare-and-set scripts: they write (or DEL) only if the key still holds
 //    the bytes this store last wrote, or (writes) holds nothing. So after a
 //    Redis restart (empty) the entries come back within ttl/3, and a name
@@ -50,18 +51,18 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "common/log.h"
 #include "metadata/entries.h"
 #include "metadata/metadata.h"
+#include "metadata/poller.h"
+#include "metadata/registry.h"
 
 namespace ferry::internal {
 namespace {
@@ -70,10 +71,9 @@ using std::chrono::milliseconds;
 
 constexpr milliseconds kPollInterval{500};
 constexpr milliseconds kPollTimeout{500};
-constexpr milliseconds kMinRefreshTimeout{100};
-constexpr milliseconds kMaxRefreshTimeout{2000};
-constexpr milliseconds kClaimReserve{300};  // a claim stops waiting for a dying holder this long before its deadline
-constexpr milliseconds kClaimRetry{200};    // and looks again this often
+constexpr milliseconds kClaimReserve{
+    300};  // a claim stops waiting for a dying holder this long before its deadline
+constexpr milliseconds kClaimRetry{200};  // and looks again this often
 constexpr size_t kIdleConnections = 4;
 constexpr int kDefaultPort = 6379;
 constexpr char kExample[] =
@@ -124,7 +124,9 @@ struct Url {
   std::string password;
 };
 
-bool StartsWith(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
 
 bool AllDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
@@ -140,7 +142,8 @@ std::string Mask(std::string_view text) {
   if (at == std::string_view::npos) return std::string(text);
   const std::string_view userinfo = rest.substr(0, at);
   const size_t colon = userinfo.find(':');
-  const std::string shown = colon == std::string_view::npos ? "***" : std::string(userinfo.substr(0, colon)) + ":***";
+  const std::string shown =
+      colon == std::string_view::npos ? "***" : std::string(userinfo.substr(0, colon)) + ":***";
   return std::string(text.substr(0, scheme + 3)) + shown + std::string(rest.substr(at));
 }
 
@@ -173,12 +176,14 @@ StatusOr<Url> ParseUrl(std::string_view text) {
     return InvalidArgumentError("metadata '" + u.masked + "': " + why + " (" + kExample + ")");
   };
   if (StartsWith(text, "rediss://")) {
-    return UnimplementedError("metadata '" + u.masked +
-                              "': TLS (rediss://) is not supported by Ferry's Redis client; use redis:// "
-                              "(on a trusted network, or through a TLS tunnel such as stunnel)");
+    return UnimplementedError(
+        "metadata '" + u.masked +
+        "': TLS (rediss://) is not supported by Ferry's Redis client; use redis:// "
+        "(on a trusted network, or through a TLS tunnel such as stunnel)");
   }
   if (!StartsWith(text, "redis://")) return bad("not a redis:// URL");
-  if (std::any_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) <= ' ' || c == 0x7f; })) {
+  if (std::any_of(text.begin(), text.end(),
+                  [](char c) { return static_cast<unsigned char>(c) <= ' ' || c == 0x7f; })) {
     return bad("a space or control character (%-encode it in the user or password)");
   }
   std::string_view rest = text.substr(std::string_view("redis://").size());
@@ -188,24 +193,29 @@ StatusOr<Url> ParseUrl(std::string_view text) {
     rest = rest.substr(at + 1);
     const size_t colon = userinfo.find(':');
     if (colon == std::string_view::npos) {
-      return bad("the part before '@' must be USER:PASSWORD or :PASSWORD (a password alone needs the ':')");
+      return bad(
+          "the part before '@' must be USER:PASSWORD or :PASSWORD (a password alone needs the "
+          "':')");
     }
     auto user = PercentDecode(userinfo.substr(0, colon));
     auto password = PercentDecode(userinfo.substr(colon + 1));
-    if (!user || !password) return bad("a malformed %-escape in the user or password (%XX, two hex digits)");
+    if (!user || !password)
+      return bad("a malformed %-escape in the user or password (%XX, two hex digits)");
     if (password->empty()) return bad("an empty password");
     u.user = std::move(*user);
     u.password = std::move(*password);
     u.has_password = true;
   }
-  if (rest.find_first_of("?#") != std::string_view::npos) return bad("a query or fragment is not allowed");
+  if (rest.find_first_of("?#") != std::string_view::npos)
+    return bad("a query or fragment is not allowed");
   const size_t slash = rest.find('/');
   const std::string_view authority = rest.substr(0, slash);
   if (slash != std::string_view::npos) {
     const std::string_view db = rest.substr(slash + 1);
     if (!db.empty()) {
       if (!AllDigits(db) || db.size() > 9) {
-        return bad("the database must be a decimal index such as /0, not '/" + std::string(db) + "'");
+        return bad("the database must be a decimal index such as /0, not '/" + std::string(db) +
+                   "'");
       }
       u.db = std::atoi(std::string(db).c_str());
     }
@@ -235,8 +245,10 @@ StatusOr<Url> ParseUrl(std::string_view text) {
   }
   if (u.host.empty()) return bad("no host");
   if (has_port) {
-    const int value = AllDigits(port) && port.size() <= 5 ? std::atoi(std::string(port).c_str()) : 0;
-    if (value < 1 || value > 65535) return bad("a bad port '" + std::string(port) + "' (1 to 65535)");
+    const int value =
+        AllDigits(port) && port.size() <= 5 ? std::atoi(std::string(port).c_str()) : 0;
+    if (value < 1 || value > 65535)
+      return bad("a bad port '" + std::string(port) + "' (1 to 65535)");
     u.port = value;
   }
   return u;
@@ -246,7 +258,7 @@ StatusOr<Url> ParseUrl(std::string_view text) {
 
 // A reply, copied out of hiredis's.
 struct Value {
-  int type = 0;  // REDIS_REPLY_*
+  int type = 0;     // REDIS_REPLY_*
   std::string str;  // STRING, STATUS, ERROR
   long long integer = 0;
   std::vector<Value> elements;
@@ -313,7 +325,8 @@ class NoSigpipe {
 
 // Whether a refusal is about the credentials.
 bool IsAuthError(const std::string& e) {
-  return StartsWith(e, "NOAUTH") || StartsWith(e, "WRONGPASS") || e.find("invalid password") != std::string::npos ||
+  return StartsWith(e, "NOAUTH") || StartsWith(e, "WRONGPASS") ||
+         e.find("invalid password") != std::string::npos ||
          e.find("invalid username-password") != std::string::npos ||
          e.find("without any password configured") != std::string::npos;
 }
@@ -326,25 +339,30 @@ Status AuthError(std::string message) { return UnauthenticatedError(std::move(me
 Status MapErrorReply(const std::string& error, const std::string& what, const std::string& masked) {
   const std::string where = "the Redis server at " + masked;
   if (StartsWith(error, "NOAUTH")) {
-    return AuthError(where + " requires a password: give it in the connection string "
-                                "(redis://:PASSWORD@HOST:PORT, or redis://USER:PASSWORD@HOST:PORT for an ACL user) (" +
-                                error + ")");
+    return AuthError(
+        where +
+        " requires a password: give it in the connection string "
+        "(redis://:PASSWORD@HOST:PORT, or redis://USER:PASSWORD@HOST:PORT for an ACL user) (" +
+        error + ")");
   }
   if (IsAuthError(error)) {
     return AuthError(where + " refused the credentials in the connection string (" + error + ")");
   }
   if (StartsWith(error, "NOPERM")) {
-    return FailedPreconditionError(where + " does not let this user run " + what +
-                                   " (grant it +get +set +del +mget +type +pttl +eval and the key pattern; " + error +
-                                   ")");
+    return FailedPreconditionError(
+        where + " does not let this user run " + what +
+        " (grant it +get +set +del +mget +type +pttl +eval and the key pattern; " + error + ")");
   }
   if (StartsWith(error, "LOADING") || StartsWith(error, "BUSY") || StartsWith(error, "TRYAGAIN") ||
-      StartsWith(error, "MASTERDOWN") || StartsWith(error, "CLUSTERDOWN") || StartsWith(error, "READONLY")) {
+      StartsWith(error, "MASTERDOWN") || StartsWith(error, "CLUSTERDOWN") ||
+      StartsWith(error, "READONLY")) {
     return UnavailableError(where + " cannot serve " + what + " now: " + error);
   }
-  if (StartsWith(error, "OOM")) return ResourceExhaustedError(where + " is out of memory for " + what + ": " + error);
+  if (StartsWith(error, "OOM"))
+    return ResourceExhaustedError(where + " is out of memory for " + what + ": " + error);
   if (StartsWith(error, "MOVED") || StartsWith(error, "ASK ")) {
-    return FailedPreconditionError(where + " is a Redis Cluster node, which is not supported (" + error + ")");
+    return FailedPreconditionError(where + " is a Redis Cluster node, which is not supported (" +
+                                   error + ")");
   }
   return FailedPreconditionError(where + " refused " + what + ": " + error);
 }
@@ -390,7 +408,8 @@ class Connection {
     if (c_ == nullptr) return UnavailableError(unreachable + "out of memory");
     if (c_->err != 0) {
       std::string why = c_->errstr;
-      if (why.find("Resource temporarily unavailable") != std::string::npos || why.find("timed out") != std::string::npos) {
+      if (why.find("Resource temporarily unavailable") != std::string::npos ||
+          why.find("timed out") != std::string::npos) {
         why = "connect timed out after " + std::to_string(left.count()) + " ms";
       }
       Drop();
@@ -399,8 +418,9 @@ class Connection {
     // Prove the connection (and the credentials, and the database) now.
     std::vector<std::vector<std::string>> setup;
     if (url_.has_password) {
-      setup.push_back(url_.user.empty() ? std::vector<std::string>{"AUTH", url_.password}
-                                        : std::vector<std::string>{"AUTH", url_.user, url_.password});
+      setup.push_back(url_.user.empty()
+                          ? std::vector<std::string>{"AUTH", url_.password}
+                          : std::vector<std::string>{"AUTH", url_.user, url_.password});
     }
     if (url_.db != 0) setup.push_back({"SELECT", std::to_string(url_.db)});
     if (setup.empty()) setup.push_back({"PING"});
@@ -414,7 +434,8 @@ class Connection {
       if (reply->is_error()) {
         Drop();
         if (command[0] == "SELECT" && !IsAuthError(reply->str)) {
-          return InvalidArgumentError("metadata '" + url_.masked + "': the Redis server has no database " +
+          return InvalidArgumentError("metadata '" + url_.masked +
+                                      "': the Redis server has no database " +
                                       std::to_string(url_.db) + " (" + reply->str + ")");
         }
         return MapErrorReply(reply->str, command[0], url_.masked);
@@ -424,7 +445,8 @@ class Connection {
     return OkStatus();
   }
 
-  std::optional<Value> Send(const std::vector<std::string>& args, Clock::time_point deadline, std::string* why) {
+  std::optional<Value> Send(const std::vector<std::string>& args, Clock::time_point deadline,
+                            std::string* why) {
     const milliseconds left = Left(deadline);
     if (left.count() <= 0) {
       *why = "no time left for " + args[0];
@@ -443,7 +465,8 @@ class Connection {
     redisReply* r;
     {
       NoSigpipe guard;
-      r = static_cast<redisReply*>(redisCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lens.data()));
+      r = static_cast<redisReply*>(
+          redisCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lens.data()));
     }
     if (r == nullptr) {
       *why = c_->errstr[0] != '\0' ? c_->errstr : "no reply";
@@ -480,19 +503,19 @@ struct Published {
 class RedisStore : public MetadataStore {
  public:
   RedisStore(Url url, const MetadataContext& ctx)
-      : url_(std::move(url)), where_("the Redis server at " + url_.masked), cluster_(ctx.cluster),
-        ttl_(std::max(ctx.ttl, milliseconds(1))), write_timeout_(std::max(ctx.timeout, milliseconds(1))),
-        format_(ctx.descriptor_format_max) {}
+      : url_(std::move(url)),
+        where_("the Redis server at " + url_.masked),
+        cluster_(ctx.cluster),
+        ttl_(std::max(ctx.ttl, milliseconds(1))),
+        write_timeout_(std::max(ctx.timeout, milliseconds(1))),
+        format_(ctx.descriptor_format_max),
+        poll_conn_(url_),
+        poller_({[this] { return PublishedNames(); },
+                 [this](const std::string& name, milliseconds timeout) { Refresh(name, timeout); },
+                 [this](const std::vector<std::string>& names) { return Read(names); }},
+                kPollInterval) {}
 
-  ~RedisStore() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (refresher_.joinable()) refresher_.join();
-    if (poller_.joinable()) poller_.join();
-  }
+  ~RedisStore() override { poller_.Stop(); }
 
   // Connects once, so that a wrong address, password or database fails the
   // engine's creation.
@@ -516,13 +539,16 @@ class RedisStore : public MetadataStore {
       auto it = published_.find(self.engine_name);
       if (it != published_.end()) expected = it->second.bytes;
     }
-    FERRY_RETURN_IF_ERROR(Write(self.engine_name, self.instance_id, key, expected, bytes, deadline));
-    std::lock_guard<std::mutex> lock(mu_);
-    Published& p = published_[self.engine_name];
-    p.bytes = std::move(bytes);
-    p.instance_id = self.instance_id;
-    p.lost = p.failing = false;
-    if (!refresher_.joinable()) refresher_ = std::thread([this] { RefreshLoop(); });
+    FERRY_RETURN_IF_ERROR(
+        Write(self.engine_name, self.instance_id, key, expected, bytes, deadline));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Published& p = published_[self.engine_name];
+      p.bytes = std::move(bytes);
+      p.instance_id = self.instance_id;
+      p.lost = p.failing = false;
+    }
+    poller_.SetTtl(ttl_);
     return OkStatus();
   }
 
@@ -531,7 +557,8 @@ class RedisStore : public MetadataStore {
     const std::string key = Key(name);
     const std::string segment = "segment '" + std::string(name) + "'";
     if (Left(deadline).count() <= 0) {
-      return UnavailableError("no time left to ask the Redis server at " + url_.masked + " for " + segment);
+      return UnavailableError("no time left to ask the Redis server at " + url_.masked + " for " +
+                              segment);
     }
     auto conn = Acquire();
     auto reply = conn->Run({"GET", key}, deadline);
@@ -539,18 +566,19 @@ class RedisStore : public MetadataStore {
     Release(std::move(conn));
     if (reply->is_error()) {
       if (StartsWith(reply->str, "WRONGTYPE")) {
-        return DataLossError("the key '" + key + "' in " + where_ + " does not hold a descriptor (" + reply->str + ")");
+        return DataLossError("the key '" + key + "' in " + where_ +
+                             " does not hold a descriptor (" + reply->str + ")");
       }
       return MapErrorReply(reply->str, "GET", url_.masked).WithPrefix("looking up " + segment);
     }
-    if (reply->is_nil()) return UnavailableError("no " + segment + " in the Redis server at " + url_.masked);
+    if (reply->is_nil())
+      return UnavailableError("no " + segment + " in the Redis server at " + url_.masked);
     if (reply->type != REDIS_REPLY_STRING) {
-      return DataLossError("the Redis server at " + url_.masked + " answered GET " + key + " with a reply of type " +
-                           std::to_string(reply->type));
+      return DataLossError("the Redis server at " + url_.masked + " answered GET " + key +
+                           " with a reply of type " + std::to_string(reply->type));
     }
     FERRY_ASSIGN_OR_RETURN(wire::PeerDescriptor desc, DecodeEntry(name, key, reply->str, where_));
-    std::lock_guard<std::mutex> lock(mu_);
-    watched_[std::string(name)] = std::move(reply->str);
+    poller_.Seen(std::string(name), std::move(reply->str));
     return desc;
   }
 
@@ -570,22 +598,18 @@ class RedisStore : public MetadataStore {
     }
     std::string expected = p.bytes;
     for (int round = 0; round < 2; ++round) {
-      FERRY_ASSIGN_OR_RETURN(Value v, Call({"EVAL", kRemoveScript, "1", key, expected}, deadline, "EVAL (remove)"));
+      FERRY_ASSIGN_OR_RETURN(
+          Value v, Call({"EVAL", kRemoveScript, "1", key, expected}, deadline, "EVAL (remove)"));
       if (v.type != REDIS_REPLY_STRING) return OkStatus();  // deleted, or nothing of ours was there
       // Bytes of this instance that a write whose reply was lost left there.
-      if (InstanceOfEntry(v.str) != p.instance_id) return OkStatus();  // another engine's: not ours to delete
+      if (InstanceOfEntry(v.str) != p.instance_id)
+        return OkStatus();  // another engine's: not ours to delete
       expected = std::move(v.str);
     }
     return OkStatus();
   }
 
-  Status Watch(ChangeCallback on_change) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (poller_.joinable()) return FailedPreconditionError("this store is already watched");
-    callback_ = std::move(on_change);
-    poller_ = std::thread([this] { PollLoop(); });
-    return OkStatus();
-  }
+  Status Watch(ChangeCallback on_change) override { return poller_.Watch(std::move(on_change)); }
 
  private:
   std::string Key(std::string_view name) const { return SegmentKey(cluster_, name); }
@@ -605,7 +629,8 @@ class RedisStore : public MetadataStore {
   }
 
   // A command on a pooled connection; error replies become statuses.
-  StatusOr<Value> Call(const std::vector<std::string>& args, Clock::time_point deadline, const std::string& what) {
+  StatusOr<Value> Call(const std::vector<std::string>& args, Clock::time_point deadline,
+                       const std::string& what) {
     auto conn = Acquire();
     FERRY_ASSIGN_OR_RETURN(Value v, conn->Run(args, deadline));
     Release(std::move(conn));
@@ -615,9 +640,11 @@ class RedisStore : public MetadataStore {
 
   static std::string ExpiryHint(long long pttl_ms) {
     if (pttl_ms > 0) {
-      return "; if that engine is gone, its entry expires within " + std::to_string((pttl_ms + 999) / 1000) + " s";
+      return "; if that engine is gone, its entry expires within " +
+             std::to_string((pttl_ms + 999) / 1000) + " s";
     }
-    if (pttl_ms == -1) return "; the key has no expiry (not written by a Ferry engine?): delete it to free the name";
+    if (pttl_ms == -1)
+      return "; the key has no expiry (not written by a Ferry engine?): delete it to free the name";
     return "";
   }
 
@@ -628,26 +655,30 @@ class RedisStore : public MetadataStore {
   // for another holder's entry that expires before `deadline`: an engine
   // restarted right after its predecessor died takes the name over.
   Status Write(const std::string& name, uint64_t instance, const std::string& key,
-               std::optional<std::string> expected, const std::string& bytes, Clock::time_point deadline) {
+               std::optional<std::string> expected, const std::string& bytes,
+               Clock::time_point deadline) {
     const std::string ttl = std::to_string(ttl_.count());
     const bool claim = !expected.has_value();
     for (int round = 0; round < 1000; ++round) {
-      StatusOr<Value> v = expected ? Call({"EVAL", kPutScript, "1", key, *expected, bytes, ttl}, deadline,
-                                          "EVAL (compare-and-set)")
-                                   : Call({"EVAL", kClaimScript, "1", key, bytes, ttl}, deadline, "EVAL (claim)");
+      StatusOr<Value> v =
+          expected ? Call({"EVAL", kPutScript, "1", key, *expected, bytes, ttl}, deadline,
+                          "EVAL (compare-and-set)")
+                   : Call({"EVAL", kClaimScript, "1", key, bytes, ttl}, deadline, "EVAL (claim)");
       if (!v.ok()) return v.status().WithPrefix("writing key '" + key + "'");
       if (v->type == REDIS_REPLY_INTEGER && v->integer == 1) return OkStatus();
       if (v->type != REDIS_REPLY_ARRAY || v->elements.size() != 3) {
-        return UnavailableError("the Redis server at " + url_.masked + " answered a write of key '" + key +
-                                "' with an unexpected reply (type " + std::to_string(v->type) + ")");
+        return UnavailableError(
+            "the Redis server at " + url_.masked + " answered a write of key '" + key +
+            "' with an unexpected reply (type " + std::to_string(v->type) + ")");
       }
       const std::string& type = v->elements[0].str;
       const Value& held = v->elements[1];
       const long long pttl = v->elements[2].integer;
       Status mine;
       if (type != "string" || held.type != REDIS_REPLY_STRING) {
-        mine = AlreadyExistsError("segment name '" + name + "' is taken in " + where_ + " by a key of type " + type +
-                                  " ('" + key + "')" + ExpiryHint(pttl));
+        mine =
+            AlreadyExistsError("segment name '" + name + "' is taken in " + where_ +
+                               " by a key of type " + type + " ('" + key + "')" + ExpiryHint(pttl));
       } else {
         wire::PeerDescriptor self;
         self.engine_name = name;
@@ -662,39 +693,34 @@ class RedisStore : public MetadataStore {
       // engine died moments ago) is waited for; a live one is refused.
       const milliseconds time_left = Left(deadline) - kClaimReserve;
       if (!claim || pttl <= 0 || milliseconds(pttl) >= time_left) return mine;
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::min(milliseconds(pttl) + milliseconds(1), kClaimRetry), [&] { return stopping_; });
-      if (stopping_) return CancelledError("the store is shutting down");
+      if (!poller_.WaitFor(std::min(milliseconds(pttl) + milliseconds(1), kClaimRetry))) {
+        return CancelledError("the store is shutting down");
+      }
     }
-    return UnavailableError("the value under key '" + key + "' in " + where_ + " kept changing while this engine wrote it");
+    return UnavailableError("the value under key '" + key + "' in " + where_ +
+                            " kept changing while this engine wrote it");
   }
 
-  void RefreshLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopping_) {
-      cv_.wait_for(lock, std::max(ttl_ / 3, milliseconds(10)), [&] { return stopping_; });
-      if (stopping_) break;
-      std::vector<std::string> names;
-      for (const auto& [name, p] : published_) names.push_back(name);
-      lock.unlock();
-      {
-        std::lock_guard<std::mutex> write(write_mu_);
-        for (const auto& name : names) {
-          Published p;
-          {
-            std::lock_guard<std::mutex> l(mu_);
-            if (stopping_) break;
-            auto it = published_.find(name);
-            if (it == published_.end()) continue;  // removed meanwhile
-            p = it->second;
-          }
-          const auto deadline = Clock::now() + std::clamp(ttl_ / 3, kMinRefreshTimeout, kMaxRefreshTimeout);
-          const Status s = Write(name, p.instance_id, Key(name), p.bytes, p.bytes, deadline);
-          Report(name, s);
-        }
-      }
-      lock.lock();
+  std::vector<std::string> PublishedNames() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> names;
+    for (const auto& [name, p] : published_) names.push_back(name);
+    return names;
+  }
+
+  // The refresher's compare-and-set of one entry.
+  void Refresh(const std::string& name, milliseconds timeout) {
+    std::lock_guard<std::mutex> write(write_mu_);
+    Published p;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = published_.find(name);
+      if (it == published_.end()) return;  // removed meanwhile
+      p = it->second;
     }
+    const Status s =
+        Write(name, p.instance_id, Key(name), p.bytes, p.bytes, Clock::now() + timeout);
+    Report(name, s);
   }
 
   // Logs a refresh's outcome once per change of state.
@@ -710,68 +736,47 @@ class RedisStore : public MetadataStore {
       p.lost = p.failing = false;
     } else if (s.code() == StatusCode::kAlreadyExists) {
       if (!p.lost) {
-        FERRY_LOG(kError, "segment " << name << " was taken over in " << where_ << ": " << s.message()
-                                     << ". This engine does not take the name back while that entry lives; "
-                                        "peers opening '"
-                                     << name << "' now reach the other engine");
+        FERRY_LOG(kError,
+                  "segment " << name << " was taken over in " << where_ << ": " << s.message()
+                             << ". This engine does not take the name back while that entry lives; "
+                                "peers opening '"
+                             << name << "' now reach the other engine");
       }
       p.lost = true;
     } else {
       if (!p.failing) {
-        FERRY_LOG(kWarning, "cannot refresh segment " << name << " in " << where_ << ": " << s.message()
-                                                      << "; it expires unless a refresh gets through");
+        FERRY_LOG(kWarning, "cannot refresh segment "
+                                << name << " in " << where_ << ": " << s.message()
+                                << "; it expires unless a refresh gets through");
       }
       p.failing = true;
     }
   }
 
-  void PollLoop() {
-    Connection conn(url_);
-    uint64_t seen_connects = 0;
-    Clock::time_point grace_until{};
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stopping_) {
-      cv_.wait_for(lock, kPollInterval, [&] { return stopping_; });
-      if (stopping_) break;
-      if (watched_.empty()) continue;
-      std::vector<std::pair<std::string, std::optional<std::string>>> seen(watched_.begin(), watched_.end());
-      lock.unlock();
-      std::vector<std::string> args{"MGET"};
-      for (const auto& [name, last] : seen) args.push_back(Key(name));
-      auto reply = conn.Run(args, Clock::now() + kPollTimeout);
-      std::vector<std::string> changed;
-      if (reply.ok() && reply->type == REDIS_REPLY_ARRAY && reply->elements.size() == seen.size()) {
-        if (conn.connects() != seen_connects) {
-          // Reconnected: the server may have restarted empty. Its entries
-          // come back with their owners' next refreshes; vanished values
-          // are not news until a TTL has passed.
-          if (seen_connects != 0) grace_until = Clock::now() + ttl_ + kPollInterval;
-          seen_connects = conn.connects();
-        }
-        const bool grace = Clock::now() < grace_until;
-        for (size_t i = 0; i < seen.size(); ++i) {
-          const Value& e = reply->elements[i];
-          std::optional<std::string> now;
-          if (e.type == REDIS_REPLY_STRING) now = e.str;  // MGET answers nil for other types too
-          if (now == seen[i].second || (!now && grace)) continue;
-          std::lock_guard<std::mutex> l(mu_);
-          auto it = watched_.find(seen[i].first);
-          if (it == watched_.end() || it->second != seen[i].second) continue;  // Fetch saw newer bytes meanwhile
-          it->second = std::move(now);
-          changed.push_back(seen[i].first);
-        }
-      }
-      for (const auto& name : changed) {
-        if (StopRequested()) break;
-        callback_(name);  // must not block (the engine only marks the segment)
-      }
-      lock.lock();
+  // The watcher's poll: one MGET of every name on the watcher's own
+  // connection; no reply says nothing about any name.
+  std::vector<StorePoller::Reading> Read(const std::vector<std::string>& names) {
+    std::vector<std::string> args{"MGET"};
+    for (const std::string& name : names) args.push_back(Key(name));
+    auto reply = poll_conn_.Run(args, Clock::now() + kPollTimeout);
+    if (!reply.ok() || reply->type != REDIS_REPLY_ARRAY || reply->elements.size() != names.size())
+      return {};
+    if (poll_conn_.connects() != seen_connects_) {
+      // Reconnected: the server may have restarted empty. Its entries come
+      // back with their owners' next refreshes; vanished values are not
+      // news until a TTL has passed.
+      if (seen_connects_ != 0) grace_until_ = Clock::now() + ttl_ + kPollInterval;
+      seen_connects_ = poll_conn_.connects();
     }
-  }
-
-  bool StopRequested() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stopping_;
+    const bool grace = Clock::now() < grace_until_;
+    std::vector<StorePoller::Reading> out(names.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+      const Value& e = reply->elements[i];
+      if (e.type == REDIS_REPLY_STRING)
+        out[i].value = e.str;  // MGET answers nil for other types too
+      out[i].known = out[i].value.has_value() || !grace;
+    }
+    return out;
   }
 
   const Url url_;
@@ -784,21 +789,26 @@ class RedisStore : public MetadataStore {
   std::vector<std::unique_ptr<Connection>> idle_;  // guarded by pool_mu_
   std::mutex write_mu_;  // one write of this store's entries at a time; taken before mu_
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                                      // guarded by mu_
-  std::map<std::string, Published> published_;                 // guarded by mu_
-  std::map<std::string, std::optional<std::string>> watched_;  // name -> bytes last seen; guarded by mu_
-  ChangeCallback callback_;  // set before poller_ starts
-  std::thread refresher_, poller_;
+  std::map<std::string, Published> published_;  // guarded by mu_
+  // The watcher's (StorePoller::Hooks::read) own connection, how many times
+  // it had connected at the last poll, and until when vanished values are
+  // not news (after a reconnect). Used on the watcher thread only.
+  Connection poll_conn_;
+  uint64_t seen_connects_ = 0;
+  Clock::time_point grace_until_{};
+  StorePoller poller_;  // last: its threads use the members above
 };
 
 }  // namespace
 
-StatusOr<std::unique_ptr<MetadataStore>> MakeRedisStore(std::string_view url, const MetadataContext& ctx) {
+StatusOr<std::unique_ptr<MetadataStore>> MakeRedisStore(std::string_view url,
+                                                        const MetadataContext& ctx) {
   FERRY_ASSIGN_OR_RETURN(Url u, ParseUrl(url));
   auto store = std::make_unique<RedisStore>(std::move(u), ctx);
   FERRY_RETURN_IF_ERROR(store->Start());
   return std::unique_ptr<MetadataStore>(std::move(store));
 }
+
+std::string_view RedisStoreLacks() { return ""; }
 
 }  // namespace ferry::internal
