@@ -80,16 +80,36 @@ struct PostContext {
   std::shared_ptr<const PeerInfo> peer;  // what the slices' remote_region index
 };
 
-// The route to one peer instance through one transport. Thread-safe.
+// The route to one peer instance through one transport. Thread-safe: any
+// of its methods may run on several threads at once.
+//
+// Threads: the core calls Post from the threads that submit transfers
+// (Engine::Submit, Engine::PostTransfer; several at once, never under a
+// segment's lock), and a wrapping link (GPU staging) from its own worker
+// thread too; Notify and Flush from the thread that sends a notification
+// (the application's, or the engine's notifier thread for prepared
+// transfers); Healthy and Retire under the segment's lock. No method is
+// called from a thread that completes slices (a transport's own threads):
+// Post and Notify may wait for completions only such a thread delivers.
 class PeerLink {
  public:
   virtual ~PeerLink() = default;
   // Moves the slices; completes each through ctx.batch (CompleteSlice or a
   // BatchState::Completer), possibly before returning. All slices go to the
   // same peer.
+  //
+  // May block until ctx.deadline: the stream transports (tcp, shm) bound
+  // what one link has outstanding at the peer (the peer budget,
+  // EngineOptions peer_max_requests and peer_max_bytes), and a Post that
+  // finds no room sends what it built, then waits for earlier frames to be
+  // answered; what finds no room by the deadline fails kResourceExhausted,
+  // naming the limit. Other transports queue instead (fabric waits for
+  // room in its provider's queue on its progress thread) or copy in place
+  // (local), so their Post returns without waiting for the peer.
   virtual void Post(const PostContext& ctx, std::vector<Slice> slices) = 0;
   // Delivers a notification after every write posted to this link before it
-  // has completed; returns once the peer has it.
+  // has completed; returns once the peer has it (blocks for that round
+  // trip, until about `deadline`).
   virtual Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) = 0;
   // Returns once every write posted to this link before the call has
   // completed (its bytes are in the peer's memory), or at `deadline`. The
@@ -133,6 +153,24 @@ struct TransportCaps {
   SliceOrder order = SliceOrder::kByDestination;
 };
 
+// One kind of transport of one engine, made at engine start (registry.h)
+// and shut down when the engine is destroyed.
+//
+// Threads: Describe and CanReach may run on any threads at once (building
+// this engine's descriptor; choosing a route). The core calls Connect with
+// the segment's lock held, so Connects for one segment run one at a time,
+// but Connects for different segments (different peers, or two segments
+// naming the same peer) may run concurrently with each other and with the
+// data path of links already made; Connect may block until its deadline
+// (handshakes), which holds up only that segment. RegisterRegion runs under
+// the memory registry's lock (registrations one at a time; it must not
+// call back into the registry); UnregisterRegion under it too when it
+// undoes a failed registration, else outside it on the unregistering
+// thread, possibly beside another region's RegisterRegion. The core calls
+// Shutdown once, from the engine's destructor, after retiring every link;
+// the engine's notifier thread may still wait in a retired link's Notify
+// then (Shutdown makes it return), and stops only afterwards. A
+// transport's destructor may call Shutdown again: it must be idempotent.
 class Transport {
  public:
   // `caps.max_slice` resolved (non-zero).

@@ -12,6 +12,42 @@ std::string ErrorText(int ret) {
   return std::string(fi_strerror(e)) + " (" + std::to_string(-e) + ")";
 }
 
+bool IsConnectionError(int err) {
+  switch (err) {
+    case FI_ECONNREFUSED:
+    case FI_ECONNRESET:
+    case FI_ECONNABORTED:
+    case FI_ENOTCONN:
+    case FI_EHOSTUNREACH:
+    case FI_ENETUNREACH:
+    case FI_ENETDOWN:
+    case FI_ETIMEDOUT:
+    case FI_EIO:
+    case FI_EADDRNOTAVAIL:
+      return true;
+    default:
+      return false;
+  }
+}
+
+StatusCode CodeOf(int err) {
+  if (err == FI_ECANCELED) return StatusCode::kCancelled;
+  if (IsConnectionError(err)) return StatusCode::kUnavailable;
+  switch (err) {
+    case FI_EACCES:
+    case FI_EPERM:
+    case FI_EKEYREJECTED:
+    case FI_EINVAL:
+    case FI_EFAULT:
+    case FI_ETRUNC:
+    case FI_EMSGSIZE:
+    case FI_ENOENT:
+      return StatusCode::kInvalidArgument;
+    default:
+      return StatusCode::kUnavailable;
+  }
+}
+
 bool IsHardwareProvider(std::string_view provider) {
   // The core provider is the first of "core;utility".
   const std::string_view core = provider.substr(0, provider.find(';'));

@@ -1,6 +1,7 @@
 // libfabric discovery for the fabric transport: which providers and domains
 // this machine offers, which one an engine uses, and libfabric's errors in
-// words. The only file besides fabric_endpoint.cc that calls fi_getinfo.
+// words and as status codes. The transport's only file that calls
+// fi_getinfo.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -22,7 +23,7 @@ inline constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
 // reads and writes both ways, and messages (notifications).
 inline constexpr uint64_t kCaps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MSG |
                                   FI_SEND | FI_RECV;
-// The memory-registration modes Ferry honours (docs in fabric_endpoint.h).
+// The memory-registration modes Ferry honours (docs in fabric_domain.h).
 inline constexpr int kMrModes = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
                                 FI_MR_ENDPOINT;
 
@@ -34,6 +35,11 @@ using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 // fi_strerror of a libfabric return code (negative or positive), with the
 // number: "Connection refused (-111)".
 std::string ErrorText(int ret);
+// Whether a libfabric error (positive FI_E* code) means the peer is gone or
+// unreachable.
+bool IsConnectionError(int err);
+// The status code an operation failing with `err` (positive) reports.
+StatusCode CodeOf(int err);
 
 // Providers that are not hardware: emulations over sockets and same-host
 // memory. A hardware provider layered under a utility (verbs;ofi_rxm) is.

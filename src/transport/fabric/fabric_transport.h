@@ -10,8 +10,10 @@
 // fabric). Per-region keys travel in the segment descriptor; the endpoint's
 // address in its "fabric" entry ("PROVIDER/ADDR_FORMAT/HEX").
 // Files: fabric_transport.cc (the transport and its links), fabric_endpoint.*
-// (the data path: memory, posting, completions, notifications),
-// fabric_messages.* (notification frames), fabric_info.* (providers).
+// (the data path, one endpoint per rail; its parts are listed in
+// fabric_endpoint.h: memory, posting, progress, notifications, peers),
+// fabric_messages.* (notification frames), fabric_info.* (providers),
+// fabric_tuning.h (operation sizes).
 #pragma once
 
 #include <memory>

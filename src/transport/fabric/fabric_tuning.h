@@ -1,6 +1,6 @@
 // How the fabric transport sizes its operations: per provider, and which
 // slices one operation carries (the gathering rule of the endpoint's posting
-// loop, fabric_endpoint.cc). Without libfabric, so it is tested on its own
+// loop, fabric_posting.cc). Without libfabric, so it is tested on its own
 // (fabric_tuning_test.cc).
 #pragma once
 
