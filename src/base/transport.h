@@ -169,7 +169,9 @@ struct TransportCaps {
 // thread, possibly beside another region's RegisterRegion. The core calls
 // Shutdown once, from the engine's destructor, after retiring every link;
 // the engine's notifier thread may still wait in a retired link's Notify
-// then (Shutdown makes it return), and stops only afterwards. A
+// then (Shutdown makes it return), or even call Connect during or after
+// Shutdown (it must fail, by its deadline at the latest), and stops only
+// afterwards. A
 // transport's destructor may call Shutdown again: it must be idempotent.
 class Transport {
  public:

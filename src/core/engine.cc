@@ -42,13 +42,15 @@ uint64_t ProcessToken() {
 }  // namespace internal
 
 Engine::Impl::~Impl() {
-  if (metadata_) {
-    (void)metadata_->Remove(options_.local_name);
-    metadata_.reset();  // no watch callback runs after this
-  }
+  // Withdrawn first (the store no longer refreshes this engine's entry), but
+  // destroyed only after the notifier stopped: a notification job still
+  // running may re-handshake through it. Watch callbacks until then only
+  // mark segments stale.
+  if (metadata_) (void)metadata_->Remove(options_.local_name);
   if (segments_) segments_->RetireAll();
   if (transports_) transports_->Shutdown();
   if (notifier_) notifier_->Stop();  // after the shutdown: a notification in flight has failed
+  metadata_.reset();
   metrics_server_.reset();
 }
 

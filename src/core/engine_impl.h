@@ -38,9 +38,10 @@ class Engine::Impl {
   // Validates `options`, starts the transports, the metadata store (and
   // publishes this engine in it), the watch and the metrics endpoint.
   static StatusOr<std::unique_ptr<Impl>> Create(EngineOptions options);
-  // Shutdown order: withdraw from the metadata store and stop its watch;
-  // retire every link; stop the transports (a notification in flight then
-  // fails); stop the notifier; stop the metrics endpoint.
+  // Shutdown order: withdraw from the metadata store; retire every link;
+  // stop the transports (a notification in flight then fails); stop the
+  // notifier; destroy the metadata store (its watch and threads); stop the
+  // metrics endpoint.
   ~Impl();
 
   const EngineOptions& options() const { return options_; }
