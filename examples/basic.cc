@@ -42,8 +42,9 @@ int main() {
   (*initiator)->FreeBatch(*batch).IgnoreError();
 
   // A synchronous read of what was just written.
-  s = (*initiator)->TransferSync({ferry::Opcode::kRead, local.data() + 65536, *segment,
-                                  reinterpret_cast<uint64_t>(remote.data()) + 8192, 4096});
+  s = (*initiator)
+          ->TransferSync({ferry::Opcode::kRead, local.data() + 65536, *segment,
+                          reinterpret_cast<uint64_t>(remote.data()) + 8192, 4096});
   if (!s.ok() || std::memcmp(local.data() + 65536, local.data(), 4096) != 0) return 1;
   auto info = (*initiator)->QuerySegment(*segment);
   std::printf("ok: wrote 4 x 4 KiB to %s over %s and read one back\n", (*target)->PeerId().c_str(),

@@ -15,13 +15,13 @@ struct CudaDeviceInfo {
 };
 
 struct CudaInfo {
-  std::string library;          // "libcuda.so.1"
-  bool loaded = false;          // the library loaded with every entry point Ferry uses
-  bool available = false;       // and cuInit succeeded
-  std::string why_unavailable;  // "" when available
-  bool data_path = false;       // available, with every entry point the GPU data paths call
+  std::string library;           // "libcuda.so.1"
+  bool loaded = false;           // the library loaded with every entry point Ferry uses
+  bool available = false;        // and cuInit succeeded
+  std::string why_unavailable;   // "" when available
+  bool data_path = false;        // available, with every entry point the GPU data paths call
   std::string why_no_data_path;  // "" when data_path
-  int driver_version = 0;       // cuDriverGetVersion (13000 = 13.0); 0 if not loaded
+  int driver_version = 0;        // cuDriverGetVersion (13000 = 13.0); 0 if not loaded
   std::vector<CudaDeviceInfo> devices;
   std::string error;  // a query that failed after the driver loaded, or ""
 };

@@ -162,7 +162,8 @@ class Engine {
   // memory was read); the transfer completes when the peer acknowledged it.
   // kInvalidArgument names the bad pair; at most kMaxBatchCapacity pairs.
   StatusOr<TransferHandle> MakeTransfer(Opcode opcode, DescListHandle local,
-                                        std::span<const uint32_t> local_indices, DescListHandle remote,
+                                        std::span<const uint32_t> local_indices,
+                                        DescListHandle remote,
                                         std::span<const uint32_t> remote_indices,
                                         std::optional<Notification> notification = std::nullopt);
   // Posts the transfer (again, once an earlier post finished). `notification`
@@ -171,7 +172,8 @@ class Engine {
   // instance that restarted (the message says which), or the notification is
   // longer than an older peer takes (kMaxNotificationMessageV1; so are
   // MakeTransfer's and SendNotification's).
-  Status PostTransfer(TransferHandle transfer, std::optional<Notification> notification = std::nullopt);
+  Status PostTransfer(TransferHandle transfer,
+                      std::optional<Notification> notification = std::nullopt);
   // kPending, kCompleted or kFailed with the first failure (request index,
   // peer, range, reason). A transfer that failed is cancelled first: once
   // this reports kFailed, none of its bytes land locally any more.
@@ -214,8 +216,7 @@ class Engine {
   // acknowledged it. Messages up to kMaxNotificationMessage (1 MiB); a peer
   // of an older build takes kMaxNotificationMessageV1 (kFailedPrecondition
   // names it). Notifications one thread sends to one peer arrive in order.
-  Status SendNotification(SegmentHandle segment, std::string_view name,
-                          std::string_view message);
+  Status SendNotification(SegmentHandle segment, std::string_view name, std::string_view message);
   // Drains the notifications received so far, oldest first.
   std::vector<Notification> GetNotifications();
 

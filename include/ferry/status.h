@@ -77,30 +77,46 @@ class [[nodiscard]] Status {
 std::ostream& operator<<(std::ostream& os, const Status& s);
 
 inline Status OkStatus() { return Status(); }
-inline Status InvalidArgumentError(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgumentError(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status NotFoundError(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
-inline Status AlreadyExistsError(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
-inline Status FailedPreconditionError(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
+inline Status AlreadyExistsError(std::string m) {
+  return {StatusCode::kAlreadyExists, std::move(m)};
+}
+inline Status FailedPreconditionError(std::string m) {
+  return {StatusCode::kFailedPrecondition, std::move(m)};
+}
 inline Status UnavailableError(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
-inline Status DeadlineExceededError(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
-inline Status ResourceExhaustedError(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
+inline Status DeadlineExceededError(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
+inline Status ResourceExhaustedError(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
+}
 inline Status DataLossError(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
-inline Status UnimplementedError(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
+inline Status UnimplementedError(std::string m) {
+  return {StatusCode::kUnimplemented, std::move(m)};
+}
 inline Status CancelledError(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
-inline Status UnauthenticatedError(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
+inline Status UnauthenticatedError(std::string m) {
+  return {StatusCode::kUnauthenticated, std::move(m)};
+}
 
 // Either a value or a non-OK Status.
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
   StatusOr(const Status& status) : status_(status) {  // NOLINT: implicit by design
-    if (status_.ok()) status_ = InternalError("StatusOr constructed from an OK status without a value");
+    if (status_.ok())
+      status_ = InternalError("StatusOr constructed from an OK status without a value");
   }
   StatusOr(Status&& status) : status_(std::move(status)) {  // NOLINT
-    if (status_.ok()) status_ = InternalError("StatusOr constructed from an OK status without a value");
+    if (status_.ok())
+      status_ = InternalError("StatusOr constructed from an OK status without a value");
   }
-  StatusOr(const T& value) : value_(value) {}       // NOLINT
+  StatusOr(const T& value) : value_(value) {}        // NOLINT
   StatusOr(T&& value) : value_(std::move(value)) {}  // NOLINT
   template <typename U, typename = std::enable_if_t<std::is_convertible_v<U&&, T> &&
                                                     !std::is_same_v<std::decay_t<U>, Status> &&
@@ -140,9 +156,9 @@ class [[nodiscard]] StatusOr {
 #define FERRY_STATUS_CONCAT_(a, b) FERRY_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` is a non-OK Status.
-#define FERRY_RETURN_IF_ERROR(expr)                 \
-  do {                                              \
-    ::ferry::Status ferry_status_tmp_ = (expr);     \
+#define FERRY_RETURN_IF_ERROR(expr)                        \
+  do {                                                     \
+    ::ferry::Status ferry_status_tmp_ = (expr);            \
     if (!ferry_status_tmp_.ok()) return ferry_status_tmp_; \
   } while (0)
 

@@ -21,9 +21,9 @@ std::vector<TransportInfo> ListTransports();
 
 // What the `fabric` transport finds through libfabric on this machine.
 struct FabricDomainInfo {
-  std::string provider;  // "verbs;ofi_rxm", "efa", "tcp;ofi_rxm", "shm"
-  std::string fabric;    // the provider's fabric name ("127.0.0.1/32", "IB-0xfe80...")
-  std::string domain;    // the domain (NIC) name: "lo", "mlx5_0", "rdmap0s6-rdm"
+  std::string provider;   // "verbs;ofi_rxm", "efa", "tcp;ofi_rxm", "shm"
+  std::string fabric;     // the provider's fabric name ("127.0.0.1/32", "IB-0xfe80...")
+  std::string domain;     // the domain (NIC) name: "lo", "mlx5_0", "rdmap0s6-rdm"
   bool hardware = false;  // a hardware provider (not tcp, udp, sockets or shm)
 };
 struct FabricInfo {

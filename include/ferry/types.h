@@ -133,8 +133,8 @@ struct Notification {
 
 // What an engine (or a peer) can do.
 struct Capabilities {
-  std::string version;                  // ferry::Version() of that engine
-  uint16_t wire_version_min = 0;        // wire protocol versions spoken
+  std::string version;            // ferry::Version() of that engine
+  uint16_t wire_version_min = 0;  // wire protocol versions spoken
   uint16_t wire_version_max = 0;
   std::vector<std::string> transports;  // e.g. {"local", "tcp"}
   std::vector<std::string> features;    // e.g. {"read", "write", "notify"}
@@ -142,11 +142,11 @@ struct Capabilities {
 
 // What is known about an opened peer segment.
 struct SegmentInfo {
-  std::string peer_id;      // "host:port"
-  std::string engine_name;  // the peer's local segment name
-  uint64_t instance_id = 0;  // new on every start of the peer
+  std::string peer_id;        // "host:port"
+  std::string engine_name;    // the peer's local segment name
+  uint64_t instance_id = 0;   // new on every start of the peer
   uint16_t wire_version = 0;  // negotiated
-  std::string transport;    // transport used for cpu-to-cpu data: "shm", "tcp", ...
+  std::string transport;      // transport used for cpu-to-cpu data: "shm", "tcp", ...
   Capabilities capabilities;
   std::vector<RemoteRegion> regions;  // as of the last handshake, in registration order
 };

@@ -96,23 +96,23 @@ py::dict CapabilitiesDict(const ferry::Capabilities& c) {
 
 // Builds requests from parallel lists; `opcodes` and `segments` may hold one
 // element that applies to every request.
-StatusOr<std::vector<ferry::TransferRequest>> BuildRequests(
-    const std::vector<int>& opcodes, const std::vector<uint64_t>& segments,
-    const std::vector<uint64_t>& locals, const std::vector<uint64_t>& remotes,
-    const std::vector<uint64_t>& lengths) {
+StatusOr<std::vector<ferry::TransferRequest>> BuildRequests(const std::vector<int>& opcodes,
+                                                            const std::vector<uint64_t>& segments,
+                                                            const std::vector<uint64_t>& locals,
+                                                            const std::vector<uint64_t>& remotes,
+                                                            const std::vector<uint64_t>& lengths) {
   const size_t n = locals.size();
   if (remotes.size() != n || lengths.size() != n) {
-    return ferry::InvalidArgumentError(
-        "request lists differ in length: " + std::to_string(n) + " local addresses, " +
-        std::to_string(remotes.size()) + " remote addresses, " + std::to_string(lengths.size()) +
-        " lengths");
+    return ferry::InvalidArgumentError("request lists differ in length: " + std::to_string(n) +
+                                       " local addresses, " + std::to_string(remotes.size()) +
+                                       " remote addresses, " + std::to_string(lengths.size()) +
+                                       " lengths");
   }
   auto broadcast_ok = [n](size_t size) { return size == 1 || size == n; };
   if (!broadcast_ok(opcodes.size()) || !broadcast_ok(segments.size())) {
-    return ferry::InvalidArgumentError("expected 1 or " + std::to_string(n) +
-                                       " opcodes and segments, got " +
-                                       std::to_string(opcodes.size()) + " and " +
-                                       std::to_string(segments.size()));
+    return ferry::InvalidArgumentError(
+        "expected 1 or " + std::to_string(n) + " opcodes and segments, got " +
+        std::to_string(opcodes.size()) + " and " + std::to_string(segments.size()));
   }
   std::vector<ferry::TransferRequest> requests(n);
   for (size_t i = 0; i < n; ++i) {
@@ -534,20 +534,21 @@ class NativeEngine {
   }
 
   py::dict Capabilities() {
-    return CapabilitiesDict(Unwrap(Run([](ferry::Engine& e) -> StatusOr<ferry::Capabilities> {
-      return e.GetCapabilities();
-    })));
+    return CapabilitiesDict(Unwrap(Run(
+        [](ferry::Engine& e) -> StatusOr<ferry::Capabilities> { return e.GetCapabilities(); })));
   }
 
   ferry::EngineOptions Options() {
-    return Unwrap(Run([](ferry::Engine& e) -> StatusOr<ferry::EngineOptions> {
-      return e.options();
-    }));
+    return Unwrap(
+        Run([](ferry::Engine& e) -> StatusOr<ferry::EngineOptions> { return e.options(); }));
   }
 
   void RegisterMemory(uint64_t addr, uint64_t length, const std::string& location, bool exported) {
-    ferry::MemoryRegion r{reinterpret_cast<void*>(static_cast<uintptr_t>(addr)), length, location, exported};
-    Check(Run([&](ferry::Engine& e) { return e.RegisterMemory(std::span<const ferry::MemoryRegion>(&r, 1)); }));
+    ferry::MemoryRegion r{reinterpret_cast<void*>(static_cast<uintptr_t>(addr)), length, location,
+                          exported};
+    Check(Run([&](ferry::Engine& e) {
+      return e.RegisterMemory(std::span<const ferry::MemoryRegion>(&r, 1));
+    }));
   }
 
   void RegisterMemoryList(const std::vector<uint64_t>& addrs, const std::vector<uint64_t>& lengths,
@@ -646,9 +647,8 @@ class NativeEngine {
   }
 
   void WaitBatch(uint64_t batch, double timeout_s) {
-    Check(Run([&](ferry::Engine& e) {
-      return e.WaitBatch(ferry::BatchId{batch}, Millis(timeout_s));
-    }));
+    Check(Run(
+        [&](ferry::Engine& e) { return e.WaitBatch(ferry::BatchId{batch}, Millis(timeout_s)); }));
   }
 
   void FreeBatch(uint64_t batch) {
@@ -674,8 +674,8 @@ class NativeEngine {
 
   // [(sender, name, message bytes)], oldest first.
   py::list GetNotifications() {
-    std::vector<ferry::Notification> notes = Unwrap(
-        Run([](ferry::Engine& e) -> StatusOr<std::vector<ferry::Notification>> {
+    std::vector<ferry::Notification> notes =
+        Unwrap(Run([](ferry::Engine& e) -> StatusOr<std::vector<ferry::Notification>> {
           return e.GetNotifications();
         }));
     py::list out;
@@ -1008,8 +1008,8 @@ PYBIND11_MODULE(_ferry, m) {
         BufferView b(src, /*writable=*/false);
         if (length > static_cast<uint64_t>(b.view.len)) {
           Raise(ferry::InvalidArgumentError("length " + std::to_string(length) +
-                                            " exceeds the source's " +
-                                            std::to_string(b.view.len) + " bytes"));
+                                            " exceeds the source's " + std::to_string(b.view.len) +
+                                            " bytes"));
         }
         if (dest == 0 && length > 0) Raise(ferry::InvalidArgumentError("null destination"));
         if (length > kReleaseGilAbove) {

@@ -8,7 +8,8 @@ namespace ferry::internal {
 
 namespace {
 int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 }  // namespace
@@ -36,7 +37,8 @@ void BatchState::MarkBusy() { busy_since_ns_.store(NowNs(), std::memory_order_re
 
 void BatchState::OnIdle() {
   if (metrics_) {
-    metrics_->ObserveLatency(std::chrono::nanoseconds(NowNs() - busy_since_ns_.load(std::memory_order_relaxed)));
+    metrics_->ObserveLatency(
+        std::chrono::nanoseconds(NowNs() - busy_since_ns_.load(std::memory_order_relaxed)));
   }
   if (on_idle_) on_idle_();
 }
@@ -81,7 +83,8 @@ size_t BatchState::Cancel(const Status& why) {
       const auto pending = static_cast<uint8_t>(TransferState::kPending);
       for (size_t i = 0; i < n; ++i) {
         uint8_t expected = pending;
-        if (slots_[i].state.compare_exchange_strong(expected, static_cast<uint8_t>(TransferState::kFailed),
+        if (slots_[i].state.compare_exchange_strong(expected,
+                                                    static_cast<uint8_t>(TransferState::kFailed),
                                                     std::memory_order_acq_rel)) {
           slots_[i].failed.store(true, std::memory_order_relaxed);
           CountCancelled(i);
@@ -116,7 +119,9 @@ StatusOr<size_t> BatchState::Reserve(size_t n) {
   return cur;
 }
 
-void BatchState::CompleteSlice(size_t index, const Status& status) { CompleteSlices(index, 1, status); }
+void BatchState::CompleteSlice(size_t index, const Status& status) {
+  CompleteSlices(index, 1, status);
+}
 
 void BatchState::CompleteSlices(size_t index, uint32_t slices, const Status& status) {
   Completer c(*this);
@@ -150,9 +155,11 @@ void BatchState::Completer::Complete(size_t index, uint32_t slices, const Status
   // every state final), then pending_ (waiters and FreeBatch see everything
   // above). A request Cancel already failed stays failed and was counted
   // there.
-  const uint8_t final_state = static_cast<uint8_t>(failed ? TransferState::kFailed : TransferState::kCompleted);
+  const uint8_t final_state =
+      static_cast<uint8_t>(failed ? TransferState::kFailed : TransferState::kCompleted);
   if (!careful_) {
-    r.state.store(final_state, std::memory_order_release);  // no cancel claims states while this lives
+    r.state.store(final_state,
+                  std::memory_order_release);  // no cancel claims states while this lives
   } else {
     uint8_t expected = static_cast<uint8_t>(TransferState::kPending);
     if (!r.state.compare_exchange_strong(expected, final_state, std::memory_order_acq_rel)) return;

@@ -209,7 +209,7 @@ class BatchState {
 
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
-  Status first_error_;  // guarded by mu_
+  Status first_error_;    // guarded by mu_
   Status cancel_status_;  // guarded by mu_; set once by Cancel
   // The first failure of each failed request, by index (failures are rare,
   // so they live here rather than in every Slot). Guarded by mu_.

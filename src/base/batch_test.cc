@@ -304,10 +304,12 @@ TEST(Batch, MetricsCountRequestsAndBytesByRouteAndOutcome) {
   EXPECT_EQ(m.cancelled_requests, 1u);
   EXPECT_EQ(m.transfer_latency.count, 1u);  // one busy period
   const std::string text = Metrics::PrometheusText(m);
-  EXPECT_NE(text.find("ferry_bytes_total{peer=\"127.0.0.1:1\",transport=\"tcp\",op=\"write\",outcome=\"failed\"} 500"),
+  EXPECT_NE(text.find("ferry_bytes_total{peer=\"127.0.0.1:1\",transport=\"tcp\",op=\"write\","
+                      "outcome=\"failed\"} 500"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("ferry_transfer_latency_seconds_bucket{le=\"+Inf\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("ferry_transfer_latency_seconds_bucket{le=\"+Inf\"} 1"), std::string::npos)
+      << text;
 }
 
 }  // namespace

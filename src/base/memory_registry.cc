@@ -15,10 +15,9 @@ std::string FormatRange(uint64_t addr, uint64_t length) {
                   static_cast<unsigned long long>(addr), static_cast<unsigned long long>(length));
     return buf;
   }
-  std::snprintf(buf, sizeof(buf), "[0x%llx, 0x%llx) (%llu bytes)",
-                static_cast<unsigned long long>(addr),
-                static_cast<unsigned long long>(addr + length),
-                static_cast<unsigned long long>(length));
+  std::snprintf(
+      buf, sizeof(buf), "[0x%llx, 0x%llx) (%llu bytes)", static_cast<unsigned long long>(addr),
+      static_cast<unsigned long long>(addr + length), static_cast<unsigned long long>(length));
   return buf;
 }
 
@@ -39,8 +38,7 @@ StatusOr<std::vector<Range>> CheckList(std::span<const MemoryRegion> regions) {
   for (size_t i = 0; i < regions.size(); ++i) {
     const auto& r = regions[i];
     uint64_t a = reinterpret_cast<uint64_t>(r.addr);
-    std::string where =
-        regions.size() > 1 ? " (region " + std::to_string(i) + " of the list)" : "";
+    std::string where = regions.size() > 1 ? " (region " + std::to_string(i) + " of the list)" : "";
     if (r.addr == nullptr) return InvalidArgumentError("cannot register a null address" + where);
     if (r.length == 0) {
       return InvalidArgumentError("cannot register a zero-length region at " + FormatRange(a, 0) +
@@ -142,7 +140,8 @@ const std::shared_ptr<Region>* MemoryRegistry::FindLocked(uint64_t addr, uint64_
   if (it == regions_.begin()) return nullptr;
   --it;
   const Region& r = *it->second;
-  if (addr >= r.addr && length <= r.length && addr - r.addr <= r.length - length) return &it->second;
+  if (addr >= r.addr && length <= r.length && addr - r.addr <= r.length - length)
+    return &it->second;
   return nullptr;
 }
 
@@ -164,11 +163,13 @@ Status MemoryRegistry::Check(uint64_t addr, uint64_t length, std::string_view wh
                               " is not inside a registered memory region (register it first)");
 }
 
-StatusOr<RegionPin> MemoryRegistry::Pin(uint64_t addr, uint64_t length, std::string_view what) const {
+StatusOr<RegionPin> MemoryRegistry::Pin(uint64_t addr, uint64_t length,
+                                        std::string_view what) const {
   return PinImpl(addr, length, what, false);
 }
 
-StatusOr<RegionPin> MemoryRegistry::PinExported(uint64_t addr, uint64_t length, std::string_view what) const {
+StatusOr<RegionPin> MemoryRegistry::PinExported(uint64_t addr, uint64_t length,
+                                                std::string_view what) const {
   return PinImpl(addr, length, what, true);
 }
 
@@ -181,8 +182,9 @@ StatusOr<RegionPin> MemoryRegistry::PinImpl(uint64_t addr, uint64_t length, std:
                                 " is not inside a registered memory region");
   }
   if (exported && !(*r)->exported) {
-    return InvalidArgumentError(std::string(what) + " " + FormatRange(addr, length) +
-                                " is in a region registered for local use only (not exported to peers)");
+    return InvalidArgumentError(
+        std::string(what) + " " + FormatRange(addr, length) +
+        " is in a region registered for local use only (not exported to peers)");
   }
   (*r)->pins.fetch_add(1, std::memory_order_relaxed);  // under the lock: Unregister cannot miss it
   return RegionPin(*r);
@@ -199,7 +201,8 @@ std::vector<wire::RegionEntry> MemoryRegistry::Snapshot(bool exported_only) cons
             [](const Region* x, const Region* y) { return x->order < y->order; });
   std::vector<wire::RegionEntry> out;
   out.reserve(by_order.size());
-  for (const Region* r : by_order) out.push_back({r->addr, r->length, r->location, r->kind.Name(), r->keys});
+  for (const Region* r : by_order)
+    out.push_back({r->addr, r->length, r->location, r->kind.Name(), r->keys});
   return out;
 }
 

@@ -116,11 +116,12 @@ class MemoryRegistry {
  private:
   // REQUIRES: mu_ held. The region containing the range, or nullptr.
   const std::shared_ptr<Region>* FindLocked(uint64_t addr, uint64_t length) const;
-  StatusOr<RegionPin> PinImpl(uint64_t addr, uint64_t length, std::string_view what, bool exported) const;
+  StatusOr<RegionPin> PinImpl(uint64_t addr, uint64_t length, std::string_view what,
+                              bool exported) const;
 
   mutable std::shared_mutex mu_;
   std::map<uint64_t, std::shared_ptr<Region>> regions_;  // by start address
-  uint64_t next_order_ = 0;                                 // guarded by mu_
+  uint64_t next_order_ = 0;                              // guarded by mu_
   std::atomic<uint64_t> unregistrations_{0};
   std::atomic<bool> ever_non_cpu_{false};
 };

@@ -17,7 +17,8 @@ RouteCounters* Metrics::Route(std::string_view peer, std::string_view transport,
   key.push_back(static_cast<char>(opcode));
   std::lock_guard<std::mutex> lock(mu_);
   RouteCounters*& slot = by_key_[key];
-  if (slot == nullptr) slot = &routes_.emplace_back(std::string(peer), std::string(transport), opcode);
+  if (slot == nullptr)
+    slot = &routes_.emplace_back(std::string(peer), std::string(transport), opcode);
   return slot;
 }
 
@@ -39,7 +40,8 @@ EngineMetrics Metrics::Snapshot(uint64_t notifications_received) const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const RouteCounters& r : routes_) {
-      m.routes.push_back({r.peer, r.transport, r.opcode, r.requests_completed.load(std::memory_order_relaxed),
+      m.routes.push_back({r.peer, r.transport, r.opcode,
+                          r.requests_completed.load(std::memory_order_relaxed),
                           r.requests_failed.load(std::memory_order_relaxed),
                           r.bytes_completed.load(std::memory_order_relaxed),
                           r.bytes_failed.load(std::memory_order_relaxed)});
@@ -47,9 +49,11 @@ EngineMetrics Metrics::Snapshot(uint64_t notifications_received) const {
   }
   double bound = 10;
   for (size_t b = 0; b < kBuckets; ++b, bound *= 2) m.transfer_latency.bounds_us.push_back(bound);
-  for (const auto& c : buckets_) m.transfer_latency.counts.push_back(c.load(std::memory_order_relaxed));
+  for (const auto& c : buckets_)
+    m.transfer_latency.counts.push_back(c.load(std::memory_order_relaxed));
   m.transfer_latency.count = latency_count_.load(std::memory_order_relaxed);
-  m.transfer_latency.sum_us = static_cast<double>(latency_sum_ns_.load(std::memory_order_relaxed)) / 1e3;
+  m.transfer_latency.sum_us =
+      static_cast<double>(latency_sum_ns_.load(std::memory_order_relaxed)) / 1e3;
   m.batches_finished = m.transfer_latency.count;
   m.notifications_sent = notifications_sent_.load(std::memory_order_relaxed);
   m.notifications_received = notifications_received;
@@ -91,19 +95,23 @@ std::string Metrics::PrometheusText(const EngineMetrics& m) {
   auto route_lines = [&](const char* name, auto value_of) {
     for (const RouteMetrics& r : m.routes) {
       for (const char* outcome : {"completed", "failed"}) {
-        out += std::string(name) + "{peer=\"" + Label(r.peer) + "\",transport=\"" + Label(r.transport) +
-               "\",op=\"" + (r.opcode == Opcode::kRead ? "read" : "write") + "\",outcome=\"" + outcome + "\"} " +
-               std::to_string(value_of(r, outcome[0] == 'c')) + "\n";
+        out += std::string(name) + "{peer=\"" + Label(r.peer) + "\",transport=\"" +
+               Label(r.transport) + "\",op=\"" + (r.opcode == Opcode::kRead ? "read" : "write") +
+               "\",outcome=\"" + outcome + "\"} " + std::to_string(value_of(r, outcome[0] == 'c')) +
+               "\n";
       }
     }
   };
-  family("ferry_requests_total", "counter", "Requests finished, by peer, transport, opcode and outcome.");
+  family("ferry_requests_total", "counter",
+         "Requests finished, by peer, transport, opcode and outcome.");
   route_lines("ferry_requests_total", [](const RouteMetrics& r, bool ok) {
     return ok ? r.requests_completed : r.requests_failed;
   });
-  family("ferry_bytes_total", "counter", "Bytes of finished requests, by peer, transport, opcode and outcome.");
-  route_lines("ferry_bytes_total",
-              [](const RouteMetrics& r, bool ok) { return ok ? r.bytes_completed : r.bytes_failed; });
+  family("ferry_bytes_total", "counter",
+         "Bytes of finished requests, by peer, transport, opcode and outcome.");
+  route_lines("ferry_bytes_total", [](const RouteMetrics& r, bool ok) {
+    return ok ? r.bytes_completed : r.bytes_failed;
+  });
   family("ferry_transfer_latency_seconds", "histogram",
          "From submit (or post) until the last request of a batch or prepared transfer finished.");
   uint64_t cumulative = 0;
@@ -111,13 +119,16 @@ std::string Metrics::PrometheusText(const EngineMetrics& m) {
   for (size_t b = 0; b < h.counts.size(); ++b) {
     cumulative += h.counts[b];
     const std::string le = b < h.bounds_us.size() ? Number(h.bounds_us[b] / 1e6) : "+Inf";
-    out += "ferry_transfer_latency_seconds_bucket{le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+    out += "ferry_transfer_latency_seconds_bucket{le=\"" + le + "\"} " +
+           std::to_string(cumulative) + "\n";
   }
   out += "ferry_transfer_latency_seconds_sum " + Number(h.sum_us / 1e6) + "\n";
   out += "ferry_transfer_latency_seconds_count " + std::to_string(h.count) + "\n";
-  family("ferry_notifications_sent_total", "counter", "Notifications this engine delivered to peers.");
+  family("ferry_notifications_sent_total", "counter",
+         "Notifications this engine delivered to peers.");
   out += "ferry_notifications_sent_total " + std::to_string(m.notifications_sent) + "\n";
-  family("ferry_notifications_received_total", "counter", "Notifications peers delivered to this engine.");
+  family("ferry_notifications_received_total", "counter",
+         "Notifications peers delivered to this engine.");
   out += "ferry_notifications_received_total " + std::to_string(m.notifications_received) + "\n";
   family("ferry_cancelled_requests_total", "counter", "Requests failed by a cancellation.");
   out += "ferry_cancelled_requests_total " + std::to_string(m.cancelled_requests) + "\n";

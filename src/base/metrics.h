@@ -20,7 +20,8 @@
 namespace ferry::internal {
 
 struct RouteCounters {
-  RouteCounters(std::string p, std::string t, Opcode o) : peer(std::move(p)), transport(std::move(t)), opcode(o) {}
+  RouteCounters(std::string p, std::string t, Opcode o)
+      : peer(std::move(p)), transport(std::move(t)), opcode(o) {}
   const std::string peer;
   const std::string transport;
   const Opcode opcode;
@@ -46,7 +47,8 @@ class Metrics {
   static std::string PrometheusText(const EngineMetrics& m);
 
  private:
-  static constexpr size_t kBuckets = 16;  // upper bounds in us: 10 * 2^k, k = 0..15 (~0.33 s); then +Inf
+  static constexpr size_t kBuckets =
+      16;  // upper bounds in us: 10 * 2^k, k = 0..15 (~0.33 s); then +Inf
   mutable std::mutex mu_;
   std::deque<RouteCounters> routes_;  // guarded by mu_ (insertion); deque: stable addresses
   std::unordered_map<std::string, RouteCounters*> by_key_;  // guarded by mu_

@@ -4,8 +4,8 @@
 // In src/base/, below the core and the transports. Thread-safe.
 #pragma once
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -44,11 +44,11 @@ class EngineTarget {
     const uint64_t size = n.sender.size() + n.name.size() + n.message.size();
     std::lock_guard<std::mutex> lock(mu_);
     if (!inbox_.empty() && inbox_bytes_ + size > inbox_limit_) {
-      return ResourceExhaustedError("the notification inbox of " + peer_id_ + " is full: " +
-                                    std::to_string(inbox_.size()) + " notifications (" +
-                                    std::to_string(inbox_bytes_) +
-                                    " bytes) not yet fetched by its application (limit notify_inbox_bytes = " +
-                                    std::to_string(inbox_limit_) + ")");
+      return ResourceExhaustedError(
+          "the notification inbox of " + peer_id_ + " is full: " + std::to_string(inbox_.size()) +
+          " notifications (" + std::to_string(inbox_bytes_) +
+          " bytes) not yet fetched by its application (limit notify_inbox_bytes = " +
+          std::to_string(inbox_limit_) + ")");
     }
     inbox_bytes_ += size;
     inbox_.push_back(std::move(n));

@@ -38,14 +38,18 @@ std::optional<uint64_t> PeerInfo::KeyOf(uint32_t region, std::string_view transp
 }
 
 std::string PeerInfo::Label() const {
-  return desc_.peer_id + " (segment '" + desc_.engine_name + "', instance " + std::to_string(desc_.instance_id) + ")";
+  return desc_.peer_id + " (segment '" + desc_.engine_name + "', instance " +
+         std::to_string(desc_.instance_id) + ")";
 }
 
 std::string_view ReachName(Reach r) {
   switch (r) {
-    case Reach::kSameProcess: return "same process";
-    case Reach::kSameHost: return "same host";
-    case Reach::kNetwork: return "network";
+    case Reach::kSameProcess:
+      return "same process";
+    case Reach::kSameHost:
+      return "same host";
+    case Reach::kNetwork:
+      return "network";
   }
   return "?";
 }

@@ -22,9 +22,9 @@
 #include <string_view>
 #include <vector>
 
-#include "common/memory_kind.h"
 #include "base/batch.h"
 #include "base/memory_registry.h"
+#include "common/memory_kind.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
 #include "wire/descriptor.h"
@@ -190,7 +190,8 @@ class Transport {
   // Whether this transport can reach the peer (locality, endpoints).
   virtual bool CanReach(const wire::PeerDescriptor& peer) const = 0;
   virtual StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> peer,
-                                                      uint16_t wire_version, Clock::time_point deadline) = 0;
+                                                      uint16_t wire_version,
+                                                      Clock::time_point deadline) = 0;
   // The memory half (caps.needs_region_keys): registers `region` with this
   // transport's devices and returns the keys peers use for it, each named
   // ("fabric"; a transport with several devices may add "fabric.1", ...);

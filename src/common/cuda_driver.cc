@@ -26,9 +26,9 @@ constexpr int kPointerAttributeMemoryType = 2;     // CU_POINTER_ATTRIBUTE_MEMOR
 constexpr int kPointerAttributeDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 constexpr unsigned kMemoryTypeDevice = 2;          // CU_MEMORYTYPE_DEVICE
 constexpr int kCudaErrorNotReady = 600;
-constexpr unsigned kStreamNonBlocking = 0x1;      // CU_STREAM_NON_BLOCKING
-constexpr unsigned kEventDisableTiming = 0x2;     // CU_EVENT_DISABLE_TIMING
-constexpr unsigned kMemHostAllocPortable = 0x1;   // CU_MEMHOSTALLOC_PORTABLE
+constexpr unsigned kStreamNonBlocking = 0x1;        // CU_STREAM_NON_BLOCKING
+constexpr unsigned kEventDisableTiming = 0x2;       // CU_EVENT_DISABLE_TIMING
+constexpr unsigned kMemHostAllocPortable = 0x1;     // CU_MEMHOSTALLOC_PORTABLE
 constexpr unsigned kIpcLazyEnablePeerAccess = 0x1;  // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 
 unsigned long long AsPtr(const void* p) {
@@ -153,7 +153,8 @@ std::string CudaDriver::ResultText(int result) const {
   const char* name = nullptr;
   const char* text = nullptr;
   if (get_error_name_ != nullptr && get_error_name_(result, &name) != kCudaSuccess) name = nullptr;
-  if (get_error_string_ != nullptr && get_error_string_(result, &text) != kCudaSuccess) text = nullptr;
+  if (get_error_string_ != nullptr && get_error_string_(result, &text) != kCudaSuccess)
+    text = nullptr;
   std::string out = name != nullptr ? name : "CUresult " + std::to_string(result);
   if (text != nullptr) out += std::string(" (") + text + ")";
   return out;
@@ -192,10 +193,12 @@ StatusOr<std::string> CudaDriver::DeviceName(int ordinal) const {
   if (!available_) return NotAvailable("cuDeviceGetName");
   int dev = 0;
   Result r = device_get_(&dev, ordinal);
-  if (r != kCudaSuccess) return CallFailed(("cuDeviceGet(" + std::to_string(ordinal) + ")").c_str(), r);
+  if (r != kCudaSuccess)
+    return CallFailed(("cuDeviceGet(" + std::to_string(ordinal) + ")").c_str(), r);
   char name[256] = {};
   r = device_get_name_(name, static_cast<int>(sizeof(name) - 1), dev);
-  if (r != kCudaSuccess) return CallFailed(("cuDeviceGetName(" + std::to_string(ordinal) + ")").c_str(), r);
+  if (r != kCudaSuccess)
+    return CallFailed(("cuDeviceGetName(" + std::to_string(ordinal) + ")").c_str(), r);
   return std::string(name);
 }
 
@@ -213,22 +216,26 @@ StatusOr<std::optional<int>> CudaDriver::DeviceOfPointer(const void* p) const {
   unsigned type = 0;
   Result r = pointer_get_attribute_(&type, kPointerAttributeMemoryType, ptr);
   if (r == kCudaErrorInvalidValue) return std::optional<int>();  // not memory CUDA knows
-  if (r != kCudaSuccess) return CallFailed("cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)", r);
+  if (r != kCudaSuccess)
+    return CallFailed("cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)", r);
   if (type != kMemoryTypeDevice) return std::optional<int>();  // host (pinned) memory
   int ordinal = -1;
   r = pointer_get_attribute_(&ordinal, kPointerAttributeDeviceOrdinal, ptr);
-  if (r != kCudaSuccess) return CallFailed("cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)", r);
+  if (r != kCudaSuccess)
+    return CallFailed("cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)", r);
   return std::optional<int>(ordinal);
 }
 
 // ---- the data paths' calls ---------------------------------------------------
 
-#define FERRY_CUDA_DATA_PATH(call)                                                           \
-  do {                                                                                       \
-    if (!data_path_) {                                                                       \
-      return FailedPreconditionError(std::string(call) + ": the CUDA driver cannot move GPU " \
-                                     "memory: " + (available_ ? why_no_data_path_ : why_unavailable_)); \
-    }                                                                                        \
+#define FERRY_CUDA_DATA_PATH(call)                                                         \
+  do {                                                                                     \
+    if (!data_path_) {                                                                     \
+      return FailedPreconditionError(std::string(call) +                                   \
+                                     ": the CUDA driver cannot move GPU "                  \
+                                     "memory: " +                                          \
+                                     (available_ ? why_no_data_path_ : why_unavailable_)); \
+    }                                                                                      \
   } while (0)
 
 Status CudaDriver::PushContext(int ordinal) const {
@@ -241,7 +248,8 @@ Status CudaDriver::PushContext(int ordinal) const {
     if (ctx == nullptr) {
       int dev = 0;
       Result r = device_get_(&dev, ordinal);
-      if (r != kCudaSuccess) return CallFailed(("cuDeviceGet(" + std::to_string(ordinal) + ")").c_str(), r);
+      if (r != kCudaSuccess)
+        return CallFailed(("cuDeviceGet(" + std::to_string(ordinal) + ")").c_str(), r);
       r = primary_ctx_retain_(&ctx, dev);
       if (r != kCudaSuccess) {
         return CallFailed(("cuDevicePrimaryCtxRetain(" + std::to_string(ordinal) + ")").c_str(), r);
@@ -325,7 +333,8 @@ StatusOr<void*> CudaDriver::AllocateDevice(size_t length) const {
   FERRY_CUDA_DATA_PATH("cuMemAlloc");
   Ptr p = 0;
   const Result r = mem_alloc_(&p, length);
-  if (r != kCudaSuccess) return CallFailed(("cuMemAlloc(" + std::to_string(length) + ")").c_str(), r);
+  if (r != kCudaSuccess)
+    return CallFailed(("cuMemAlloc(" + std::to_string(length) + ")").c_str(), r);
   return FromPtr(p);
 }
 
@@ -340,7 +349,8 @@ StatusOr<void*> CudaDriver::AllocateHost(size_t length) const {
   FERRY_CUDA_DATA_PATH("cuMemHostAlloc");
   void* p = nullptr;
   const Result r = mem_host_alloc_(&p, length, kMemHostAllocPortable);
-  if (r != kCudaSuccess) return CallFailed(("cuMemHostAlloc(" + std::to_string(length) + ")").c_str(), r);
+  if (r != kCudaSuccess)
+    return CallFailed(("cuMemHostAlloc(" + std::to_string(length) + ")").c_str(), r);
   return p;
 }
 

@@ -16,8 +16,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -212,7 +212,8 @@ class CudaDriver {
 // (CudaDriver::PushContext, then PopContext); status() says whether it is.
 class CudaContextScope {
  public:
-  CudaContextScope(const CudaDriver& driver, int ordinal) : driver_(driver), status_(driver.PushContext(ordinal)) {}
+  CudaContextScope(const CudaDriver& driver, int ordinal)
+      : driver_(driver), status_(driver.PushContext(ordinal)) {}
   ~CudaContextScope() {
     if (status_.ok()) driver_.PopContext();
   }

@@ -11,11 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,11 +42,14 @@ TEST(CudaDriver, ALibraryThatIsNotThereIsUnavailableNamingIt) {
   EXPECT_FALSE(d.available());
   EXPECT_THAT(d.why_unavailable(), AllOf(HasSubstr("libferry-no-such-cuda-driver.so.1 not found ("),
                                          HasSubstr("cannot open shared object file")));
-  EXPECT_THAT(d.DeviceCount(), StatusIs(StatusCode::kFailedPrecondition,
-                                        AllOf(HasSubstr("cuDeviceGetCount"), HasSubstr("no CUDA driver"),
-                                              HasSubstr("libferry-no-such-cuda-driver.so.1 not found"))));
-  EXPECT_THAT(d.DeviceName(0), StatusIs(StatusCode::kFailedPrecondition, HasSubstr("cuDeviceGetName")));
-  EXPECT_THAT(d.DriverVersion(), StatusIs(StatusCode::kFailedPrecondition, HasSubstr("cuDriverGetVersion")));
+  EXPECT_THAT(d.DeviceCount(),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("cuDeviceGetCount"), HasSubstr("no CUDA driver"),
+                             HasSubstr("libferry-no-such-cuda-driver.so.1 not found"))));
+  EXPECT_THAT(d.DeviceName(0),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("cuDeviceGetName")));
+  EXPECT_THAT(d.DriverVersion(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("cuDriverGetVersion")));
   int host = 0;
   EXPECT_THAT(d.DeviceOfPointer(&host),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("cuPointerGetAttribute")));
@@ -66,7 +69,8 @@ TEST(CudaDriver, ALibraryWithoutTheEntryPointsHasNoDataPath) {
                                          AllOf(HasSubstr("cuCtxPushCurrent"),
                                                HasSubstr("the CUDA driver cannot move GPU memory"),
                                                HasSubstr("libm.so.6 has no cuInit"))));
-  EXPECT_THAT(d.AllocateDevice(4096), StatusIs(StatusCode::kFailedPrecondition, HasSubstr("cuMemAlloc")));
+  EXPECT_THAT(d.AllocateDevice(4096),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("cuMemAlloc")));
   d.PopContext();  // nothing to pop, nothing called
 }
 
@@ -125,14 +129,17 @@ TEST(CudaDriver, CuInitFailureIsUnavailableWithTheResult) {
   CudaDriver d(FERRY_FAKE_CUDA_PATH);
   EXPECT_TRUE(d.loaded());
   EXPECT_FALSE(d.available());
-  EXPECT_EQ(d.why_unavailable(), "cuInit failed: CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)");
+  EXPECT_EQ(d.why_unavailable(),
+            "cuInit failed: CUDA_ERROR_NO_DEVICE (no CUDA-capable device is detected)");
   EXPECT_THAT(d.DriverVersion(), IsOk());  // needs only the library
-  EXPECT_THAT(d.DeviceCount(), StatusIs(StatusCode::kFailedPrecondition, HasSubstr("CUDA_ERROR_NO_DEVICE")));
+  EXPECT_THAT(d.DeviceCount(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("CUDA_ERROR_NO_DEVICE")));
   int host = 0;
   EXPECT_THAT(d.DeviceOfPointer(&host), StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_FALSE(d.data_path());
-  EXPECT_THAT(d.CreateStream(), StatusIs(StatusCode::kFailedPrecondition,
-                                         AllOf(HasSubstr("cuStreamCreate"), HasSubstr("cuInit failed"))));
+  EXPECT_THAT(d.CreateStream(),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("cuStreamCreate"), HasSubstr("cuInit failed"))));
 }
 
 // ---- the data paths' calls, on the fake driver's CPU emulation ------------------
@@ -183,15 +190,17 @@ TEST_F(CudaDriverDataPath, FakeDriverHasTheDataPath) {
 
 TEST_F(CudaDriverDataPath, CallsNeedACurrentContext) {
   const auto no_context = [](const char* call) {
-    return StatusIs(StatusCode::kInternal,
-                    AllOf(HasSubstr(call), HasSubstr("CUDA_ERROR_INVALID_CONTEXT (invalid device context)")));
+    return StatusIs(
+        StatusCode::kInternal,
+        AllOf(HasSubstr(call), HasSubstr("CUDA_ERROR_INVALID_CONTEXT (invalid device context)")));
   };
   EXPECT_THAT(d_.AllocateDevice(4096), no_context("cuMemAlloc(4096) failed"));
   EXPECT_THAT(d_.AllocateHost(4096), no_context("cuMemHostAlloc(4096) failed"));
   EXPECT_THAT(d_.CreateStream(), no_context("cuStreamCreate failed"));
   EXPECT_THAT(d_.CreateEvent(), no_context("cuEventCreate failed"));
   std::vector<uint8_t> a(16), b(16);
-  EXPECT_THAT(d_.CopyAsync(a.data(), b.data(), a.size(), nullptr), no_context("cuMemcpyAsync failed"));
+  EXPECT_THAT(d_.CopyAsync(a.data(), b.data(), a.size(), nullptr),
+              no_context("cuMemcpyAsync failed"));
   CudaDriver::IpcHandle h{};
   EXPECT_THAT(d_.OpenIpcHandle(h), no_context("cuIpcOpenMemHandle failed"));
   // Pushed, the calls work; popped again, they do not.
@@ -203,8 +212,9 @@ TEST_F(CudaDriverDataPath, CallsNeedACurrentContext) {
     EXPECT_THAT(d_.FreeDevice(*p), IsOk());
   }
   EXPECT_THAT(d_.AllocateDevice(4096), no_context("cuMemAlloc(4096) failed"));
-  EXPECT_THAT(d_.PushContext(2), StatusIs(StatusCode::kInvalidArgument,
-                                          AllOf(HasSubstr("cuDeviceGet(2)"), HasSubstr("CUDA_ERROR_INVALID_DEVICE"))));
+  EXPECT_THAT(d_.PushContext(2),
+              StatusIs(StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("cuDeviceGet(2)"), HasSubstr("CUDA_ERROR_INVALID_DEVICE"))));
 }
 
 TEST_F(CudaDriverDataPath, DeviceMemoryIsOnTheCurrentContextsDeviceAndNotCpuAccessible) {
@@ -226,12 +236,15 @@ TEST_F(CudaDriverDataPath, DeviceMemoryIsOnTheCurrentContextsDeviceAndNotCpuAcce
     EXPECT_TRUE(CpuCanRead(host, 64));
     EXPECT_EQ(fake_.LiveAllocations(FakeCuda::kHostAllocations), 1);
     EXPECT_THAT(d_.FreeHost(host), IsOk());
-    EXPECT_THAT(d_.FreeHost(host), StatusIs(StatusCode::kInvalidArgument, HasSubstr("cuMemFreeHost failed")));
-    EXPECT_THAT(d_.FreeDevice(static_cast<char*>(p) + 1),
-                StatusIs(StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr("cuMemFree failed"), HasSubstr("CUDA_ERROR_INVALID_VALUE"))));
+    EXPECT_THAT(d_.FreeHost(host),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("cuMemFreeHost failed")));
+    EXPECT_THAT(
+        d_.FreeDevice(static_cast<char*>(p) + 1),
+        StatusIs(StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr("cuMemFree failed"), HasSubstr("CUDA_ERROR_INVALID_VALUE"))));
     EXPECT_THAT(d_.FreeDevice(p), IsOk());
-    EXPECT_THAT(d_.FreeDevice(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("cuMemFree failed")));
+    EXPECT_THAT(d_.FreeDevice(p),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("cuMemFree failed")));
     auto freed = d_.DeviceOfPointer(p);
     ASSERT_THAT(freed, IsOk());
     EXPECT_FALSE(freed->has_value());
@@ -306,8 +319,9 @@ TEST_F(CudaDriverDataPath, TheNullStreamAndPinnedHostMemory) {
   ASSERT_THAT(d_.CopyAsync(pinned, dev, kSize, nullptr), IsOk());
   ASSERT_THAT(d_.RecordEvent(e, nullptr), IsOk());
   ASSERT_THAT(d_.WaitEvent(e), IsOk());
-  EXPECT_EQ(std::vector<uint8_t>(static_cast<uint8_t*>(pinned), static_cast<uint8_t*>(pinned) + kSize),
-            std::vector<uint8_t>(kSize, 0));
+  EXPECT_EQ(
+      std::vector<uint8_t>(static_cast<uint8_t*>(pinned), static_cast<uint8_t*>(pinned) + kSize),
+      std::vector<uint8_t>(kSize, 0));
   EXPECT_EQ(fake_.CopiedBytes(FakeCuda::kHostToDevice), kSize);
   EXPECT_EQ(fake_.CopiedBytes(FakeCuda::kDeviceToHost), kSize);
   d_.DestroyEvent(e);
@@ -336,9 +350,10 @@ TEST_F(CudaDriverDataPath, FillAndDeviceToDevice) {
   EXPECT_EQ(fake_.CopiedBytes(FakeCuda::kDeviceToHost), kSize);
   // Fill is of device memory, within one allocation.
   EXPECT_THAT(d_.Fill(static_cast<char*>(a) + kSize - 10, 0, 11),
-              StatusIs(StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("cuMemsetD8 failed"), HasSubstr("CUDA_ERROR_INVALID_VALUE"))));
-  EXPECT_THAT(d_.Fill(out.data(), 0, 16), StatusIs(StatusCode::kInvalidArgument, HasSubstr("cuMemsetD8")));
+              StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr("cuMemsetD8 failed"),
+                                                           HasSubstr("CUDA_ERROR_INVALID_VALUE"))));
+  EXPECT_THAT(d_.Fill(out.data(), 0, 16),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("cuMemsetD8")));
   d_.DestroyStream(s);
   EXPECT_THAT(d_.FreeDevice(a), IsOk());
   EXPECT_THAT(d_.FreeDevice(b), IsOk());
@@ -353,15 +368,16 @@ TEST_F(CudaDriverDataPath, CopiesMustLieInOneAllocation) {
   std::vector<uint8_t> host(2 * kSize);
   char* end = static_cast<char*>(dev) + kSize;
   EXPECT_THAT(d_.CopyAsync(end - 10, host.data(), 20, s),
-              StatusIs(StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("cuMemcpyAsync failed"), HasSubstr("CUDA_ERROR_INVALID_VALUE"))));
+              StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr("cuMemcpyAsync failed"),
+                                                           HasSubstr("CUDA_ERROR_INVALID_VALUE"))));
   EXPECT_THAT(d_.CopyAsync(host.data(), end - 10, 11, s), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(d_.CopyAsync(host.data(), dev, kSize + 1, s), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(d_.CopyAsync(host.data(), end - 10, 10, s), IsOk());  // exactly to the end
   // A stream the driver does not know.
   int not_a_stream = 0;
   EXPECT_THAT(d_.CopyAsync(host.data(), dev, 16, &not_a_stream),
-              StatusIs(StatusCode::kInternal, HasSubstr("CUDA_ERROR_INVALID_HANDLE (invalid resource handle)")));
+              StatusIs(StatusCode::kInternal,
+                       HasSubstr("CUDA_ERROR_INVALID_HANDLE (invalid resource handle)")));
   ASSERT_THAT(d_.WaitStream(s), IsOk());
   EXPECT_EQ(fake_.CopiedBytes(FakeCuda::kDeviceToHost), 10u);
   d_.DestroyStream(s);
@@ -377,10 +393,11 @@ TEST_F(CudaDriverDataPath, AllocationOfAnInteriorPointer) {
   EXPECT_EQ(a->base, reinterpret_cast<uintptr_t>(dev));
   EXPECT_EQ(a->size, 12345u);
   int host = 0;
-  EXPECT_THAT(d_.AllocationOf(&host), StatusIs(StatusCode::kInvalidArgument,
-                                               AllOf(HasSubstr("cuMemGetAddressRange failed"),
-                                                     HasSubstr("CUDA_ERROR_INVALID_VALUE"))));
-  EXPECT_THAT(d_.AllocationOf(static_cast<char*>(dev) + 12345), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(d_.AllocationOf(&host),
+              StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr("cuMemGetAddressRange failed"),
+                                                           HasSubstr("CUDA_ERROR_INVALID_VALUE"))));
+  EXPECT_THAT(d_.AllocationOf(static_cast<char*>(dev) + 12345),
+              StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(d_.FreeDevice(dev), IsOk());
   EXPECT_THAT(d_.AllocationOf(dev), StatusIs(StatusCode::kInvalidArgument));
 }
@@ -421,7 +438,8 @@ TEST(CudaDriverIpcChild, DISABLED_OpensTheParentsHandle) {
   CudaContextScope scope(d, 0);
   ASSERT_THAT(scope.status(), IsOk());
   // A handle of memory the parent freed opens nothing.
-  EXPECT_THAT(d.OpenIpcHandle(stale), StatusIs(StatusCode::kInternal, HasSubstr("CUDA_ERROR_INVALID_HANDLE")));
+  EXPECT_THAT(d.OpenIpcHandle(stale),
+              StatusIs(StatusCode::kInternal, HasSubstr("CUDA_ERROR_INVALID_HANDLE")));
   ASSERT_OK_AND_ASSIGN(void* mapped, d.OpenIpcHandle(handle));
   auto of = d.DeviceOfPointer(mapped);
   ASSERT_THAT(of, IsOk());
@@ -443,7 +461,8 @@ TEST(CudaDriverIpcChild, DISABLED_OpensTheParentsHandle) {
   ASSERT_THAT(d.WaitStream(s), IsOk());
   d.DestroyStream(s);
   EXPECT_THAT(d.CloseIpcHandle(mapped), IsOk());
-  EXPECT_THAT(d.CloseIpcHandle(mapped), StatusIs(StatusCode::kInvalidArgument, HasSubstr("cuIpcCloseMemHandle")));
+  EXPECT_THAT(d.CloseIpcHandle(mapped),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("cuIpcCloseMemHandle")));
 }
 
 TEST_F(CudaDriverDataPath, IpcBetweenProcesses) {
@@ -456,12 +475,12 @@ TEST_F(CudaDriverDataPath, IpcBetweenProcesses) {
   ASSERT_THAT(d_.WaitStream(s), IsOk());
   ASSERT_OK_AND_ASSIGN(CudaDriver::IpcHandle handle, d_.GetIpcHandle(dev));
   EXPECT_THAT(d_.GetIpcHandle(static_cast<char*>(dev) + 4096),
-              StatusIs(StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("cuIpcGetMemHandle failed"), HasSubstr("CUDA_ERROR_INVALID_VALUE"))));
+              StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr("cuIpcGetMemHandle failed"),
+                                                           HasSubstr("CUDA_ERROR_INVALID_VALUE"))));
   // The exporting process cannot open its own handle (CUDA refuses it too).
   EXPECT_THAT(d_.OpenIpcHandle(handle),
-              StatusIs(StatusCode::kInternal,
-                       AllOf(HasSubstr("cuIpcOpenMemHandle failed"), HasSubstr("CUDA_ERROR_INVALID_CONTEXT"))));
+              StatusIs(StatusCode::kInternal, AllOf(HasSubstr("cuIpcOpenMemHandle failed"),
+                                                    HasSubstr("CUDA_ERROR_INVALID_CONTEXT"))));
   CudaDriver::IpcHandle corrupt = handle;
   corrupt[0] ^= 0xff;
   EXPECT_THAT(d_.OpenIpcHandle(corrupt),
@@ -469,7 +488,8 @@ TEST_F(CudaDriverDataPath, IpcBetweenProcesses) {
                        AllOf(HasSubstr("cuIpcOpenMemHandle failed"),
                              HasSubstr("CUDA_ERROR_INVALID_HANDLE (invalid resource handle)"))));
   fake_.SetIpcOpenResult(205);  // CUDA_ERROR_MAP_FAILED: what a fallback must survive
-  EXPECT_THAT(d_.OpenIpcHandle(handle), StatusIs(StatusCode::kInternal, HasSubstr("CUDA_ERROR_MAP_FAILED")));
+  EXPECT_THAT(d_.OpenIpcHandle(handle),
+              StatusIs(StatusCode::kInternal, HasSubstr("CUDA_ERROR_MAP_FAILED")));
   fake_.SetIpcOpenResult(0);
   // A handle of an allocation freed before the other process opens it.
   ASSERT_OK_AND_ASSIGN(void* gone, d_.AllocateDevice(4096));
@@ -502,7 +522,8 @@ TEST_F(CudaDriverDataPath, IpcBetweenProcesses) {
   std::vector<uint8_t> got(kIpcSize);
   ASSERT_THAT(d_.CopyAsync(got.data(), dev, kIpcSize, s), IsOk());
   ASSERT_THAT(d_.WaitStream(s), IsOk());
-  EXPECT_TRUE(got == Pattern(kIpcSize, 13, 5)) << "the child's bytes did not reach the parent's allocation";
+  EXPECT_TRUE(got == Pattern(kIpcSize, 13, 5))
+      << "the child's bytes did not reach the parent's allocation";
   d_.DestroyStream(s);
   EXPECT_THAT(d_.FreeDevice(dev), IsOk());
 }
@@ -548,15 +569,18 @@ TEST(CudaDriver, ProcessDriverOnHostMemory) {
   auto of_host = d.DeviceOfPointer(&host);
   if (d.available()) {
     ASSERT_THAT(of_host, IsOk());
-    EXPECT_FALSE(of_host->has_value()) << "a stack address reported as device memory of cuda:" << **of_host;
+    EXPECT_FALSE(of_host->has_value())
+        << "a stack address reported as device memory of cuda:" << **of_host;
     EXPECT_THAT(d.DeviceCount(), IsOk());
     EXPECT_TRUE(CudaDriver::LoadedInProcess());
     return;
   }
   EXPECT_NE(d.why_unavailable(), "");
-  EXPECT_THAT(d.why_unavailable(), HasSubstr(d.loaded() ? "cuInit failed" : "libcuda.so.1 not found"));
-  EXPECT_THAT(of_host, StatusIs(StatusCode::kFailedPrecondition,
-                                AllOf(HasSubstr("no CUDA driver"), HasSubstr(d.why_unavailable()))));
+  EXPECT_THAT(d.why_unavailable(),
+              HasSubstr(d.loaded() ? "cuInit failed" : "libcuda.so.1 not found"));
+  EXPECT_THAT(of_host,
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("no CUDA driver"), HasSubstr(d.why_unavailable()))));
   if (!d.loaded()) {
     EXPECT_FALSE(CudaDriver::LoadedInProcess());
   }

@@ -35,8 +35,8 @@ TEST(HandleTable, ForgedHandlesRejected) {
   HandleTable<int> t;
   uint64_t a = t.Insert(std::make_shared<int>(1));
   EXPECT_EQ(t.Get(0), nullptr);
-  EXPECT_EQ(t.Get(a & 0xffffffffu), nullptr);  // generation 0
-  EXPECT_EQ(t.Get(a + 1), nullptr);            // slot never issued
+  EXPECT_EQ(t.Get(a & 0xffffffffu), nullptr);   // generation 0
+  EXPECT_EQ(t.Get(a + 1), nullptr);             // slot never issued
   EXPECT_EQ(t.Get(a + (1ull << 32)), nullptr);  // wrong generation
   EXPECT_EQ(t.Get(~0ull), nullptr);
 }

@@ -15,12 +15,12 @@ void EmitLog(LogLevel level, const char* file, int line, const std::string& mess
 
 }  // namespace ferry::internal
 
-#define FERRY_LOG(level, expr)                                                   \
-  do {                                                                           \
-    if (::ferry::internal::LogLevel::level >= ::ferry::internal::CurrentLogLevel()) { \
-      std::ostringstream ferry_log_os_;                                          \
-      ferry_log_os_ << expr;                                                     \
+#define FERRY_LOG(level, expr)                                                           \
+  do {                                                                                   \
+    if (::ferry::internal::LogLevel::level >= ::ferry::internal::CurrentLogLevel()) {    \
+      std::ostringstream ferry_log_os_;                                                  \
+      ferry_log_os_ << expr;                                                             \
       ::ferry::internal::EmitLog(::ferry::internal::LogLevel::level, __FILE__, __LINE__, \
-                                 ferry_log_os_.str());                           \
-    }                                                                            \
+                                 ferry_log_os_.str());                                   \
+    }                                                                                    \
   } while (0)

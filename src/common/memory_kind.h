@@ -3,8 +3,8 @@
 // `cpu` is host memory that any CPU copy may read and write. `cuda:N` is GPU
 // memory of device N: the CUDA driver is loaded at run time
 // (common/cuda_driver.h) to check the device, to tell device pointers from
-// host ones and to move the bytes; no CPU copy ever touches it. `test-opaque` exists for the tests of the seam: pages
-// the CPU must not touch directly (mapped PROT_NONE), reached only through
+// host ones and to move the bytes; no CPU copy ever touches it. `test-opaque` exists for the tests
+// of the seam: pages the CPU must not touch directly (mapped PROT_NONE), reached only through
 // CopyMemory; only engines created with EngineOptions::testing.
 // allow_test_memory_kind accept it. A kind read from a peer's descriptor that
 // this build does not know is kUnknown: nothing here can reach it.
@@ -41,7 +41,8 @@ class MemoryKind {
   //   kInvalidArgument: there is no device N (naming N and the count).
   // Every refusal names the location and says "GPU".
   static StatusOr<MemoryKind> FromLocation(std::string_view location, bool allow_test);
-  static StatusOr<MemoryKind> FromLocation(std::string_view location, bool allow_test, const CudaDriver& driver);
+  static StatusOr<MemoryKind> FromLocation(std::string_view location, bool allow_test,
+                                           const CudaDriver& driver);
   // The kind a peer advertised (its Name()); unknown names give kUnknown.
   static MemoryKind FromName(std::string_view name);
 
@@ -85,12 +86,13 @@ const CudaDriver* CudaDriverForRegistrations();
 // When the driver cannot tell, its error is returned (code kept, address and
 // location named). With a null or unavailable `driver` a cpu location is
 // taken as host memory.
-StatusOr<MemoryKind> KindOfRegistration(std::string_view location, const void* addr, size_t length, bool allow_test,
-                                        const CudaDriver* driver);
+StatusOr<MemoryKind> KindOfRegistration(std::string_view location, const void* addr, size_t length,
+                                        bool allow_test, const CudaDriver* driver);
 
 // Copies `length` bytes from `src` (memory of `src_kind`) to `dst` (of
 // `dst_kind`) through the kinds' own copy functions (memmove for cpu).
 // kUnimplemented for kinds this build cannot copy.
-Status CopyMemory(MemoryKind dst_kind, void* dst, MemoryKind src_kind, const void* src, size_t length);
+Status CopyMemory(MemoryKind dst_kind, void* dst, MemoryKind src_kind, const void* src,
+                  size_t length);
 
 }  // namespace ferry::internal

@@ -83,11 +83,12 @@ TEST(MemoryKind, CudaLocationsWithADriverCheckTheDevice) {
     EXPECT_FALSE(kind->cpu_accessible());
   }
   for (const char* loc : {"cuda:2", "cuda:7"}) {
-    EXPECT_THAT(MemoryKind::FromLocation(loc, true, driver),
-                StatusIs(StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr(std::string("'") + loc + "'"),
-                               HasSubstr("CUDA device " + std::string(loc + 5) + ", which does not exist"),
-                               HasSubstr("has 2 CUDA devices (cuda:0..cuda:1)"))))
+    EXPECT_THAT(
+        MemoryKind::FromLocation(loc, true, driver),
+        StatusIs(StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr(std::string("'") + loc + "'"),
+                       HasSubstr("CUDA device " + std::string(loc + 5) + ", which does not exist"),
+                       HasSubstr("has 2 CUDA devices (cuda:0..cuda:1)"))))
         << loc;
   }
   // A driver whose cuInit failed.
@@ -95,12 +96,14 @@ TEST(MemoryKind, CudaLocationsWithADriverCheckTheDevice) {
   CudaDriver no_device(FERRY_FAKE_CUDA_PATH);
   EXPECT_THAT(MemoryKind::FromLocation("cuda:0", false, no_device),
               StatusIs(StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("is not usable"), HasSubstr("cuInit failed: CUDA_ERROR_NO_DEVICE"))));
+                       AllOf(HasSubstr("is not usable"),
+                             HasSubstr("cuInit failed: CUDA_ERROR_NO_DEVICE"))));
 }
 
 std::string Hex(const void* p) {
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%#llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
+  std::snprintf(buf, sizeof(buf), "%#llx",
+                static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
   return buf;
 }
 
@@ -115,11 +118,12 @@ TEST(KindOfRegistration, DeviceMemoryRegisteredAsCpuIsRefusedNamingAddressAndLoc
   char* const device = buffer.data() + 4096;
   fake.SetDeviceMemory(device, 2 * 4096, 1);
   for (const char* loc : {"cpu", "cpu:0"}) {
-    EXPECT_THAT(KindOfRegistration(loc, device, 4096, false, &driver),
-                StatusIs(StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr(Hex(device)), HasSubstr(std::string("location '") + loc + "'"),
-                               HasSubstr("GPU memory of cuda:1"), HasSubstr("not host memory"),
-                               HasSubstr("register it as cuda:1"))))
+    EXPECT_THAT(
+        KindOfRegistration(loc, device, 4096, false, &driver),
+        StatusIs(StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr(Hex(device)), HasSubstr(std::string("location '") + loc + "'"),
+                       HasSubstr("GPU memory of cuda:1"), HasSubstr("not host memory"),
+                       HasSubstr("register it as cuda:1"))))
         << "'" << loc << "'";
   }
   // An automatic location takes the device's kind from the pointer.
@@ -130,18 +134,21 @@ TEST(KindOfRegistration, DeviceMemoryRegisteredAsCpuIsRefusedNamingAddressAndLoc
   }
   // Only the last byte in device memory: refused too, automatic or not.
   EXPECT_THAT(KindOfRegistration("cpu", device - 16, 32, false, &driver),
-              StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr(Hex(device - 16)), HasSubstr(Hex(device + 15)))));
+              StatusIs(StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(Hex(device - 16)), HasSubstr(Hex(device + 15)))));
   EXPECT_THAT(KindOfRegistration("*", device - 16, 32, false, &driver),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("not all of it on one device")));
   // cuda:N must be memory of device N at both ends.
   auto on_1 = KindOfRegistration("cuda:1", device, 4096, false, &driver);
   ASSERT_THAT(on_1, IsOk());
   EXPECT_EQ(*on_1, MemoryKind::Cuda(1));
-  EXPECT_THAT(KindOfRegistration("cuda:0", device, 4096, false, &driver),
-              StatusIs(StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("starts in GPU memory of cuda:1"), HasSubstr("not in GPU memory of cuda:0"))));
+  EXPECT_THAT(
+      KindOfRegistration("cuda:0", device, 4096, false, &driver),
+      StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr("starts in GPU memory of cuda:1"),
+                                                   HasSubstr("not in GPU memory of cuda:0"))));
   EXPECT_THAT(KindOfRegistration("cuda:1", host, 4096, false, &driver),
-              StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr(Hex(host)), HasSubstr("starts in host memory"))));
+              StatusIs(StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(Hex(host)), HasSubstr("starts in host memory"))));
   EXPECT_THAT(KindOfRegistration("cuda:1", device + 4096, 8192, false, &driver),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("ends in host memory")));
   // Host memory next to it is host memory.
@@ -150,12 +157,14 @@ TEST(KindOfRegistration, DeviceMemoryRegisteredAsCpuIsRefusedNamingAddressAndLoc
   EXPECT_EQ(*k, MemoryKind::Cpu());
   // The test kind is not asked about.
   EXPECT_THAT(KindOfRegistration("test-opaque", device, 4096, true, &driver), IsOk());
-  EXPECT_THAT(KindOfRegistration("bogus", host, 64, false, &driver), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(KindOfRegistration("bogus", host, 64, false, &driver),
+              StatusIs(StatusCode::kInvalidArgument));
   // A driver that cannot tell: refused with its error, naming the address.
   fake.SetPointerResult(999);
   EXPECT_THAT(KindOfRegistration("cpu", host, 4096, false, &driver),
-              StatusIs(StatusCode::kInternal, AllOf(HasSubstr("cannot tell whether"), HasSubstr(Hex(host)),
-                                                    HasSubstr("location 'cpu'"), HasSubstr("CUresult 999"))));
+              StatusIs(StatusCode::kInternal,
+                       AllOf(HasSubstr("cannot tell whether"), HasSubstr(Hex(host)),
+                             HasSubstr("location 'cpu'"), HasSubstr("CUresult 999"))));
 }
 
 TEST(KindOfRegistration, WithoutAUsableDriverCpuIsHostMemory) {
@@ -192,16 +201,18 @@ TEST(MemoryKind, TestOpaqueOnlyWhenAllowed) {
 TEST(MemoryKind, UnknownLocationsAreInvalidArgumentNamingThem) {
   EXPECT_THAT(MemoryKind::FromLocation("bogus", false),
               StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr("bogus"), HasSubstr("cpu"))));
-  EXPECT_THAT(MemoryKind::FromLocation("bogus", true), StatusIs(StatusCode::kInvalidArgument, HasSubstr("bogus")));
+  EXPECT_THAT(MemoryKind::FromLocation("bogus", true),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("bogus")));
   for (const char* loc : {"cpu:", "cpu:x", "cpu:-1", "cpu:1x", "CPU", "cuda:x", "gpu:0", "**"}) {
-    EXPECT_THAT(MemoryKind::FromLocation(loc, true), StatusIs(StatusCode::kInvalidArgument, HasSubstr(loc)))
+    EXPECT_THAT(MemoryKind::FromLocation(loc, true),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr(loc)))
         << loc;
   }
 }
 
 TEST(MemoryKind, NameAndFromNameRoundTrip) {
-  const MemoryKind kinds[] = {MemoryKind::Cpu(), MemoryKind::TestOpaque(), MemoryKind::FromName("cuda:0"),
-                              MemoryKind::FromName("cuda:7")};
+  const MemoryKind kinds[] = {MemoryKind::Cpu(), MemoryKind::TestOpaque(),
+                              MemoryKind::FromName("cuda:0"), MemoryKind::FromName("cuda:7")};
   for (const MemoryKind& k : kinds) {
     EXPECT_EQ(MemoryKind::FromName(k.Name()), k) << k.Name();
   }
@@ -244,7 +255,8 @@ class OpaquePages {
     while (std::getline(maps, line)) {
       unsigned long lo = 0, hi = 0;
       char perms[5] = {};
-      if (std::sscanf(line.c_str(), "%lx-%lx %4s", &lo, &hi, perms) == 3 && a >= lo && a < hi) return perms;
+      if (std::sscanf(line.c_str(), "%lx-%lx %4s", &lo, &hi, perms) == 3 && a >= lo && a < hi)
+        return perms;
     }
     return "?";
   }
@@ -281,7 +293,8 @@ TEST(CopyMemory, CpuToOpaqueToCpuAndTheBytesAreInTheProtNonePages) {
   const size_t offset2 = offset + n + 300;  // after the first copy
   const size_t n2 = 512;
   ASSERT_LE(offset2 + n2, pages.size());
-  ASSERT_THAT(CopyMemory(opaque, pages.base() + offset2, opaque, pages.base() + offset, n2), IsOk());
+  ASSERT_THAT(CopyMemory(opaque, pages.base() + offset2, opaque, pages.base() + offset, n2),
+              IsOk());
 
   // The copies left the pages PROT_NONE, and the bytes are really in them.
   EXPECT_EQ(pages.Perms(), "---p");
@@ -305,8 +318,9 @@ TEST(CopyMemory, OpaqueToCpuReadsWhatWasPutThereDirectly) {
   std::memcpy(pages.base(), want.data(), want.size());
   ASSERT_TRUE(pages.Protect(PROT_NONE));
   std::vector<char> got(want.size(), 0);
-  ASSERT_THAT(CopyMemory(MemoryKind::Cpu(), got.data(), MemoryKind::TestOpaque(), pages.base(), got.size()),
-              IsOk());
+  ASSERT_THAT(
+      CopyMemory(MemoryKind::Cpu(), got.data(), MemoryKind::TestOpaque(), pages.base(), got.size()),
+      IsOk());
   EXPECT_EQ(got, want);
 }
 
@@ -321,9 +335,12 @@ TEST(CopyMemory, CpuToCpuIsAMemmove) {
 TEST(CopyMemory, KindsThisBuildCannotCopyAreUnimplemented) {
   char a[8] = {1, 2, 3, 4, 5, 6, 7, 8}, b[8] = {};
   const MemoryKind cuda = MemoryKind::FromName("cuda:0"), unknown = MemoryKind::FromName("martian");
-  EXPECT_THAT(CopyMemory(cuda, b, MemoryKind::Cpu(), a, 8), StatusIs(StatusCode::kUnimplemented, HasSubstr("cuda:0")));
-  EXPECT_THAT(CopyMemory(MemoryKind::Cpu(), b, unknown, a, 8), StatusIs(StatusCode::kUnimplemented));
-  EXPECT_THAT(CopyMemory(MemoryKind::TestOpaque(), b, cuda, a, 8), StatusIs(StatusCode::kUnimplemented));
+  EXPECT_THAT(CopyMemory(cuda, b, MemoryKind::Cpu(), a, 8),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("cuda:0")));
+  EXPECT_THAT(CopyMemory(MemoryKind::Cpu(), b, unknown, a, 8),
+              StatusIs(StatusCode::kUnimplemented));
+  EXPECT_THAT(CopyMemory(MemoryKind::TestOpaque(), b, cuda, a, 8),
+              StatusIs(StatusCode::kUnimplemented));
   EXPECT_EQ(std::vector<char>(b, b + 8), std::vector<char>(8, 0));  // nothing copied
 }
 

@@ -12,9 +12,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstddef>
 #include <cstdio>
-#include <charconv>
 #include <cstring>
 
 namespace ferry::internal {
@@ -247,7 +247,8 @@ StatusOr<UniqueFd> ListenUnix(const std::string& name) {
   if (!fd.valid()) return UnavailableError("cannot create a unix socket: " + ErrnoString(errno));
   sockaddr_un addr;
   socklen_t len = AbstractAddress(name, &addr);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd.get(), 1024) != 0) {
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      ::listen(fd.get(), 1024) != 0) {
     return UnavailableError("cannot listen on unix socket @" + name + ": " + ErrnoString(errno));
   }
   return fd;
@@ -263,7 +264,8 @@ StatusOr<UniqueFd> ConnectUnix(const std::string& name, Clock::time_point deadli
     if (errno != EAGAIN) {  // EAGAIN: the listener's backlog is full; wait for room
       return UnavailableError("cannot connect to unix socket @" + name + ": " + ErrnoString(errno));
     }
-    if (Clock::now() >= deadline) return DeadlineExceededError("connecting to unix socket @" + name + " timed out");
+    if (Clock::now() >= deadline)
+      return DeadlineExceededError("connecting to unix socket @" + name + " timed out");
     ::usleep(1000);
   }
   FERRY_RETURN_IF_ERROR(SetNonBlocking(fd.get(), false));

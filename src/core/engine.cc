@@ -78,12 +78,13 @@ StatusOr<internal::Identity> Resolve(EngineOptions& options) {
   if (options.testing.wire_version_max != 0) {
     id.wire_min = options.testing.wire_version_min;
     id.wire_max = options.testing.wire_version_max;
-    if (id.wire_min > id.wire_max) return InvalidArgumentError("testing wire version range is empty");
+    if (id.wire_min > id.wire_max)
+      return InvalidArgumentError("testing wire version range is empty");
   }
   if (options.testing.descriptor_format_max != 0) {
-    id.descriptor_format_max = std::clamp<uint16_t>(options.testing.descriptor_format_max,
-                                                    wire::kDescriptorFormatMin,
-                                                    wire::kDescriptorFormatMax);
+    id.descriptor_format_max =
+        std::clamp<uint16_t>(options.testing.descriptor_format_max, wire::kDescriptorFormatMin,
+                             wire::kDescriptorFormatMax);
   }
   if (options.io_threads == 0) options.io_threads = std::min(options.tcp_streams, 4);
   id.instance_id = NewInstanceId();
@@ -134,21 +135,22 @@ Status Engine::Impl::Start(const std::shared_ptr<const internal::ClusterSecret>&
   mctx.ttl = options_.metadata_ttl;
   mctx.timeout = options_.connect_timeout;
   FERRY_ASSIGN_OR_RETURN(metadata_, internal::MakeMetadataStore(options_.metadata, mctx));
-  segments_ = std::make_unique<internal::SegmentTable>(
-      options_, *transports_, *metadata_, *metrics_, [p = publisher_.get()] { return p->Describe(); });
+  segments_ =
+      std::make_unique<internal::SegmentTable>(options_, *transports_, *metadata_, *metrics_,
+                                               [p = publisher_.get()] { return p->Describe(); });
   notifier_ = std::make_unique<internal::Notifier>(*segments_, *metrics_, id.peer_id,
                                                    options_.transfer_timeout);
   FERRY_RETURN_IF_ERROR(Republish());
   internal::SegmentTable* segs = segments_.get();  // the store (and its watch) dies before it
-  Status watching = metadata_->Watch([segs](const std::string& name) { segs->OnPeerChanged(name); });
+  Status watching =
+      metadata_->Watch([segs](const std::string& name) { segs->OnPeerChanged(name); });
   if (!watching.ok() && watching.code() != StatusCode::kUnimplemented) return watching;
   FERRY_RETURN_IF_ERROR(transports_->Serve());
   if (options_.metrics_address.empty()) return OkStatus();
-  FERRY_ASSIGN_OR_RETURN(metrics_server_,
-                         internal::MetricsServer::Start(options_.metrics_address, [this] {
-                           return internal::Metrics::PrometheusText(
-                               metrics_->Snapshot(target_->delivered()));
-                         }));
+  FERRY_ASSIGN_OR_RETURN(
+      metrics_server_, internal::MetricsServer::Start(options_.metrics_address, [this] {
+        return internal::Metrics::PrometheusText(metrics_->Snapshot(target_->delivered()));
+      }));
   return OkStatus();
 }
 
@@ -224,16 +226,15 @@ Status Engine::RegisterMemory(std::span<const MemoryRegion> regions) {
   const EngineOptions& options = impl_->options();
   // Host memory is checked against the CUDA driver if this process uses one:
   // a device pointer registered as "cpu" is refused, never copied as host memory.
-  const internal::CudaDriver* cuda =
-      options.testing.cuda_driver.empty()
-          ? internal::CudaDriverForRegistrations()
-          : &internal::CudaDriver::Load(options.testing.cuda_driver);
+  const internal::CudaDriver* cuda = options.testing.cuda_driver.empty()
+                                         ? internal::CudaDriverForRegistrations()
+                                         : &internal::CudaDriver::Load(options.testing.cuda_driver);
   std::vector<MemoryKind> kinds;
   kinds.reserve(regions.size());
   for (size_t i = 0; i < regions.size(); ++i) {
-    auto kind = internal::KindOfRegistration(regions[i].location, regions[i].addr,
-                                             regions[i].length,
-                                             options.testing.allow_test_memory_kind, cuda);
+    auto kind =
+        internal::KindOfRegistration(regions[i].location, regions[i].addr, regions[i].length,
+                                     options.testing.allow_test_memory_kind, cuda);
     if (!kind.ok()) {
       return regions.size() > 1
                  ? kind.status().WithPrefix("region " + std::to_string(i) + " of the list")
@@ -370,8 +371,7 @@ Status Engine::TransferSync(std::span<const TransferRequest> requests) {
 
 // ---- notifications --------------------------------------------------------------
 
-Status Engine::SendNotification(SegmentHandle h, std::string_view name,
-                                std::string_view message) {
+Status Engine::SendNotification(SegmentHandle h, std::string_view name, std::string_view message) {
   FERRY_RETURN_IF_ERROR(internal::CheckNotificationSize(name, message));
   FERRY_ASSIGN_OR_RETURN(auto seg, impl_->segments().Get(h));
   return impl_->notifier().Send(*seg, name, message);

@@ -22,9 +22,9 @@ namespace {
 std::string TransferName(TransferHandle h) { return "transfer " + std::to_string(h.value); }
 
 uint64_t SteadyMicros() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                   Clock::now().time_since_epoch())
-                                   .count());
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
+          .count());
 }
 
 }  // namespace
@@ -33,7 +33,8 @@ uint64_t SteadyMicros() {
 
 StatusOr<DescListHandle> Engine::PrepareLocalList(std::span<const DescRow> rows) {
   FERRY_ASSIGN_OR_RETURN(auto list, DescList::Local(rows, impl_->target().registry()));
-  auto prepared = std::make_shared<internal::PreparedList>(internal::PreparedList{std::move(list), nullptr});
+  auto prepared =
+      std::make_shared<internal::PreparedList>(internal::PreparedList{std::move(list), nullptr});
   return DescListHandle{impl_->lists().Insert(std::move(prepared))};
 }
 
@@ -43,7 +44,8 @@ StatusOr<DescListHandle> Engine::PrepareRemoteList(SegmentHandle segment,
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const PeerInfo> peer, impl_->segments().Current(*seg));
   auto list = DescList::Remote(rows, std::move(peer));
   if (!list.ok()) return list.status().WithPrefix("remote list for peer " + seg->name());
-  auto prepared = std::make_shared<internal::PreparedList>(internal::PreparedList{std::move(*list), seg});
+  auto prepared =
+      std::make_shared<internal::PreparedList>(internal::PreparedList{std::move(*list), seg});
   return DescListHandle{impl_->lists().Insert(std::move(prepared))};
 }
 
@@ -117,11 +119,11 @@ Status CheckSameInstance(Engine::Impl& impl, TransferHandle h, const PreparedTra
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const PeerInfo> now, impl.segments().Current(seg));
   const uint64_t instance = t.spec().peer->desc().instance_id;
   if (now->desc().instance_id == instance) return OkStatus();
-  return FailedPreconditionError(
-      TransferName(h) + ": its remote list was prepared for instance " + std::to_string(instance) +
-      " of peer " + seg.name() + ", which restarted (now instance " +
-      std::to_string(now->desc().instance_id) +
-      "); prepare the remote list again from the peer's new metadata");
+  return FailedPreconditionError(TransferName(h) + ": its remote list was prepared for instance " +
+                                 std::to_string(instance) + " of peer " + seg.name() +
+                                 ", which restarted (now instance " +
+                                 std::to_string(now->desc().instance_id) +
+                                 "); prepare the remote list again from the peer's new metadata");
 }
 
 // Once the post's data finished: the notification (on the notifier's
@@ -141,8 +143,9 @@ void NotifyWhenIdle(Engine::Impl& impl, const std::shared_ptr<PostState>& post,
     }
     notifier->Push([p, notifier, seg, note, instance](bool run) {
       if (!run) {
-        p->Finish(CancelledError("the engine shut down before the transfer's notification was sent"),
-                  SteadyMicros());
+        p->Finish(
+            CancelledError("the engine shut down before the transfer's notification was sent"),
+            SteadyMicros());
         return;
       }
       p->Finish(notifier->Send(*seg, note->name, note->message, instance), SteadyMicros());
@@ -218,9 +221,9 @@ StatusOr<TransferStatus> Engine::GetTransferStatus(TransferHandle h) {
   if (s.state == TransferState::kPending) return TransferStatus{};
   if (!p.finished()) return TransferStatus{};  // its notification is on its way
   if (Status notified = p.notify_status(); !notified.ok()) {
-    return TransferStatus{TransferState::kFailed,
-                          notified.WithPrefix(TransferName(h) +
-                                              ": the data arrived but its notification did not")};
+    return TransferStatus{
+        TransferState::kFailed,
+        notified.WithPrefix(TransferName(h) + ": the data arrived but its notification did not")};
   }
   return TransferStatus{TransferState::kCompleted, OkStatus()};
 }
@@ -274,8 +277,8 @@ Status Engine::ReleaseTransfer(TransferHandle h) {
 std::string Engine::ExportMetadata() const {
   std::string out;
   const wire::PeerDescriptor self = impl_->publisher().Describe();
-  const uint16_t format = std::min(impl_->publisher().identity().descriptor_format_max,
-                                   wire::LowestFormatFor(self));
+  const uint16_t format =
+      std::min(impl_->publisher().identity().descriptor_format_max, wire::LowestFormatFor(self));
   wire::EncodeExportedMetadata(self, &out, format);
   return out;
 }

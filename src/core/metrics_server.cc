@@ -28,10 +28,12 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string&
   char* end = nullptr;
   const unsigned long port = std::strtoul(port_text.c_str(), &end, 10);
   if (port_text.empty() || *end != '\0' || port > 65535) {
-    return InvalidArgumentError("metrics_address must be HOST:PORT (port 0-65535), got '" + address + "'");
+    return InvalidArgumentError("metrics_address must be HOST:PORT (port 0-65535), got '" +
+                                address + "'");
   }
   auto hp = ParsePeerId(address.substr(0, colon) + ":1");  // checks the host part
-  if (!hp.ok()) return InvalidArgumentError("metrics_address must be HOST:PORT, got '" + address + "'");
+  if (!hp.ok())
+    return InvalidArgumentError("metrics_address must be HOST:PORT, got '" + address + "'");
   hp->port = static_cast<uint16_t>(port);
   auto listening = Listen(hp->host, hp->port);
   if (!listening.ok()) return listening.status().WithPrefix("metrics endpoint " + address);
@@ -39,7 +41,8 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string&
   s->listen_fd_ = std::move(listening->first);
   s->address_ = FormatPeerId(hp->host, listening->second);
   s->stop_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!s->stop_fd_.valid()) return InternalError("eventfd for the metrics endpoint: " + ErrnoString(errno));
+  if (!s->stop_fd_.valid())
+    return InternalError("eventfd for the metrics endpoint: " + ErrnoString(errno));
   s->render_ = std::move(render);
   s->thread_ = std::thread([raw = s.get()] { raw->Loop(); });
   FERRY_LOG(kInfo, "metrics endpoint on http://" << s->address_ << "/metrics");
@@ -71,9 +74,11 @@ void MetricsServer::Serve(int fd) {
   const auto deadline = std::chrono::steady_clock::now() + kRequestTimeout;
   std::string request;
   char buf[1024];
-  while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos) {
+  while (request.find("\r\n\r\n") == std::string::npos &&
+         request.find("\n\n") == std::string::npos) {
     if (request.size() > kMaxRequest) return;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return;
     pollfd fds[2] = {{fd, POLLIN, 0}, {stop_fd_.get(), POLLIN, 0}};
     if (::poll(fds, 2, static_cast<int>(left.count())) <= 0 || fds[1].revents != 0) return;
@@ -101,8 +106,9 @@ void MetricsServer::Serve(int fd) {
   } else {
     body = render_();
   }
-  std::string out = "HTTP/1.1 " + status + "\r\nContent-Type: " + type + "\r\nContent-Length: " +
-                    std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+  std::string out = "HTTP/1.1 " + status + "\r\nContent-Type: " + type +
+                    "\r\nContent-Length: " + std::to_string(body.size()) +
+                    "\r\nConnection: close\r\n\r\n";
   if (!head) out += body;
   (void)SendAll(fd, out.data(), out.size(), deadline);
 }

@@ -8,10 +8,10 @@ Status CheckNotificationSize(std::string_view name, std::string_view message) {
   if (name.size() <= kMaxNotificationName && message.size() <= kMaxNotificationMessage) {
     return OkStatus();
   }
-  return InvalidArgumentError(
-      "notification too large: name " + std::to_string(name.size()) + " bytes (at most " +
-      std::to_string(kMaxNotificationName) + "), message " + std::to_string(message.size()) +
-      " bytes (at most " + std::to_string(kMaxNotificationMessage) + ")");
+  return InvalidArgumentError("notification too large: name " + std::to_string(name.size()) +
+                              " bytes (at most " + std::to_string(kMaxNotificationName) +
+                              "), message " + std::to_string(message.size()) + " bytes (at most " +
+                              std::to_string(kMaxNotificationMessage) + ")");
 }
 
 Status CheckPeerTakes(const PeerInfo& peer, size_t message_size) {

@@ -64,7 +64,7 @@ class Notifier {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void(bool)>> jobs_;  // guarded by mu_
-  bool stopped_ = false;                         // guarded by mu_
+  bool stopped_ = false;                        // guarded by mu_
   std::thread thread_;
 };
 

@@ -23,8 +23,8 @@ struct RoutePost {
   std::shared_ptr<const PeerInfo> peer;  // the descriptor the slices' region indexes belong to
   uint32_t max_slice = 0;
   SliceOrder order = SliceOrder::kByDestination;
-  uint8_t tags[2] = {0, 0};    // by Opcode
-  std::vector<Slice> slices;   // of the chunk being prepared
+  uint8_t tags[2] = {0, 0};   // by Opcode
+  std::vector<Slice> slices;  // of the chunk being prepared
 
   void SetRoute(const Routed& routed) {
     link = routed.link;
@@ -63,8 +63,9 @@ bool SliceAndPost(const std::shared_ptr<BatchState>& batch, size_t base, size_t 
     const PostEntry e = entry_at(index - base);
     const RoutePost& r = routes[e.route];
     batch->Describe(index, e.length, r.tags[static_cast<int>(e.opcode)]);
-    return e.length <= r.max_slice ? 1u
-                                   : static_cast<uint32_t>((e.length + r.max_slice - 1) / r.max_slice);
+    return e.length <= r.max_slice
+               ? 1u
+               : static_cast<uint32_t>((e.length + r.max_slice - 1) / r.max_slice);
   });
   if (!begun) return false;
   for (size_t begin = 0; begin < n; begin += kPostChunk) {

@@ -80,7 +80,8 @@ Status DescList::BuildPlain(std::span<const DescRow> rows, Find& find) {
     const DescRow& r = rows[i];
     if (r.length == 0) return InvalidArgumentError("row " + std::to_string(i) + ": length is zero");
     if (r.addr + r.length < r.addr) {
-      return InvalidArgumentError("row " + std::to_string(i) + ": " + FormatRange(r.addr, r.length) +
+      return InvalidArgumentError("row " + std::to_string(i) + ": " +
+                                  FormatRange(r.addr, r.length) +
                                   " wraps around the address space");
     }
     auto tag = find(r.addr, r.length);
@@ -129,7 +130,8 @@ StatusOr<std::shared_ptr<const DescList>> DescList::Local(std::span<const DescRo
   region.length = 0;
   uint32_t region_tag = 0;
   auto find = [&](uint64_t addr, uint64_t length) -> StatusOr<uint32_t> {
-    if (addr >= region.addr && length <= region.length && addr - region.addr <= region.length - length) {
+    if (addr >= region.addr && length <= region.length &&
+        addr - region.addr <= region.length - length) {
       return region_tag;
     }
     Status s = registry.Check(addr, length, "local range", &region);
@@ -163,10 +165,11 @@ StatusOr<std::shared_ptr<const DescList>> DescList::Remote(std::span<const DescR
     }
     const uint32_t found = peer->FindRegion(addr, length);
     if (found == kNoRegion) {
-      return NotFoundError("remote range " + FormatRange(addr, length) + " is outside every region " +
-                           peer->Label() + " registered (" + std::to_string(regions.size()) +
-                           " regions, as of its last handshake or imported metadata; QuerySegment or "
-                           "ImportMetadata fetches its current ones)");
+      return NotFoundError(
+          "remote range " + FormatRange(addr, length) + " is outside every region " +
+          peer->Label() + " registered (" + std::to_string(regions.size()) +
+          " regions, as of its last handshake or imported metadata; QuerySegment or "
+          "ImportMetadata fetches its current ones)");
     }
     last = found;
     return found;
@@ -180,7 +183,8 @@ DescList::Entry DescList::At(size_t i) const {
   if (plain_) return {plain_[i].addr, plain_[i].length, plain_tags_[i]};
   const size_t row =
       static_cast<size_t>(std::upper_bound(first_entry_.begin(), first_entry_.end(), uint64_t{i}) -
-                          first_entry_.begin()) - 1;
+                          first_entry_.begin()) -
+      1;
   const DescRow& r = rows_[row];
   return {r.addr + (i - first_entry_[row]) * r.stride, r.length, tags_[row]};
 }
@@ -190,17 +194,21 @@ Status DescList::StillRegistered(const MemoryRegistry& registry) const {
   for (const auto& [addr, length] : regions_) {
     Status s = registry.Check(addr, length, "local region of a prepared list");
     if (!s.ok()) {
-      return FailedPreconditionError("the local region " + FormatRange(addr, length) +
-                                     " of a prepared list was unregistered (or changed); prepare the list again");
+      return FailedPreconditionError(
+          "the local region " + FormatRange(addr, length) +
+          " of a prepared list was unregistered (or changed); prepare the list again");
     }
   }
   return OkStatus();
 }
 
 StatusOr<PreparedPairs> PairEntries(const DescList& local, std::span<const uint32_t> local_indices,
-                                    const DescList& remote, std::span<const uint32_t> remote_indices) {
-  if (local.remote()) return InvalidArgumentError("the local list of a transfer is a remote (peer's) list");
-  if (!remote.remote()) return InvalidArgumentError("the remote list of a transfer is a local list");
+                                    const DescList& remote,
+                                    std::span<const uint32_t> remote_indices) {
+  if (local.remote())
+    return InvalidArgumentError("the local list of a transfer is a remote (peer's) list");
+  if (!remote.remote())
+    return InvalidArgumentError("the remote list of a transfer is a local list");
   if (local_indices.size() != remote_indices.size()) {
     return InvalidArgumentError(std::to_string(local_indices.size()) + " local indices but " +
                                 std::to_string(remote_indices.size()) + " remote indices");
@@ -214,26 +222,28 @@ StatusOr<PreparedPairs> PairEntries(const DescList& local, std::span<const uint3
   for (size_t k = 0; k < local_indices.size(); ++k) {
     const uint32_t li = local_indices[k], ri = remote_indices[k];
     if (li >= local.entries()) {
-      return InvalidArgumentError("pair " + std::to_string(k) + ": local index " + std::to_string(li) +
-                                  " is out of range (the local list has " + std::to_string(local.entries()) +
-                                  " entries)");
+      return InvalidArgumentError("pair " + std::to_string(k) + ": local index " +
+                                  std::to_string(li) + " is out of range (the local list has " +
+                                  std::to_string(local.entries()) + " entries)");
     }
     if (ri >= remote.entries()) {
-      return InvalidArgumentError("pair " + std::to_string(k) + ": remote index " + std::to_string(ri) +
-                                  " is out of range (the remote list has " + std::to_string(remote.entries()) +
-                                  " entries)");
+      return InvalidArgumentError("pair " + std::to_string(k) + ": remote index " +
+                                  std::to_string(ri) + " is out of range (the remote list has " +
+                                  std::to_string(remote.entries()) + " entries)");
     }
     const DescList::Entry l = local.At(li), r = remote.At(ri);
     if (l.length != r.length) {
-      return InvalidArgumentError("pair " + std::to_string(k) + ": local entry " + std::to_string(li) + " is " +
-                                  std::to_string(l.length) + " bytes, remote entry " + std::to_string(ri) +
-                                  " is " + std::to_string(r.length));
+      return InvalidArgumentError("pair " + std::to_string(k) + ": local entry " +
+                                  std::to_string(li) + " is " + std::to_string(l.length) +
+                                  " bytes, remote entry " + std::to_string(ri) + " is " +
+                                  std::to_string(r.length));
     }
     if (l.tag != last_local_tag || r.tag != last_region) {
       const std::pair<MemoryKind, MemoryKind> kinds{local.kinds()[l.tag], peer.KindOf(r.tag)};
       auto it = std::find(out.kinds.begin(), out.kinds.end(), kinds);
       if (it == out.kinds.end()) {
-        if (out.kinds.size() == 255) return InvalidArgumentError("a transfer between more than 255 pairs of memory kinds");
+        if (out.kinds.size() == 255)
+          return InvalidArgumentError("a transfer between more than 255 pairs of memory kinds");
         it = out.kinds.insert(out.kinds.end(), kinds);
       }
       last_route = static_cast<uint8_t>(it - out.kinds.begin());
@@ -241,7 +251,8 @@ StatusOr<PreparedPairs> PairEntries(const DescList& local, std::span<const uint3
     out.bytes += l.length;
     if (!out.entries.empty()) {
       PreparedEntry& prev = out.entries.back();
-      if (l.tag == last_local_tag && r.tag == prev.region && prev.local + prev.length == reinterpret_cast<char*>(l.addr) &&
+      if (l.tag == last_local_tag && r.tag == prev.region &&
+          prev.local + prev.length == reinterpret_cast<char*>(l.addr) &&
           prev.remote + prev.length == r.addr) {
         prev.length += l.length;
         continue;

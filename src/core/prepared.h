@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "common/memory_kind.h"
 #include "base/memory_registry.h"
+#include "base/transport.h"
+#include "common/memory_kind.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
-#include "base/transport.h"
 
 namespace ferry::internal {
 
@@ -27,11 +27,13 @@ class DescList {
   struct Entry {
     uint64_t addr = 0;
     uint64_t length = 0;
-    uint32_t tag = 0;  // local: index into kinds() (one per local region used); remote: the peer region's index
+    uint32_t tag = 0;  // local: index into kinds() (one per local region used); remote: the peer
+                       // region's index
   };
 
   // Checks every entry against this engine's registered memory.
-  static StatusOr<std::shared_ptr<const DescList>> Local(std::span<const DescRow> rows, const MemoryRegistry& registry);
+  static StatusOr<std::shared_ptr<const DescList>> Local(std::span<const DescRow> rows,
+                                                         const MemoryRegistry& registry);
   // Checks every entry against the peer's descriptor (its exported regions).
   static StatusOr<std::shared_ptr<const DescList>> Remote(std::span<const DescRow> rows,
                                                           std::shared_ptr<const PeerInfo> peer);
@@ -100,6 +102,7 @@ struct PreparedPairs {
 // checking counts, ranges and lengths, and merges pairs that continue the
 // previous one on both sides (same region and kinds).
 StatusOr<PreparedPairs> PairEntries(const DescList& local, std::span<const uint32_t> local_indices,
-                                    const DescList& remote, std::span<const uint32_t> remote_indices);
+                                    const DescList& remote,
+                                    std::span<const uint32_t> remote_indices);
 
 }  // namespace ferry::internal

@@ -88,8 +88,10 @@ TEST(PairEntries, MergesPairsContiguousOnBothSidesOnly) {
   EXPECT_EQ(pairs->bytes, 7u * 1024);
   std::vector<uint32_t> bad = {40};
   std::vector<uint32_t> zero = {0};
-  EXPECT_EQ(PairEntries(**local, bad, **remote, zero).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(PairEntries(**remote, zero, **local, zero).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(PairEntries(**local, bad, **remote, zero).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(PairEntries(**remote, zero, **local, zero).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -31,7 +31,10 @@ class Publisher {
   // Borrows all three; the engine owns them.
   Publisher(const EngineOptions& options, Identity identity, const EngineTarget& target,
             const TransportSet& transports)
-      : options_(options), identity_(std::move(identity)), target_(target), transports_(transports) {}
+      : options_(options),
+        identity_(std::move(identity)),
+        target_(target),
+        transports_(transports) {}
 
   const Identity& identity() const { return identity_; }
   // The features this engine advertises (options.testing.omit_features

@@ -242,9 +242,9 @@ std::string SegmentTable::NoRoute(const Segment& seg, MemoryKind local, MemoryKi
     if (!t->Handles(local, remote)) continue;
     kinds += (kinds.empty() ? "" : ", ") + std::string(t->Name());
   }
-  return "no transport moves bytes between " + local.Name() + " memory here and " +
-         remote.Name() + " memory of peer " + seg.name() + " (this engine uses '" +
-         options_.transport + "'; transports for these kinds: " + (kinds.empty() ? "none" : kinds) +
+  return "no transport moves bytes between " + local.Name() + " memory here and " + remote.Name() +
+         " memory of peer " + seg.name() + " (this engine uses '" + options_.transport +
+         "'; transports for these kinds: " + (kinds.empty() ? "none" : kinds) +
          "; the peer offers: " + offered + ")";
 }
 
@@ -332,11 +332,10 @@ void SegmentTable::FillCounters(Segment& seg, Routed& routed) {
   });
   if (c == seg.counters_.end()) {
     const std::string_view name = routed.transport->Name();
-    c = seg.counters_.insert(seg.counters_.end(),
-                             {routed.transport,
-                              peer,
-                              {metrics_.Route(peer, name, Opcode::kRead),
-                               metrics_.Route(peer, name, Opcode::kWrite)}});
+    c = seg.counters_.insert(seg.counters_.end(), {routed.transport,
+                                                   peer,
+                                                   {metrics_.Route(peer, name, Opcode::kRead),
+                                                    metrics_.Route(peer, name, Opcode::kWrite)}});
   }
   routed.counters[0] = c->by_opcode[0];
   routed.counters[1] = c->by_opcode[1];

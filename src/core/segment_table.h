@@ -94,8 +94,9 @@ class SegmentTable {
  public:
   // Borrows everything: the engine owns them and destroys the table first.
   // `describe` returns this engine's current descriptor (for handshakes).
-  SegmentTable(const EngineOptions& options, const TransportSet& transports, MetadataStore& metadata,
-               Metrics& metrics, std::function<wire::PeerDescriptor()> describe);
+  SegmentTable(const EngineOptions& options, const TransportSet& transports,
+               MetadataStore& metadata, Metrics& metrics,
+               std::function<wire::PeerDescriptor()> describe);
 
   // Opens `name` (a handshake through the metadata store), or returns the
   // handle it is open under.
@@ -143,11 +144,8 @@ class SegmentTable {
   std::string NoRoute(const Segment& seg, MemoryKind local, MemoryKind remote) const;
   StatusOr<Segment::Route*> RouteOf(Segment& seg, MemoryKind local, MemoryKind remote);
   StatusOr<Routed> ConnectLocked(Segment& seg, MemoryKind local, MemoryKind remote);
-  StatusOr<std::pair<Transport*, std::shared_ptr<PeerLink>>> FallBack(Segment& seg,
-                                                                      MemoryKind local,
-                                                                      MemoryKind remote,
-                                                                      Transport* failed,
-                                                                      const Status& why);
+  StatusOr<std::pair<Transport*, std::shared_ptr<PeerLink>>> FallBack(
+      Segment& seg, MemoryKind local, MemoryKind remote, Transport* failed, const Status& why);
   void FillCounters(Segment& seg, Routed& routed);
 
   const EngineOptions& options_;

@@ -16,7 +16,8 @@ inline uint64_t DestinationAddress(const Slice& s) {
 
 // The sort key of `s` under `order`.
 inline uint64_t OrderAddress(const Slice& s, SliceOrder order) {
-  return order == SliceOrder::kByLocal ? reinterpret_cast<uintptr_t>(s.local) : DestinationAddress(s);
+  return order == SliceOrder::kByLocal ? reinterpret_cast<uintptr_t>(s.local)
+                                       : DestinationAddress(s);
 }
 
 // Puts writes before reads (a transport coalesces consecutive slices of one

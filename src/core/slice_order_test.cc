@@ -8,10 +8,18 @@ namespace ferry::internal {
 namespace {
 
 Slice W(uintptr_t local, uint64_t remote, uint32_t request) {
-  return {.opcode = Opcode::kWrite, .local = reinterpret_cast<char*>(local), .remote = remote, .length = 16, .request = request};
+  return {.opcode = Opcode::kWrite,
+          .local = reinterpret_cast<char*>(local),
+          .remote = remote,
+          .length = 16,
+          .request = request};
 }
 Slice R(uintptr_t local, uint64_t remote, uint32_t request) {
-  return {.opcode = Opcode::kRead, .local = reinterpret_cast<char*>(local), .remote = remote, .length = 16, .request = request};
+  return {.opcode = Opcode::kRead,
+          .local = reinterpret_cast<char*>(local),
+          .remote = remote,
+          .length = 16,
+          .request = request};
 }
 
 std::vector<uint32_t> Requests(const std::vector<Slice>& v) {

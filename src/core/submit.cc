@@ -149,8 +149,8 @@ Status Submission::Post(const std::shared_ptr<BatchState>& batch, BatchId id,
   }
   const bool posted = SliceAndPost(batch, base, requests_.size(), routes, deadline, [&](size_t i) {
     const TransferRequest& r = requests_[i];
-    return PostEntry{r.opcode,    static_cast<char*>(r.local), r.remote_addr, r.length,
-                     region_of_[i], post_of_[i]};
+    return PostEntry{
+        r.opcode, static_cast<char*>(r.local), r.remote_addr, r.length, region_of_[i], post_of_[i]};
   });
   if (!posted) {
     return CancelledError("batch " + std::to_string(id.value) +

@@ -59,12 +59,12 @@ class Submission {
   const MemoryRegistry& registry_;
   const std::span<const TransferRequest> requests_;
   // Validate's findings.
-  std::vector<Segment*> segs_;                          // by request; owned by distinct_
+  std::vector<Segment*> segs_;                             // by request; owned by distinct_
   std::map<uint64_t, std::shared_ptr<Segment>> distinct_;  // by segment handle
   std::vector<MemoryKind> local_kinds_;  // by request, once some local memory is not cpu
   bool mixed_kinds_ = false;
   // ResolveRoutes' findings.
-  std::vector<PeerPost> posts_;  // a handful: one per route
+  std::vector<PeerPost> posts_;      // a handful: one per route
   std::vector<uint8_t> post_of_;     // by request
   std::vector<uint32_t> region_of_;  // by request
 };

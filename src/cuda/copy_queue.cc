@@ -78,7 +78,8 @@ Status CopyQueue::Drain(Clock::time_point deadline) {
   std::future<Status> f = promise->get_future();
   Submit({}, [promise](Status s) { promise->set_value(std::move(s)); });
   if (f.wait_until(deadline) != std::future_status::ready) {
-    return DeadlineExceededError("GPU copies on cuda:" + std::to_string(device_) + " did not finish in time");
+    return DeadlineExceededError("GPU copies on cuda:" + std::to_string(device_) +
+                                 " did not finish in time");
   }
   return f.get();
 }
@@ -101,8 +102,10 @@ void CopyQueue::Run() {
         ready = driver_.EventDone(p.event);
         if (!ready.ok() || *ready) break;
       }
-      Status waited = ready.ok() ? (*ready ? OkStatus() : driver_.WaitEvent(p.event)) : ready.status();
-      if (p.status.ok() && !waited.ok()) p.status = waited.WithPrefix("GPU copy on cuda:" + std::to_string(device_));
+      Status waited =
+          ready.ok() ? (*ready ? OkStatus() : driver_.WaitEvent(p.event)) : ready.status();
+      if (p.status.ok() && !waited.ok())
+        p.status = waited.WithPrefix("GPU copy on cuda:" + std::to_string(device_));
       std::lock_guard<std::mutex> lock(mu_);
       free_events_.push_back(p.event);
     }

@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/cuda_driver.h"
 #include "base/transport.h"
+#include "common/cuda_driver.h"
 
 namespace ferry::internal::cuda {
 

@@ -45,7 +45,8 @@ struct LinkWrites {
   bool Wait(Clock::time_point deadline) {
     std::unique_lock<std::mutex> lock(mu);
     const uint64_t upto = seq;
-    return cv.wait_until(lock, deadline, [&] { return in_flight.empty() || *in_flight.begin() > upto; });
+    return cv.wait_until(lock, deadline,
+                         [&] { return in_flight.empty() || *in_flight.begin() > upto; });
   }
 };
 
@@ -105,7 +106,9 @@ class Stager {
   void Run() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stopping_ || !ready_.empty() || (!waiting_.empty() && CanStartLocked()); });
+      cv_.wait(lock, [&] {
+        return stopping_ || !ready_.empty() || (!waiting_.empty() && CanStartLocked());
+      });
       if (!ready_.empty()) {
         Work w = std::move(ready_.front());
         ready_.pop_front();
@@ -119,8 +122,8 @@ class Stager {
       waiting_.pop_front();
       if (Clock::now() >= w.ctx.deadline) {
         lock.unlock();
-        Finish(std::move(w), DeadlineExceededError("no staging buffer for a GPU slice over " + transport_ +
-                                                   " before the transfer deadline"));
+        Finish(std::move(w), DeadlineExceededError("no staging buffer for a GPU slice over " +
+                                                   transport_ + " before the transfer deadline"));
         lock.lock();
         continue;
       }
@@ -158,7 +161,8 @@ class Stager {
     auto& q = queues_[device];
     if (!q) {
       const CudaDriver* d = DriverFor(cuda_driver_);
-      if (d == nullptr) return FailedPreconditionError("staging over " + transport_ + ": no CUDA driver");
+      if (d == nullptr)
+        return FailedPreconditionError("staging over " + transport_ + ": no CUDA driver");
       auto made = cuda::CopyQueue::Create(*d, device);
       if (!made.ok()) {
         queues_.erase(device);
@@ -231,7 +235,8 @@ class Stager {
     const cuda::Copy c{work->slice.local, work->buffer, work->slice.length};
     (*q)->Submit({&c, 1}, [this, work](Status s) {
       work->ctx.batch->EndLanding();
-      Finish(std::move(*work), s.ok() ? s : s.WithPrefix("copying a staged GPU slice to the device"));
+      Finish(std::move(*work),
+             s.ok() ? s : s.WithPrefix("copying a staged GPU slice to the device"));
     });
   }
 
@@ -266,7 +271,10 @@ class StagingLink : public PeerLink {
  public:
   StagingLink(std::shared_ptr<PeerLink> inner, std::shared_ptr<EngineTarget> self, Stager* stager,
               std::string transport)
-      : inner_(std::move(inner)), self_(std::move(self)), stager_(stager), transport_(std::move(transport)) {}
+      : inner_(std::move(inner)),
+        self_(std::move(self)),
+        stager_(stager),
+        transport_(std::move(transport)) {}
 
   void Post(const PostContext& ctx, std::vector<Slice> slices) override {
     if (!self_->registry().ever_non_cpu()) {
@@ -278,7 +286,9 @@ class StagingLink : public PeerLink {
     for (const Slice& s : slices) {
       MemoryRegistry::Found found;
       const bool gpu =
-          self_->registry().Check(reinterpret_cast<uint64_t>(s.local), s.length, "local buffer", &found).ok() &&
+          self_->registry()
+              .Check(reinterpret_cast<uint64_t>(s.local), s.length, "local buffer", &found)
+              .ok() &&
           found.kind.type() == MemoryKind::Type::kCuda;
       if (!gpu) {
         direct.push_back(s);
@@ -319,11 +329,13 @@ class StagingLink : public PeerLink {
 
 class StagingTransport : public Transport {
  public:
-  StagingTransport(std::unique_ptr<Transport> inner, std::shared_ptr<EngineTarget> self, std::string cuda_driver)
+  StagingTransport(std::unique_ptr<Transport> inner, std::shared_ptr<EngineTarget> self,
+                   std::string cuda_driver)
       : Transport(CapsOf(inner->caps())),
         inner_(std::move(inner)),
         self_(std::move(self)),
-        stager_(std::make_unique<Stager>(std::move(cuda_driver), MaxSlice(), std::string(Name()))) {}
+        stager_(std::make_unique<Stager>(std::move(cuda_driver), MaxSlice(), std::string(Name()))) {
+  }
 
   // This side's GPU memory too; the peer's kinds stay the inner transport's.
   static TransportCaps CapsOf(TransportCaps c) {
@@ -334,13 +346,16 @@ class StagingTransport : public Transport {
 
   void Describe(wire::PeerDescriptor* self) const override { inner_->Describe(self); }
   bool CanReach(const wire::PeerDescriptor& peer) const override { return inner_->CanReach(peer); }
-  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> peer, uint16_t version,
+  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> peer,
+                                              uint16_t version,
                                               Clock::time_point deadline) override {
     FERRY_ASSIGN_OR_RETURN(auto link, inner_->Connect(std::move(peer), version, deadline));
     return std::shared_ptr<PeerLink>(
         std::make_shared<StagingLink>(std::move(link), self_, stager_.get(), std::string(Name())));
   }
-  StatusOr<std::vector<wire::RegionKey>> RegisterRegion(const Region& r) override { return inner_->RegisterRegion(r); }
+  StatusOr<std::vector<wire::RegionKey>> RegisterRegion(const Region& r) override {
+    return inner_->RegisterRegion(r);
+  }
   void UnregisterRegion(const Region& r) override { inner_->UnregisterRegion(r); }
   // The inner transport fails what is in flight; the stager then drains.
   void Shutdown() override {
@@ -356,9 +371,11 @@ class StagingTransport : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> WithStaging(std::unique_ptr<Transport> inner, std::shared_ptr<EngineTarget> self,
+std::unique_ptr<Transport> WithStaging(std::unique_ptr<Transport> inner,
+                                       std::shared_ptr<EngineTarget> self,
                                        std::string cuda_driver) {
-  return std::make_unique<StagingTransport>(std::move(inner), std::move(self), std::move(cuda_driver));
+  return std::make_unique<StagingTransport>(std::move(inner), std::move(self),
+                                            std::move(cuda_driver));
 }
 
 }  // namespace ferry::internal

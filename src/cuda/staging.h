@@ -29,7 +29,7 @@ namespace ferry::internal {
 
 // `cuda_driver`: the library to load (EngineOptions::testing.cuda_driver),
 // "" for libcuda.so.1 once the process has loaded it.
-std::unique_ptr<Transport> WithStaging(std::unique_ptr<Transport> inner, std::shared_ptr<EngineTarget> self,
-                                       std::string cuda_driver);
+std::unique_ptr<Transport> WithStaging(std::unique_ptr<Transport> inner,
+                                       std::shared_ptr<EngineTarget> self, std::string cuda_driver);
 
 }  // namespace ferry::internal

@@ -7,15 +7,17 @@ namespace ferry::internal {
 Status CheckClusterName(std::string_view cluster) {
   const bool ok = !cluster.empty() && cluster.size() <= 128 &&
                   std::all_of(cluster.begin(), cluster.end(), [](char c) {
-                    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-                           c == '_' || c == '-';
+                    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                           (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
                   });
   if (ok) return OkStatus();
   return InvalidArgumentError("metadata_cluster '" + std::string(cluster) +
                               "' must be 1 to 128 letters, digits, '.', '_' or '-'");
 }
 
-std::string SegmentKeyPrefix(std::string_view cluster) { return std::string(cluster) + "/segments/"; }
+std::string SegmentKeyPrefix(std::string_view cluster) {
+  return std::string(cluster) + "/segments/";
+}
 
 std::string SegmentKey(std::string_view cluster, std::string_view name) {
   return SegmentKeyPrefix(cluster) + std::string(name);
@@ -26,8 +28,9 @@ std::optional<std::string> NameOfKey(std::string_view prefix, std::string_view k
   return std::string(key.substr(prefix.size()));
 }
 
-Status CheckClaim(const wire::PeerDescriptor& self, const std::string& key, const std::string& existing,
-                  const std::string& where, const std::string& expires_hint) {
+Status CheckClaim(const wire::PeerDescriptor& self, const std::string& key,
+                  const std::string& existing, const std::string& where,
+                  const std::string& expires_hint) {
   auto holder = wire::DecodeDescriptor(existing);
   if (!holder.ok()) {
     return AlreadyExistsError("segment name '" + self.engine_name + "' is taken in " + where +
@@ -35,20 +38,21 @@ Status CheckClaim(const wire::PeerDescriptor& self, const std::string& key, cons
                               "': " + holder.status().message() + ")" + expires_hint);
   }
   if (holder->instance_id == self.instance_id) return OkStatus();
-  return AlreadyExistsError("segment name '" + self.engine_name + "' is held by engine " + holder->peer_id +
-                            " (instance " + std::to_string(holder->instance_id) + ") in " + where + expires_hint);
+  return AlreadyExistsError("segment name '" + self.engine_name + "' is held by engine " +
+                            holder->peer_id + " (instance " + std::to_string(holder->instance_id) +
+                            ") in " + where + expires_hint);
 }
 
-StatusOr<wire::PeerDescriptor> DecodeEntry(std::string_view name, const std::string& key, const std::string& value,
-                                           const std::string& where) {
+StatusOr<wire::PeerDescriptor> DecodeEntry(std::string_view name, const std::string& key,
+                                           const std::string& value, const std::string& where) {
   auto desc = wire::DecodeDescriptor(value);
   if (!desc.ok()) {
     return DataLossError("the value under key '" + key + "' in " + where +
                          " is not a descriptor: " + desc.status().message());
   }
   if (desc->engine_name != name) {
-    return DataLossError("the value under key '" + key + "' in " + where + " is the descriptor of engine '" +
-                         desc->engine_name + "'");
+    return DataLossError("the value under key '" + key + "' in " + where +
+                         " is the descriptor of engine '" + desc->engine_name + "'");
   }
   return desc;
 }
@@ -95,7 +99,8 @@ std::optional<std::string> Unbase64(std::string_view in) {
       if (d < 0) return std::nullopt;
       v = (v << 6) | static_cast<uint32_t>(d);
     }
-    if ((pad == 2 && (v & 0xffff) != 0) || (pad == 1 && (v & 0xff) != 0)) return std::nullopt;  // not canonical
+    if ((pad == 2 && (v & 0xffff) != 0) || (pad == 1 && (v & 0xff) != 0))
+      return std::nullopt;  // not canonical
     out += static_cast<char>(v >> 16);
     if (pad < 2) out += static_cast<char>((v >> 8) & 255);
     if (pad < 1) out += static_cast<char>(v & 255);

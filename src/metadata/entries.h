@@ -29,13 +29,14 @@ std::optional<std::string> NameOfKey(std::string_view prefix, std::string_view k
 // (a republish) may; anything else is kAlreadyExists naming the holder and
 // `where` (e.g. "the etcd cluster at etcd://..."). `expires_hint` is added to
 // the message ("; if that engine is gone, its entry expires within 7 s").
-Status CheckClaim(const wire::PeerDescriptor& self, const std::string& key, const std::string& existing,
-                  const std::string& where, const std::string& expires_hint = "");
+Status CheckClaim(const wire::PeerDescriptor& self, const std::string& key,
+                  const std::string& existing, const std::string& where,
+                  const std::string& expires_hint = "");
 
 // Decodes the value read under `key` for segment `name`: kDataLoss naming
 // the key and `where` when it is not a descriptor or not `name`'s.
-StatusOr<wire::PeerDescriptor> DecodeEntry(std::string_view name, const std::string& key, const std::string& value,
-                                           const std::string& where);
+StatusOr<wire::PeerDescriptor> DecodeEntry(std::string_view name, const std::string& key,
+                                           const std::string& value, const std::string& where);
 
 // Base64 (RFC 4648, padded), as etcd's JSON carries keys and values.
 std::string Base64(std::string_view in);

@@ -49,9 +49,9 @@
 #include <string>
 #include <string_view>
 
+#include "common/net.h"
 #include "ferry/status.h"
 #include "transport/stream/service.h"
-#include "common/net.h"
 #include "wire/descriptor.h"
 
 namespace ferry::internal {
@@ -66,7 +66,8 @@ class MetadataStore {
   // The current descriptor of the peer called `name`. `self` is sent along
   // where the store talks to the peer itself, so it can log who is calling
   // and spot version skew on its side too.
-  virtual StatusOr<wire::PeerDescriptor> Fetch(std::string_view name, const wire::PeerDescriptor& self,
+  virtual StatusOr<wire::PeerDescriptor> Fetch(std::string_view name,
+                                               const wire::PeerDescriptor& self,
                                                Clock::time_point deadline) = 0;
   // Withdraws this engine's descriptor (clean shutdown).
   virtual Status Remove(std::string_view name) = 0;
@@ -99,7 +100,8 @@ struct MetadataContext {
 
 // kInvalidArgument for a malformed or unknown connection string,
 // kUnimplemented for a backend this build lacks (saying what to install).
-StatusOr<std::unique_ptr<MetadataStore>> MakeMetadataStore(std::string_view url, const MetadataContext& ctx);
+StatusOr<std::unique_ptr<MetadataStore>> MakeMetadataStore(std::string_view url,
+                                                           const MetadataContext& ctx);
 
 // "p2p", "memory", "http", "etcd", "redis", or "" for a string no backend
 // takes (the table of metadata/registry.h decides).

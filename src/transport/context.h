@@ -7,11 +7,11 @@
 #include <memory>
 #include <string>
 
-#include "common/auth.h"
 #include "base/target.h"
+#include "common/auth.h"
 #include "ferry/options.h"
-#include "transport/stream/host.h"
 #include "transport/stream/hello.h"
+#include "transport/stream/host.h"
 
 namespace ferry::internal {
 

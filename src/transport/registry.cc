@@ -1,12 +1,11 @@
 #include "transport/registry.h"
 
-#include "ferry/transports.h"
-
 #include <algorithm>
 
 #include "common/log.h"
-#include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "cuda/staging.h"
+#include "ferry/transports.h"
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/fabric/fabric_transport.h"
 #include "transport/fault/fault_transport.h"
 #include "transport/local/local_transport.h"
@@ -44,8 +43,8 @@ std::string TransportNames() {
   return out;
 }
 
-StatusOr<std::unique_ptr<TransportSet>> TransportSet::Create(const EngineOptions& options,
-                                                             std::span<const TransportEntry> entries) {
+StatusOr<std::unique_ptr<TransportSet>> TransportSet::Create(
+    const EngineOptions& options, std::span<const TransportEntry> entries) {
   auto set = std::make_unique<TransportSet>();
   set->entries_.assign(entries.begin(), entries.end());
   stream::StreamHostOptions so;
@@ -78,12 +77,14 @@ Status TransportSet::Start(const TransportContext& given) {
         made = WithStaging(std::move(made), ctx.target, ctx.options->testing.cuda_driver);
       }
       const auto& faults = ctx.options->testing.link_faults;
-      transports_.push_back(faults.seed != 0 ? WithFaults(std::move(made), faults) : std::move(made));
+      transports_.push_back(faults.seed != 0 ? WithFaults(std::move(made), faults)
+                                             : std::move(made));
       continue;
     }
     const std::string_view name = e.caps().name;
     if (ctx.options->transport == name) return t.status();
-    FERRY_LOG(kWarning, "transport " << name << " unavailable, peers use the next one: " << t.status());
+    FERRY_LOG(kWarning,
+              "transport " << name << " unavailable, peers use the next one: " << t.status());
   }
   return OkStatus();
 }

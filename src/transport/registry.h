@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "base/memory_registry.h"
+#include "base/transport.h"
 #include "transport/context.h"
 #include "transport/stream/host.h"
-#include "base/transport.h"
 
 namespace ferry::internal {
 
@@ -45,9 +45,8 @@ std::string TransportNames();
 class TransportSet : public RegionHooks {
  public:
   // Binds the rpc port and starts the loops (no transport yet).
-  static StatusOr<std::unique_ptr<TransportSet>> Create(const EngineOptions& options,
-                                                        std::span<const TransportEntry> entries =
-                                                            BuiltinTransports());
+  static StatusOr<std::unique_ptr<TransportSet>> Create(
+      const EngineOptions& options, std::span<const TransportEntry> entries = BuiltinTransports());
   ~TransportSet() override { Shutdown(); }
 
   const std::string& peer_id() const { return streams_->peer_id(); }

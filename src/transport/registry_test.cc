@@ -3,8 +3,6 @@
 // TransportSet with a fake keyed transport under a MemoryRegistry.
 #include "transport/registry.h"
 
-#include "ferry/cuda.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -17,11 +15,12 @@
 
 #include "base/memory_registry.h"
 #include "base/target.h"
+#include "base/transport.h"
+#include "ferry/cuda.h"
 #include "ferry/options.h"
 #include "ferry/transports.h"
 #include "tests/testing/status_matchers.h"
 #include "transport/context.h"
-#include "base/transport.h"
 #include "wire/descriptor.h"
 
 namespace ferry::internal {
@@ -103,7 +102,7 @@ TEST(Registry, ReachNames) {
 struct FakeState {
   int register_calls = 0;
   int unregister_calls = 0;
-  std::map<uint64_t, int> live;  // region addr -> registrations not yet undone
+  std::map<uint64_t, int> live;   // region addr -> registrations not yet undone
   bool bogus_unregister = false;  // unregistered a region it never registered
   uint64_t fail_at = 0;           // RegisterRegion of a region at this addr fails (0: never)
   std::vector<uint64_t> unregistered;
@@ -312,9 +311,10 @@ TEST_F(TransportSetTest, FailingRegisterRegionFailsTheRegistrationNamingTheTrans
   ASSERT_THAT(StartWith({kFakeEntry}), IsOk());
   g_fake.fail_at = Addr(0);
   MemoryRegion mr = Mr(0);
-  EXPECT_THAT(registry_.Register({&mr, 1}, {}, set_.get()),
-              StatusIs(StatusCode::kResourceExhausted,
-                       AllOf(HasSubstr("transport fake"), HasSubstr("out of memory registrations"))));
+  EXPECT_THAT(
+      registry_.Register({&mr, 1}, {}, set_.get()),
+      StatusIs(StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("transport fake"), HasSubstr("out of memory registrations"))));
   EXPECT_EQ(registry_.size(), 0u);
   EXPECT_THAT(registry_.Snapshot(), IsEmpty());
   EXPECT_EQ(g_fake.LiveCount(), 0);
@@ -390,16 +390,16 @@ TEST(PeerInfo, FindRegionInsideAtTheEdgesAndStraddling) {
   PeerInfo p(WithRegions({{0x1000, 0x1000, "cpu", "cpu", {}}, {0x4000, 0x1000, "cpu", "cpu", {}}}));
   EXPECT_EQ(p.FindRegion(0x1000, 0x1000), 0u);  // all of it
   EXPECT_EQ(p.FindRegion(0x1800, 0x100), 0u);
-  EXPECT_EQ(p.FindRegion(0x1fff, 1), 0u);        // last byte
-  EXPECT_EQ(p.FindRegion(0x4f00, 0x100), 1u);    // up to the end exactly
+  EXPECT_EQ(p.FindRegion(0x1fff, 1), 0u);             // last byte
+  EXPECT_EQ(p.FindRegion(0x4f00, 0x100), 1u);         // up to the end exactly
   EXPECT_EQ(p.FindRegion(0x1f00, 0x200), kNoRegion);  // straddles the end
   EXPECT_EQ(p.FindRegion(0x1000, 0x1001), kNoRegion);
   EXPECT_EQ(p.FindRegion(0x4fff, 2), kNoRegion);
-  EXPECT_EQ(p.FindRegion(0x2000, 1), kNoRegion);  // just past the first
-  EXPECT_EQ(p.FindRegion(0x2800, 0x10), kNoRegion);  // between the regions
-  EXPECT_EQ(p.FindRegion(0x3fff, 2), kNoRegion);  // into the second from before it
-  EXPECT_EQ(p.FindRegion(0x10, 4), kNoRegion);    // before the first
-  EXPECT_EQ(p.FindRegion(0x8000, 4), kNoRegion);  // after the last
+  EXPECT_EQ(p.FindRegion(0x2000, 1), kNoRegion);      // just past the first
+  EXPECT_EQ(p.FindRegion(0x2800, 0x10), kNoRegion);   // between the regions
+  EXPECT_EQ(p.FindRegion(0x3fff, 2), kNoRegion);      // into the second from before it
+  EXPECT_EQ(p.FindRegion(0x10, 4), kNoRegion);        // before the first
+  EXPECT_EQ(p.FindRegion(0x8000, 4), kNoRegion);      // after the last
   EXPECT_EQ(p.FindRegion(0x1800, ~0ull), kNoRegion);  // would wrap
 }
 

@@ -131,14 +131,15 @@ StatusOr<uint16_t> NegotiateWireVersion(const PeerDescriptor& local, const PeerD
   };
   std::string older = remote.wire_max < local.wire_min ? "peer " + remote.peer_id
                                                        : "this engine (" + local.peer_id + ")";
-  return FailedPreconditionError(
-      "no common wire protocol version: peer " + remote.peer_id + " ('" + remote.engine_name +
-      "', ferry " + remote.version + ") speaks wire versions " + range(remote) +
-      ", this engine " + local.peer_id + " (ferry " + local.version + ") speaks " + range(local) +
-      "; upgrade " + older);
+  return FailedPreconditionError("no common wire protocol version: peer " + remote.peer_id + " ('" +
+                                 remote.engine_name + "', ferry " + remote.version +
+                                 ") speaks wire versions " + range(remote) + ", this engine " +
+                                 local.peer_id + " (ferry " + local.version + ") speaks " +
+                                 range(local) + "; upgrade " + older);
 }
 
-void EncodeHandshakeResponse(const Status& s, const PeerDescriptor& d, std::string* out, uint16_t format) {
+void EncodeHandshakeResponse(const Status& s, const PeerDescriptor& d, std::string* out,
+                             uint16_t format) {
   EncodeStatus(s, out);
   EncodeDescriptor(d, out, format);
 }

@@ -44,7 +44,7 @@ struct RegionEntry {
   uint64_t addr = 0;
   uint64_t length = 0;
   std::string location;
-  std::string kind = "cpu";    // MemoryKind::Name(); format 1: always "cpu"
+  std::string kind = "cpu";     // MemoryKind::Name(); format 1: always "cpu"
   std::vector<RegionKey> keys;  // format 1: none
   friend bool operator==(const RegionEntry&, const RegionEntry&) = default;
 };
@@ -79,7 +79,8 @@ struct PeerDescriptor {
 uint16_t LowestFormatFor(const PeerDescriptor& d);
 // Encodes in `format` (kDescriptorFormatMin..Max); format 1 leaves out the
 // regions' kinds and keys.
-void EncodeDescriptor(const PeerDescriptor& d, std::string* out, uint16_t format = kDescriptorFormatMax);
+void EncodeDescriptor(const PeerDescriptor& d, std::string* out,
+                      uint16_t format = kDescriptorFormatMax);
 // Reads any format in kDescriptorFormatMin..Max.
 StatusOr<PeerDescriptor> DecodeDescriptor(std::string_view bytes);
 
@@ -98,7 +99,8 @@ StatusOr<uint16_t> NegotiateWireVersion(const PeerDescriptor& local, const PeerD
 // kInvalidArgument if the bytes are not exported metadata; a descriptor in a
 // format this build does not read is kFailedPrecondition naming both.
 inline constexpr uint32_t kExportedMetadataMagic = 0x444d5246;  // "FRMD" little-endian
-void EncodeExportedMetadata(const PeerDescriptor& d, std::string* out, uint16_t format = kDescriptorFormatMax);
+void EncodeExportedMetadata(const PeerDescriptor& d, std::string* out,
+                            uint16_t format = kDescriptorFormatMax);
 StatusOr<PeerDescriptor> DecodeExportedMetadata(std::string_view bytes);
 
 // kHandshakeResponse body: status, then the responder's descriptor.

@@ -37,7 +37,8 @@ std::atomic<size_t> g_largest_allocation{0};
 void* operator new(size_t n) {
   if (g_track_allocations.load(std::memory_order_relaxed)) {
     size_t cur = g_largest_allocation.load(std::memory_order_relaxed);
-    while (n > cur && !g_largest_allocation.compare_exchange_weak(cur, n, std::memory_order_relaxed)) {
+    while (n > cur &&
+           !g_largest_allocation.compare_exchange_weak(cur, n, std::memory_order_relaxed)) {
     }
   }
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
@@ -129,7 +130,6 @@ TEST(Descriptor, NoCommonVersionNamesBothSides) {
   EXPECT_NE(m.find("upgrade this engine"), std::string::npos) << m;
 }
 
-
 using ::ferry::test::IsOk;
 using ::ferry::test::StatusIs;
 using ::testing::AllOf;
@@ -137,9 +137,10 @@ using ::testing::HasSubstr;
 
 PeerDescriptor WithKindsAndKeys() {
   PeerDescriptor d = Sample();
-  d.regions = {{0x10000, 4096, "cpu:0", "cpu", {}},
-               {0x20000, 1 << 20, "test-opaque", "test-opaque", {{"fake", 0x1234}, {"rdma", ~0ull}}},
-               {0x30000, 64, "cuda:1", "cuda:1", {{"fake", 7}}}};
+  d.regions = {
+      {0x10000, 4096, "cpu:0", "cpu", {}},
+      {0x20000, 1 << 20, "test-opaque", "test-opaque", {{"fake", 0x1234}, {"rdma", ~0ull}}},
+      {0x30000, 64, "cuda:1", "cuda:1", {{"fake", 7}}}};
   return d;
 }
 
@@ -179,7 +180,11 @@ TEST(Descriptor, Format3CarriesKeyValuesAndFormat2LeavesThoseKeysOut) {
   EXPECT_EQ(d2.regions, WithKindsAndKeys().regions);
   // A value longer than format 3 allows is malformed.
   PeerDescriptor big = Sample();
-  big.regions = {{0x10000, 64, "cuda:0", "cuda:0", {{"cuda-ipc", 0, std::string(kMaxRegionKeyValue + 1, 'x')}}}};
+  big.regions = {{0x10000,
+                  64,
+                  "cuda:0",
+                  "cuda:0",
+                  {{"cuda-ipc", 0, std::string(kMaxRegionKeyValue + 1, 'x')}}}};
   std::string vb;
   EncodeDescriptor(big, &vb, 3);
   EXPECT_THAT(DecodeDescriptor(vb), StatusIs(StatusCode::kDataLoss));
@@ -230,26 +235,26 @@ void PutStr(std::string* s, const std::string& v) {
 // A format-1 descriptor as an old engine sends it, byte by byte.
 std::string HandWrittenFormat1() {
   std::string b;
-  PutU16(&b, 1);                       // format
-  PutStr(&b, "decode-3");              // engine_name
-  PutStr(&b, "10.0.0.7:15000");        // peer_id
-  PutU64(&b, 0x1122334455667788ull);   // instance_id
-  PutU64(&b, 99);                      // process_token
-  PutStr(&b, "old-host");              // hostname
-  PutU32(&b, 4321);                    // pid
-  PutStr(&b, "0.0.9");                 // version
-  PutU16(&b, 1);                       // wire_min
-  PutU16(&b, 1);                       // wire_max
-  PutU16(&b, 2);                       // transports
+  PutU16(&b, 1);                      // format
+  PutStr(&b, "decode-3");             // engine_name
+  PutStr(&b, "10.0.0.7:15000");       // peer_id
+  PutU64(&b, 0x1122334455667788ull);  // instance_id
+  PutU64(&b, 99);                     // process_token
+  PutStr(&b, "old-host");             // hostname
+  PutU32(&b, 4321);                   // pid
+  PutStr(&b, "0.0.9");                // version
+  PutU16(&b, 1);                      // wire_min
+  PutU16(&b, 1);                      // wire_max
+  PutU16(&b, 2);                      // transports
   PutStr(&b, "tcp");
   PutStr(&b, "10.0.0.7:15000");
   PutStr(&b, "local");
   PutStr(&b, "99");
-  PutU16(&b, 3);                       // features (no descriptor-formats: an old build)
+  PutU16(&b, 3);  // features (no descriptor-formats: an old build)
   PutStr(&b, "read");
   PutStr(&b, "write");
   PutStr(&b, "notify");
-  PutU32(&b, 2);                       // regions: { u64 addr, u64 length, str location }
+  PutU32(&b, 2);  // regions: { u64 addr, u64 length, str location }
   PutU64(&b, 0x7f0000000000ull);
   PutU64(&b, 1ull << 30);
   PutStr(&b, "cpu:0");
@@ -291,15 +296,17 @@ TEST(Descriptor, Format4IsRefusedNamingTheFormatsRead) {
   std::string bytes;
   EncodeDescriptor(Sample(), &bytes, 3);
   bytes[0] = 4;
-  EXPECT_THAT(DecodeDescriptor(bytes),
-              StatusIs(StatusCode::kFailedPrecondition, AllOf(HasSubstr("format 4"), HasSubstr("1..3"))));
+  EXPECT_THAT(DecodeDescriptor(bytes), StatusIs(StatusCode::kFailedPrecondition,
+                                                AllOf(HasSubstr("format 4"), HasSubstr("1..3"))));
   bytes[0] = 0;
-  EXPECT_THAT(DecodeDescriptor(bytes), StatusIs(StatusCode::kFailedPrecondition, HasSubstr("format 0")));
+  EXPECT_THAT(DecodeDescriptor(bytes),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("format 0")));
 }
 
-// Decodes while tracking allocations; the largest one made.
+constexpr char kUntracked[] = "allocations are not tracked under ThreadSanitizer";
 #define FERRY_SKIP_UNLESS_ALLOCATIONS_TRACKED() \
-  if (!FERRY_TRACK_ALLOCATIONS) GTEST_SKIP() << "allocations are not tracked under ThreadSanitizer"
+  if (!FERRY_TRACK_ALLOCATIONS) GTEST_SKIP() << kUntracked
+// Decodes while tracking allocations; the largest one made.
 size_t LargestAllocationDecoding(const std::string& bytes, Status* status) {
   g_largest_allocation.store(0);
   g_track_allocations.store(true);
@@ -367,9 +374,10 @@ TEST(Descriptor, AnswerFormatPicksTheHighestFormatBothRead) {
 }
 
 TEST(Descriptor, AnswerFormatIgnoresGarbageFeatures) {
-  for (const char* garbage : {"descriptor-formats:", "descriptor-formats:2", "descriptor-formats:x..y",
-                              "descriptor-formats:..", "descriptor-formats:9..7", "descriptor-formats",
-                              "Descriptor-Formats:1..2", "descriptor-formats1..2"}) {
+  for (const char* garbage :
+       {"descriptor-formats:", "descriptor-formats:2", "descriptor-formats:x..y",
+        "descriptor-formats:..", "descriptor-formats:9..7", "descriptor-formats",
+        "Descriptor-Formats:1..2", "descriptor-formats1..2"}) {
     PeerDescriptor req = Sample();
     req.features.push_back(garbage);
     EXPECT_EQ(AnswerFormat(req), 1) << garbage;

@@ -5,7 +5,8 @@
 namespace ferry::wire {
 
 StatusOr<std::string> Exchange(int fd, FrameType type, std::string_view body, FrameType reply_type,
-                               std::chrono::steady_clock::time_point deadline, std::string_view prefix) {
+                               std::chrono::steady_clock::time_point deadline,
+                               std::string_view prefix) {
   FrameHeader h;
   h.type = type;
   h.seq = 1;
@@ -21,8 +22,9 @@ StatusOr<std::string> ExchangeFrame(int fd, std::string_view frame, FrameType re
   FERRY_RETURN_IF_ERROR(internal::RecvAll(fd, hdr, sizeof(hdr), deadline));
   FERRY_ASSIGN_OR_RETURN(FrameHeader rh, DecodeHeader(hdr));
   if (rh.type != reply_type) {
-    return DataLossError("peer answered with frame type " + std::to_string(static_cast<int>(rh.type)) +
-                         ", expected " + std::to_string(static_cast<int>(reply_type)));
+    return DataLossError("peer answered with frame type " +
+                         std::to_string(static_cast<int>(rh.type)) + ", expected " +
+                         std::to_string(static_cast<int>(reply_type)));
   }
   std::string reply(rh.body_len, '\0');
   FERRY_RETURN_IF_ERROR(internal::RecvAll(fd, reply.data(), reply.size(), deadline));

@@ -16,7 +16,8 @@ namespace ferry::wire {
 // or on a malformed or unexpected reply. `prefix` (bytes of whole frames,
 // e.g. an authentication proof) goes out in the same send, before the frame.
 StatusOr<std::string> Exchange(int fd, FrameType type, std::string_view body, FrameType reply_type,
-                               std::chrono::steady_clock::time_point deadline, std::string_view prefix = {});
+                               std::chrono::steady_clock::time_point deadline,
+                               std::string_view prefix = {});
 
 // Sends `frame` (header + body) and reads one reply frame of `reply_type`;
 // returns its body.

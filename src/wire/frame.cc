@@ -113,11 +113,14 @@ StatusOr<FrameHeader> DecodeHeader(const uint8_t in[kFrameHeaderSize]) {
   if (magic != kFrameMagic) return DataLossError("bad frame magic (not a Ferry peer?)");
   if (!KnownType(type)) return DataLossError("unknown frame type " + std::to_string(type));
   h.type = static_cast<FrameType>(type);
-  bool handshake = h.type == FrameType::kHandshakeRequest || h.type == FrameType::kHandshakeResponse;
-  uint32_t max_body = handshake ? kMaxHandshakeBody : h.type == FrameType::kNotify ? kMaxNotifyBody : kMaxDataBody;
+  bool handshake =
+      h.type == FrameType::kHandshakeRequest || h.type == FrameType::kHandshakeResponse;
+  uint32_t max_body = handshake                      ? kMaxHandshakeBody
+                      : h.type == FrameType::kNotify ? kMaxNotifyBody
+                                                     : kMaxDataBody;
   if (h.body_len > max_body) {
-    return DataLossError("frame body of " + std::to_string(h.body_len) + " bytes exceeds the limit of " +
-                         std::to_string(max_body));
+    return DataLossError("frame body of " + std::to_string(h.body_len) +
+                         " bytes exceeds the limit of " + std::to_string(max_body));
   }
   if (h.payload_len > kMaxPayload) {
     return DataLossError("frame payload of " + std::to_string(h.payload_len) +

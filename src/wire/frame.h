@@ -33,15 +33,15 @@ enum class FrameType : uint8_t {
   kHandshakeResponse = 2,
   kStreamHello = 3,
   kStreamHelloAck = 4,
-  kCopyHello = 5,  // same-host stream hello (unix socket), answered by kStreamHelloAck
+  kCopyHello = 5,      // same-host stream hello (unix socket), answered by kStreamHelloAck
   kAuthHello = 6,      // initiator with a cluster secret: before its first frame
   kAuthChallenge = 7,  // answer to kAuthHello
   kAuthProof = 8,      // initiator: proves the secret; its first frame follows
   kWrite = 10,
   kRead = 11,
   kNotify = 12,
-  kCopyWrite = 13,  // same-host: the target copies from the initiator's memory; kAck
-  kCopyRead = 14,   // same-host: the target copies into the initiator's memory; kAck
+  kCopyWrite = 13,     // same-host: the target copies from the initiator's memory; kAck
+  kCopyRead = 14,      // same-host: the target copies into the initiator's memory; kAck
   kCopyLendRead = 15,  // same-host: the target pins its ranges and answers (kAck); the
                        // initiator copies them out itself, then sends kCopyReturn
   kCopyReturn = 16,    // same-host: the ranges of a kCopyLendRead may be released; kAck

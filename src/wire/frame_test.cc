@@ -74,7 +74,6 @@ TEST(Frame, EntriesRoundTripAndLimits) {
   EXPECT_FALSE(DecodeEntries(empty).ok());
 }
 
-
 TEST(Frame, ReplyRoundTrip) {
   Reply r;
   r.status = OkStatus();
@@ -108,12 +107,12 @@ TEST(Frame, NotifyAndHelloRoundTrip) {
   EXPECT_FALSE(DecodeStreamHello(body.substr(1)).ok());
 }
 
-
 // A reply whose failures name these entries, in this order.
 std::string ReplyNaming(std::vector<uint32_t> indexes) {
   Reply r;
   r.status = OkStatus();
-  for (uint32_t i : indexes) r.failures.push_back({i, StatusCode::kInvalidArgument, "entry " + std::to_string(i)});
+  for (uint32_t i : indexes)
+    r.failures.push_back({i, StatusCode::kInvalidArgument, "entry " + std::to_string(i)});
   std::string body;
   EncodeReply(r, &body);
   return body;
@@ -122,13 +121,18 @@ std::string ReplyNaming(std::vector<uint32_t> indexes) {
 TEST(Frame, ReplyWithFailuresOutOfOrderIsRefused) {
   using ::ferry::test::StatusIs;
   using ::testing::HasSubstr;
-  EXPECT_THAT(DecodeReply(ReplyNaming({5, 2})), StatusIs(StatusCode::kDataLoss, HasSubstr("order")));
-  EXPECT_THAT(DecodeReply(ReplyNaming({3, 3})), StatusIs(StatusCode::kDataLoss, HasSubstr("order")));
-  EXPECT_THAT(DecodeReply(ReplyNaming({0, 1, 9, 4})), StatusIs(StatusCode::kDataLoss, HasSubstr("order")));
-  EXPECT_THAT(DecodeReply(ReplyNaming({1, 2, 2})), StatusIs(StatusCode::kDataLoss, HasSubstr("order")));
+  EXPECT_THAT(DecodeReply(ReplyNaming({5, 2})),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("order")));
+  EXPECT_THAT(DecodeReply(ReplyNaming({3, 3})),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("order")));
+  EXPECT_THAT(DecodeReply(ReplyNaming({0, 1, 9, 4})),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("order")));
+  EXPECT_THAT(DecodeReply(ReplyNaming({1, 2, 2})),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("order")));
   // The message names both entries.
   auto d = DecodeReply(ReplyNaming({5, 2}));
-  EXPECT_THAT(d, StatusIs(StatusCode::kDataLoss, ::testing::AllOf(HasSubstr("entry 2"), HasSubstr("entry 5"))));
+  EXPECT_THAT(d, StatusIs(StatusCode::kDataLoss,
+                          ::testing::AllOf(HasSubstr("entry 2"), HasSubstr("entry 5"))));
 }
 
 TEST(Frame, ReplyWithFailuresInIncreasingOrderIsAccepted) {
@@ -155,7 +159,8 @@ TEST(Frame, HeaderWithOnlyTheMagicWrongIsRefused) {
   EncodeHeader(h, buf);
   ASSERT_TRUE(DecodeHeader(buf).ok());
   buf[3] = 'X';  // "FRRX"
-  EXPECT_THAT(DecodeHeader(buf), ::ferry::test::StatusIs(StatusCode::kDataLoss, ::testing::HasSubstr("magic")));
+  EXPECT_THAT(DecodeHeader(buf),
+              ::ferry::test::StatusIs(StatusCode::kDataLoss, ::testing::HasSubstr("magic")));
 }
 
 TEST(Frame, AuthenticationBodiesRoundTripAndHaveAFixedLayout) {

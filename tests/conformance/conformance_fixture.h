@@ -43,7 +43,6 @@ inline const std::vector<std::string> kTransports = [] {
   return names;
 }();
 
-
 // Generous bounds; no test asserts how fast anything is.
 inline constexpr std::chrono::milliseconds kTransferTimeout{60000};
 inline constexpr std::chrono::milliseconds kWaitTimeout{120000};

@@ -47,7 +47,8 @@ class FaultsTest : public ::testing::TestWithParam<std::string> {
     // `from` holds the bytes, `to` receives them.
     unsigned char* from = op == Opcode::kWrite ? src : dst;
     unsigned char* to = op == Opcode::kWrite ? dst : src;
-    for (size_t i = 0; i < kRequests * kBlock; ++i) from[i] = static_cast<unsigned char>(i * 31 + 7);
+    for (size_t i = 0; i < kRequests * kBlock; ++i)
+      from[i] = static_cast<unsigned char>(i * 31 + 7);
     std::vector<TransferRequest> reqs;
     for (size_t i = 0; i < kRequests; ++i) {
       reqs.push_back({op, src + i * kBlock, pair.segment(),

@@ -5,9 +5,9 @@
 // (tcp). The per-peer request budget is exercised at the link in
 // src/transport/stream/stream_test.cc (a peer that answers nothing) and
 // under load by the conformance suite with small limits below.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -85,8 +85,8 @@ TEST_P(LimitsTest, SmallPeerBudgetDelaysButLosesNothing) {
   std::vector<unsigned char> back(kN * kLen);
   unsigned char* into = pair.Alloc(kN * kLen, &pair.initiator());
   ASSERT_NE(into, nullptr);
-  ASSERT_OK(pair.initiator().TransferSync(
-      TransferRequest{Opcode::kRead, into, pair.segment(), reinterpret_cast<uintptr_t>(dst), kN * kLen}));
+  ASSERT_OK(pair.initiator().TransferSync(TransferRequest{
+      Opcode::kRead, into, pair.segment(), reinterpret_cast<uintptr_t>(dst), kN * kLen}));
   EXPECT_EQ(std::memcmp(into, dst, kN * kLen), 0);
 }
 
@@ -131,7 +131,8 @@ TEST(SourceLimits, ConnectionFloodFromOneAddressIsCutAndOtherPeersStillGetIn) {
   }
   // Past the first 8 silent connections, the target closes new ones at once.
   int closed = 0;
-  for (size_t k = 8; k < flood.size(); ++k) closed += ClosedByPeer(flood[k], std::chrono::milliseconds(5000));
+  for (size_t k = 8; k < flood.size(); ++k)
+    closed += ClosedByPeer(flood[k], std::chrono::milliseconds(5000));
   EXPECT_EQ(closed, 32);
   // The first 8 are still open (their hello time has not run out).
   int open = 0;
@@ -145,8 +146,8 @@ TEST(SourceLimits, ConnectionFloodFromOneAddressIsCutAndOtherPeersStillGetIn) {
   ASSERT_OK(initiator->RegisterMemory(src.data(), src.size()));
   ASSERT_OK(target->RegisterMemory(dst.data(), dst.size()));
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator->OpenSegment(target->PeerId()));
-  ASSERT_OK(initiator->TransferSync(
-      TransferRequest{Opcode::kWrite, src.data(), seg, reinterpret_cast<uintptr_t>(dst.data()), src.size()}));
+  ASSERT_OK(initiator->TransferSync(TransferRequest{
+      Opcode::kWrite, src.data(), seg, reinterpret_cast<uintptr_t>(dst.data()), src.size()}));
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0);
 
   // Once the flood's connections are gone, that address gets in again.

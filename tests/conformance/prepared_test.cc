@@ -33,7 +33,8 @@ class PreparedTest : public ::testing::TestWithParam<std::string>, public Engine
   // Rows of `n` entries of `len` bytes, `stride` apart, from `base`.
   static std::vector<DescRow> Rows(const void* base, size_t n, uint64_t len, uint64_t stride) {
     std::vector<DescRow> rows;
-    for (size_t i = 0; i < n; ++i) rows.push_back({reinterpret_cast<uintptr_t>(base) + i * stride, len, 0, 1});
+    for (size_t i = 0; i < n; ++i)
+      rows.push_back({reinterpret_cast<uintptr_t>(base) + i * stride, len, 0, 1});
     return rows;
   }
   static std::vector<uint32_t> Iota(size_t n, bool reversed = false) {
@@ -48,7 +49,9 @@ class PreparedTest : public ::testing::TestWithParam<std::string>, public Engine
 };
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, PreparedTest, ::testing::ValuesIn(kTransports),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 // Scattered writes and reads through prepared lists: a local list of plain
 // rows and a remote list of one strided row, paired in reverse order.
@@ -66,7 +69,8 @@ TEST_P(PreparedTest, ScatteredWritesAndReadsLandWhereTheIndicesSay) {
   ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, kN, kLen, kLen)));
   ASSERT_OK_AND_ASSIGN(DescListHandle lb, initiator().PrepareLocalList(Rows(back, kN, kLen, kLen)));
   const DescRow strided{Addr(remote), kLen, 2 * kLen, kN};  // every other 4 KiB page
-  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), std::span(&strided, 1)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r,
+                       initiator().PrepareRemoteList(segment(), std::span(&strided, 1)));
   ASSERT_OK_AND_ASSIGN(size_t entries, initiator().DescListEntries(r));
   EXPECT_EQ(entries, kN);
 
@@ -78,9 +82,12 @@ TEST_P(PreparedTest, ScatteredWritesAndReadsLandWhereTheIndicesSay) {
   EXPECT_EQ(ws.state, TransferState::kCompleted);
   for (size_t i = 0; i < kN; ++i) {
     const size_t page = kN - 1 - i;
-    EXPECT_EQ(DescribePatternMismatch(remote + 2 * page * kLen, kLen, RequestSeed(7, i)), "") << "entry " << i;
+    EXPECT_EQ(DescribePatternMismatch(remote + 2 * page * kLen, kLen, RequestSeed(7, i)), "")
+        << "entry " << i;
     // The pages between the strided entries are untouched.
-    EXPECT_EQ(DescribePatternMismatch(remote + (2 * page + 1) * kLen, kLen, 99, (2 * page + 1) * kLen), "");
+    EXPECT_EQ(
+        DescribePatternMismatch(remote + (2 * page + 1) * kLen, kLen, 99, (2 * page + 1) * kLen),
+        "");
   }
 
   ASSERT_OK_AND_ASSIGN(TransferHandle rd, initiator().MakeTransfer(Opcode::kRead, lb, rev, r, fwd));
@@ -88,7 +95,8 @@ TEST_P(PreparedTest, ScatteredWritesAndReadsLandWhereTheIndicesSay) {
   ASSERT_OK(Wait(rd));
   // back[k] = remote entry k... paired: local rev[k] <- remote k = local[kN-1-k]'s data.
   for (size_t k = 0; k < kN; ++k) {
-    EXPECT_EQ(DescribePatternMismatch(back + (kN - 1 - k) * kLen, kLen, RequestSeed(7, kN - 1 - k)), "")
+    EXPECT_EQ(DescribePatternMismatch(back + (kN - 1 - k) * kLen, kLen, RequestSeed(7, kN - 1 - k)),
+              "")
         << "read back entry " << k;
   }
   EXPECT_OK(initiator().ReleaseTransfer(w));
@@ -108,16 +116,20 @@ TEST_P(PreparedTest, AdjacentPairsMergeAndTelemetryCountsThem) {
   ASSERT_NO_FATAL_FAILURE(Refresh());
   FillPattern(local, kN * kLen, 5);
   ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, kN, kLen, kLen)));
-  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, kN, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r,
+                       initiator().PrepareRemoteList(segment(), Rows(remote, kN, kLen, kLen)));
   // Pairs 0..31 are contiguous on both sides (one entry); 63, 62 ... are not.
   std::vector<uint32_t> idx = Iota(32);
   idx.push_back(63);
   idx.push_back(40);
   ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kWrite, l, idx, r, idx));
-  EXPECT_THAT(GetStatus(initiator().GetTransferTelemetry(t)), StatusIs(StatusCode::kFailedPrecondition));
-  EXPECT_THAT(GetStatus(initiator().GetTransferStatus(t)), StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(GetStatus(initiator().GetTransferTelemetry(t)),
+              StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(GetStatus(initiator().GetTransferStatus(t)),
+              StatusIs(StatusCode::kFailedPrecondition));
   const uint64_t before = std::chrono::duration_cast<std::chrono::microseconds>(
-                              std::chrono::steady_clock::now().time_since_epoch()).count();
+                              std::chrono::steady_clock::now().time_since_epoch())
+                              .count();
   ASSERT_OK(initiator().PostTransfer(t));
   ASSERT_OK(Wait(t));
   ASSERT_OK_AND_ASSIGN(TransferTelemetry tel, initiator().GetTransferTelemetry(t));
@@ -141,9 +153,11 @@ TEST_P(PreparedTest, ATransferIsPostedAgainOnceDone) {
   ASSERT_TRUE(local && remote);
   ASSERT_NO_FATAL_FAILURE(Refresh());
   ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, 1, kLen, kLen)));
-  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, 1, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r,
+                       initiator().PrepareRemoteList(segment(), Rows(remote, 1, kLen, kLen)));
   const std::vector<uint32_t> zero = {0};
-  ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kWrite, l, zero, r, zero));
+  ASSERT_OK_AND_ASSIGN(TransferHandle t,
+                       initiator().MakeTransfer(Opcode::kWrite, l, zero, r, zero));
   for (uint64_t round = 0; round < 3; ++round) {
     FillPattern(local, kLen, 100 + round);
     ASSERT_OK(initiator().PostTransfer(t)) << "round " << round;
@@ -159,8 +173,10 @@ TEST_P(PreparedTest, RepostingWhileInFlightIsRefused) {
   unsigned char* remote = Alloc(kLen, &target());
   ASSERT_TRUE(local && remote);
   ASSERT_NO_FATAL_FAILURE(Refresh());
-  ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, 1024, 64 * kKiB, 64 * kKiB)));
-  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, 1024, 64 * kKiB, 64 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle l,
+                       initiator().PrepareLocalList(Rows(local, 1024, 64 * kKiB, 64 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(
+                                             segment(), Rows(remote, 1024, 64 * kKiB, 64 * kKiB)));
   const auto idx = Iota(1024, true);  // reversed: nothing merges, 1024 entries
   ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kWrite, l, idx, r, idx));
   // A 64 MiB transfer of 1024 entries is in flight right after its post
@@ -185,7 +201,8 @@ TEST_P(PreparedTest, BadListsAndPairsAreRefusedWithTheReason) {
   ASSERT_TRUE(local && remote);
   ASSERT_NO_FATAL_FAILURE(Refresh());
   std::vector<DescRow> empty;
-  EXPECT_THAT(GetStatus(initiator().PrepareLocalList(empty)), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(GetStatus(initiator().PrepareLocalList(empty)),
+              StatusIs(StatusCode::kInvalidArgument));
   const DescRow zero_len{Addr(local), 0, 0, 1};
   EXPECT_THAT(GetStatus(initiator().PrepareLocalList(std::span(&zero_len, 1))),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("row 0")));
@@ -205,7 +222,8 @@ TEST_P(PreparedTest, BadListsAndPairsAreRefusedWithTheReason) {
   std::vector<DescRow> lrows = Rows(local, 4, 4096, 4096);
   lrows.push_back({Addr(local) + 16 * kKiB, 8192, 0, 1});
   ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(lrows));
-  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, 4, 4096, 4096)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r,
+                       initiator().PrepareRemoteList(segment(), Rows(remote, 4, 4096, 4096)));
   const std::vector<uint32_t> a = {0, 1}, b = {0}, big = {0, 9}, mismatch = {4}, one = {1};
   EXPECT_THAT(GetStatus(initiator().MakeTransfer(Opcode::kWrite, l, a, r, b)),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("2 local indices but 1 remote")));
@@ -219,12 +237,14 @@ TEST_P(PreparedTest, BadListsAndPairsAreRefusedWithTheReason) {
               StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(GetStatus(initiator().MakeTransfer(Opcode::kWrite, DescListHandle{12345}, b, r, b)),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("not prepared")));
-  EXPECT_THAT(initiator().PostTransfer(TransferHandle{777}), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(initiator().PostTransfer(TransferHandle{777}),
+              StatusIs(StatusCode::kInvalidArgument));
 
   // The local memory of a list was unregistered: its transfers are refused.
   ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kWrite, l, b, r, b));
   ASSERT_OK(initiator().UnregisterMemory(local));
-  EXPECT_THAT(initiator().PostTransfer(t), StatusIs(StatusCode::kFailedPrecondition, HasSubstr("unregistered")));
+  EXPECT_THAT(initiator().PostTransfer(t),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("unregistered")));
 }
 
 // Cancelling a read in flight: once CancelTransfer returns, nothing of it
@@ -240,7 +260,8 @@ TEST_P(PreparedTest, NothingOfACancelledReadLandsAfterTheCancelReturns) {
   ASSERT_NO_FATAL_FAILURE(Refresh());
   FillPattern(remote, kN * kLen, 31);
   ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, kN, kLen, kLen)));
-  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, kN, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r,
+                       initiator().PrepareRemoteList(segment(), Rows(remote, kN, kLen, kLen)));
   const auto idx = Iota(kN, true);
   ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kRead, l, idx, r, idx));
   for (int round = 0; round < 5; ++round) {
@@ -260,7 +281,8 @@ TEST_P(PreparedTest, NothingOfACancelledReadLandsAfterTheCancelReturns) {
     }
     ASSERT_OK(initiator().TransferSync(follow));
     EXPECT_EQ(std::memcmp(snapshot.data(), local, kN * kLen), 0)
-        << "round " << round << ": bytes of the cancelled read landed after CancelTransfer returned";
+        << "round " << round
+        << ": bytes of the cancelled read landed after CancelTransfer returned";
     // The transfer can be posted again, and then completes in full.
   }
   ASSERT_OK(initiator().PostTransfer(t));
@@ -300,11 +322,14 @@ TEST_P(PreparedTest, ATransfersNotificationArrivesAfterItsData) {
   ASSERT_TRUE(local && remote);
   ASSERT_NO_FATAL_FAILURE(Refresh());
   FillPattern(local, kLen, 77);
-  ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, 16, 64 * kKiB, 64 * kKiB)));
-  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, 16, 64 * kKiB, 64 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle l,
+                       initiator().PrepareLocalList(Rows(local, 16, 64 * kKiB, 64 * kKiB)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(
+                                             segment(), Rows(remote, 16, 64 * kKiB, 64 * kKiB)));
   const auto idx = Iota(16, true);
-  ASSERT_OK_AND_ASSIGN(TransferHandle w, initiator().MakeTransfer(Opcode::kWrite, l, idx, r, idx,
-                                                                  Notification{"", "agent-a", "written"}));
+  ASSERT_OK_AND_ASSIGN(TransferHandle w,
+                       initiator().MakeTransfer(Opcode::kWrite, l, idx, r, idx,
+                                                Notification{"", "agent-a", "written"}));
   ASSERT_OK(initiator().PostTransfer(w));
   ASSERT_OK(Wait(w));
   // Complete means the target had the notification, after the data.
@@ -316,8 +341,9 @@ TEST_P(PreparedTest, ATransfersNotificationArrivesAfterItsData) {
   EXPECT_EQ(DescribePatternMismatch(remote, kLen, 77), "");
   // A read notifies the owner of the data once it was read; a post may
   // replace the notification.
-  ASSERT_OK_AND_ASSIGN(TransferHandle rd, initiator().MakeTransfer(Opcode::kRead, l, idx, r, idx,
-                                                                   Notification{"", "agent-a", "first"}));
+  ASSERT_OK_AND_ASSIGN(TransferHandle rd,
+                       initiator().MakeTransfer(Opcode::kRead, l, idx, r, idx,
+                                                Notification{"", "agent-a", "first"}));
   std::memset(local, 0, kLen);
   ASSERT_OK(initiator().PostTransfer(rd, Notification{"", "agent-a", "read:1"}));
   ASSERT_OK(Wait(rd));
@@ -355,10 +381,11 @@ TEST(PreparedOldPeerTest, LongNotificationsToAnOlderPeerAreRefusedUpFront) {
   ASSERT_NO_FATAL_FAILURE(p.Start(ConformanceOptions("tcp"), old_peer));
   const std::string fits(kMaxNotificationMessageV1, 'a');
   const std::string longer = fits + "b";
-  const auto refused = StatusIs(StatusCode::kFailedPrecondition,
-                                AllOf(HasSubstr("takes notification messages of at most " +
-                                                std::to_string(kMaxNotificationMessageV1) + " bytes"),
-                                      HasSubstr("this one has " + std::to_string(longer.size()))));
+  const auto refused =
+      StatusIs(StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("takes notification messages of at most " +
+                               std::to_string(kMaxNotificationMessageV1) + " bytes"),
+                     HasSubstr("this one has " + std::to_string(longer.size()))));
   EXPECT_THAT(p.initiator().SendNotification(p.segment(), "n", longer), refused);
 
   constexpr uint64_t kLen = 4 * kKiB;
@@ -371,9 +398,11 @@ TEST(PreparedOldPeerTest, LongNotificationsToAnOlderPeerAreRefusedUpFront) {
   ASSERT_OK_AND_ASSIGN(DescListHandle l, p.initiator().PrepareLocalList(local_rows));
   ASSERT_OK_AND_ASSIGN(DescListHandle r, p.initiator().PrepareRemoteList(p.segment(), remote_rows));
   const std::vector<uint32_t> zero = {0};
-  EXPECT_THAT(GetStatus(p.initiator().MakeTransfer(Opcode::kWrite, l, zero, r, zero, Notification{"", "n", longer})),
+  EXPECT_THAT(GetStatus(p.initiator().MakeTransfer(Opcode::kWrite, l, zero, r, zero,
+                                                   Notification{"", "n", longer})),
               refused);
-  ASSERT_OK_AND_ASSIGN(TransferHandle t, p.initiator().MakeTransfer(Opcode::kWrite, l, zero, r, zero));
+  ASSERT_OK_AND_ASSIGN(TransferHandle t,
+                       p.initiator().MakeTransfer(Opcode::kWrite, l, zero, r, zero));
   EXPECT_THAT(p.initiator().PostTransfer(t, Notification{"", "n", longer}), refused);
   EXPECT_TRUE(p.target().GetNotifications().empty());
 
@@ -397,9 +426,11 @@ TEST_P(PreparedTest, ARemoteListOfARestartedPeerIsRefused) {
   ASSERT_OK(target().RegisterMemory(remote, kLen));
   ASSERT_NO_FATAL_FAILURE(Refresh());
   ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, 1, kLen, kLen)));
-  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(segment(), Rows(remote, 1, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r,
+                       initiator().PrepareRemoteList(segment(), Rows(remote, 1, kLen, kLen)));
   const std::vector<uint32_t> zero = {0};
-  ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kWrite, l, zero, r, zero));
+  ASSERT_OK_AND_ASSIGN(TransferHandle t,
+                       initiator().MakeTransfer(Opcode::kWrite, l, zero, r, zero));
   ASSERT_OK(initiator().PostTransfer(t));
   ASSERT_OK(Wait(t));
 
@@ -428,8 +459,10 @@ TEST_P(PreparedTest, ARemoteListOfARestartedPeerIsRefused) {
   // Prepared again against the new instance, it works.
   ASSERT_OK_AND_ASSIGN(SegmentInfo info, initiator().QuerySegment(segment()));
   EXPECT_NE(info.instance_id, before.instance_id);
-  ASSERT_OK_AND_ASSIGN(DescListHandle r2, initiator().PrepareRemoteList(segment(), Rows(remote, 1, kLen, kLen)));
-  ASSERT_OK_AND_ASSIGN(TransferHandle t2, initiator().MakeTransfer(Opcode::kWrite, l, zero, r2, zero));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r2,
+                       initiator().PrepareRemoteList(segment(), Rows(remote, 1, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(TransferHandle t2,
+                       initiator().MakeTransfer(Opcode::kWrite, l, zero, r2, zero));
   ASSERT_OK(initiator().PostTransfer(t2));
   ASSERT_OK(Wait(t2));
   EXPECT_EQ(DescribePatternMismatch(remote, kLen, 4), "");
@@ -453,7 +486,8 @@ TEST_P(PreparedTest, ImportedMetadataOpensTheSegmentWithoutAHandshake) {
   EXPECT_EQ(known.peer_id, target().PeerId());
   EXPECT_EQ(known.regions.size(), 1u);
   ASSERT_OK_AND_ASSIGN(DescListHandle l, (*third)->PrepareLocalList(Rows(local, 1, kLen, kLen)));
-  ASSERT_OK_AND_ASSIGN(DescListHandle r, (*third)->PrepareRemoteList(seg, Rows(remote, 1, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r,
+                       (*third)->PrepareRemoteList(seg, Rows(remote, 1, kLen, kLen)));
   const std::vector<uint32_t> zero = {0};
   ASSERT_OK_AND_ASSIGN(TransferHandle t, (*third)->MakeTransfer(Opcode::kRead, l, zero, r, zero));
   ASSERT_OK((*third)->PostTransfer(t));
@@ -468,7 +502,8 @@ TEST_P(PreparedTest, ImportedMetadataOpensTheSegmentWithoutAHandshake) {
   ASSERT_OK((*third)->ImportMetadata(target().ExportMetadata()));
   EXPECT_OK(GetStatus((*third)->PrepareRemoteList(seg, Rows(later, 1, kLen, kLen))));
 
-  EXPECT_THAT(GetStatus((*third)->ImportMetadata("garbage")), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(GetStatus((*third)->ImportMetadata("garbage")),
+              StatusIs(StatusCode::kInvalidArgument));
   std::string cut = md.substr(0, md.size() / 2);
   EXPECT_THAT(GetStatus((*third)->ImportMetadata(cut)), StatusIs(StatusCode::kInvalidArgument));
 }
@@ -506,10 +541,12 @@ TEST_P(PreparedTest, MetricsCountBytesByPeerTransportAndOutcome) {
   ASSERT_NO_FATAL_FAILURE(Refresh());
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine->OpenSegment(target().PeerId()));
   ASSERT_OK(engine->TransferSync(TransferRequest{Opcode::kWrite, local, seg, Addr(remote), kLen}));
-  ASSERT_OK(engine->TransferSync(TransferRequest{Opcode::kRead, local, seg, Addr(remote), kLen / 2}));
+  ASSERT_OK(
+      engine->TransferSync(TransferRequest{Opcode::kRead, local, seg, Addr(remote), kLen / 2}));
   // Outside the peer's memory: a failed request.
-  EXPECT_THAT(engine->TransferSync(TransferRequest{Opcode::kWrite, local, seg, Addr(remote) + kLen, 4096}),
-              IsError());
+  EXPECT_THAT(
+      engine->TransferSync(TransferRequest{Opcode::kWrite, local, seg, Addr(remote) + kLen, 4096}),
+      IsError());
   // A batch's latency is observed when it goes idle, just after its last
   // completion wakes the waiter: wait (bounded) for the third.
   EngineMetrics m = engine->GetMetrics();
@@ -529,8 +566,9 @@ TEST_P(PreparedTest, MetricsCountBytesByPeerTransportAndOutcome) {
   EXPECT_EQ(failed, 1u);
   EXPECT_EQ(m.transfer_latency.count, 3u);
   const std::string text = engine->MetricsText();
-  EXPECT_THAT(text, HasSubstr("ferry_bytes_total{peer=\"" + target().PeerId() + "\",transport=\"" + TransportOf(GetParam()) +
-                              "\",op=\"write\",outcome=\"completed\"} " + std::to_string(kLen)));
+  EXPECT_THAT(text, HasSubstr("ferry_bytes_total{peer=\"" + target().PeerId() + "\",transport=\"" +
+                              TransportOf(GetParam()) + "\",op=\"write\",outcome=\"completed\"} " +
+                              std::to_string(kLen)));
   EXPECT_THAT(text, HasSubstr("ferry_transfer_latency_seconds_count 3"));
   ASSERT_FALSE(engine->MetricsAddress().empty());
   const std::string got = HttpGet(engine->MetricsAddress(), "/metrics");

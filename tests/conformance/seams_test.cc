@@ -32,7 +32,8 @@ EngineOptions Options(const std::string& transport) {
 class OpaquePages {
  public:
   OpaquePages() {
-    p_ = static_cast<unsigned char*>(::mmap(nullptr, kSize, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    p_ = static_cast<unsigned char*>(
+        ::mmap(nullptr, kSize, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     EXPECT_NE(p_, MAP_FAILED);
   }
   ~OpaquePages() { ::munmap(p_, kSize); }
@@ -76,11 +77,14 @@ TEST(MemoryKinds, TestKindMovesThroughTheLocalTransportsCopyFunctions) {
   EXPECT_EQ(info->regions[0].kind, "cpu");
 
   opaque.Fill(0xab);
-  ASSERT_THAT(initiator->TransferSync({Opcode::kWrite, opaque.data(), *seg, cpu.addr(), kSize}), IsOk());
+  ASSERT_THAT(initiator->TransferSync({Opcode::kWrite, opaque.data(), *seg, cpu.addr(), kSize}),
+              IsOk());
   EXPECT_EQ(cpu.data()[0], 0xab);
   EXPECT_EQ(cpu.data()[kSize - 1], 0xab);
   std::memset(cpu.data(), 0x5c, kSize);
-  ASSERT_THAT(initiator->TransferSync({Opcode::kRead, opaque.data() + 4096, *seg, cpu.addr(), 8192}), IsOk());
+  ASSERT_THAT(
+      initiator->TransferSync({Opcode::kRead, opaque.data() + 4096, *seg, cpu.addr(), 8192}),
+      IsOk());
   const auto seen = opaque.Copy();
   EXPECT_EQ(seen[4095], 0xab);
   EXPECT_EQ(seen[4096], 0x5c);
@@ -109,7 +113,8 @@ TEST(MemoryKinds, ATransportThatCannotTouchTheKindIsNeverPicked) {
   AlignedBuffer src(kSize);
   ASSERT_THAT(initiator->RegisterMemory(src.data(), kSize), IsOk());
   std::memset(src.data(), 7, kSize);
-  EXPECT_THAT(initiator->TransferSync({Opcode::kWrite, src.data(), *seg, cpu.addr(), kSize}), IsOk());
+  EXPECT_THAT(initiator->TransferSync({Opcode::kWrite, src.data(), *seg, cpu.addr(), kSize}),
+              IsOk());
   EXPECT_EQ(cpu.data()[100], 7);
 }
 
@@ -160,7 +165,8 @@ TEST(MemoryKinds, GpuMemoryIsRefusedClearlyWithoutTheCudaKind) {
   auto p = Make(plain);
   ASSERT_TRUE(p);
   AlignedBuffer c(4096);
-  EXPECT_THAT(p->RegisterMemory(c.data(), 4096, "test-opaque"), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(p->RegisterMemory(c.data(), 4096, "test-opaque"),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 class DescriptorFormats : public ::testing::TestWithParam<std::pair<int, int>> {};
@@ -178,7 +184,8 @@ TEST_P(DescriptorFormats, EnginesOfEitherFormatTalk) {
   ASSERT_THAT(target->RegisterMemory(dst.data(), kSize), IsOk());
   auto seg = initiator->OpenSegment(target->PeerId());
   ASSERT_THAT(GetStatus(seg), IsOk());
-  ASSERT_THAT(initiator->TransferSync({Opcode::kWrite, src.data(), *seg, dst.addr(), kSize}), IsOk());
+  ASSERT_THAT(initiator->TransferSync({Opcode::kWrite, src.data(), *seg, dst.addr(), kSize}),
+              IsOk());
   EXPECT_EQ(dst.data()[kSize - 1], 0x3c);
   auto info = initiator->QuerySegment(*seg);
   ASSERT_THAT(GetStatus(info), IsOk());
@@ -187,8 +194,8 @@ TEST_P(DescriptorFormats, EnginesOfEitherFormatTalk) {
 }
 
 INSTANTIATE_TEST_SUITE_P(OldAndNew, DescriptorFormats,
-                         ::testing::Values(std::make_pair(1, 2), std::make_pair(2, 1), std::make_pair(1, 1),
-                                           std::make_pair(2, 2)));
+                         ::testing::Values(std::make_pair(1, 2), std::make_pair(2, 1),
+                                           std::make_pair(1, 1), std::make_pair(2, 2)));
 
 EngineOptions InCluster(const std::string& cluster, const std::string& name) {
   EngineOptions o = Options("tcp");
@@ -227,7 +234,8 @@ TEST(MetadataStore, TwoLiveEnginesCannotClaimOneName) {
   ASSERT_TRUE(first);
   auto second = Engine::Create(InCluster("claims", "decode-0"));
   EXPECT_THAT(GetStatus(second), StatusIs(StatusCode::kAlreadyExists));
-  EXPECT_NE(GetStatus(second).message().find(first->PeerId()), std::string::npos) << GetStatus(second);
+  EXPECT_NE(GetStatus(second).message().find(first->PeerId()), std::string::npos)
+      << GetStatus(second);
   first.reset();  // removes its entry on a clean shutdown
   EXPECT_THAT(GetStatus(Engine::Create(InCluster("claims", "decode-0"))), IsOk());
 }
@@ -242,7 +250,8 @@ TEST(MetadataStore, AWatchedRestartIsReachedAtItsNewInstance) {
   ASSERT_THAT(decode->RegisterMemory(dst1.data(), kSize), IsOk());
   auto seg = prefill->OpenSegment("decode-0");
   ASSERT_THAT(GetStatus(seg), IsOk());
-  ASSERT_THAT(prefill->TransferSync({Opcode::kWrite, src.data(), *seg, dst1.addr(), kSize}), IsOk());
+  ASSERT_THAT(prefill->TransferSync({Opcode::kWrite, src.data(), *seg, dst1.addr(), kSize}),
+              IsOk());
   auto before = prefill->QuerySegment(*seg);
   ASSERT_THAT(GetStatus(before), IsOk());
   // The decode engine restarts under the same name with another buffer.
@@ -250,7 +259,8 @@ TEST(MetadataStore, AWatchedRestartIsReachedAtItsNewInstance) {
   decode = Make(InCluster("restart", "decode-0"));
   ASSERT_TRUE(decode);
   ASSERT_THAT(decode->RegisterMemory(dst2.data(), kSize), IsOk());
-  ASSERT_THAT(prefill->TransferSync({Opcode::kWrite, src.data(), *seg, dst2.addr(), kSize}), IsOk());
+  ASSERT_THAT(prefill->TransferSync({Opcode::kWrite, src.data(), *seg, dst2.addr(), kSize}),
+              IsOk());
   EXPECT_EQ(dst2.data()[kSize - 1], 0x61);
   auto after = prefill->QuerySegment(*seg);
   ASSERT_THAT(GetStatus(after), IsOk());

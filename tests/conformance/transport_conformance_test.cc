@@ -118,7 +118,8 @@ TEST_P(TransportConformanceTest, OpenSegmentIsCachedAndDescribesPeer) {
   EXPECT_TRUE(found) << "QuerySegment does not list the region registered at "
                      << static_cast<void*>(remote);
 
-  EXPECT_THAT(initiator().GetCapabilities().transports, ::testing::Contains(TransportOf(GetParam())));
+  EXPECT_THAT(initiator().GetCapabilities().transports,
+              ::testing::Contains(TransportOf(GetParam())));
   EXPECT_THAT(target().GetCapabilities().transports, ::testing::Contains(TransportOf(GetParam())));
   EXPECT_EQ(initiator().options().transport, TransportOf(GetParam()));
   EXPECT_EQ(target().PeerId(), "127.0.0.1:" + std::to_string(target().RpcPort()));
@@ -510,8 +511,7 @@ TEST_P(TransportConformanceTest, ReadOutsideRegionsFailsAndLeavesLocalUntouched)
 // whose parts end just before, at and just after that size, and one whose
 // entry list alone (700 entries) is longer than it, in both directions.
 TEST_P(TransportConformanceTest, FramesAroundTheReadAheadSize) {
-  const uint64_t kSizes[] = {1,    8151,  8152,  8153,  8191, 8192,
-                             8193, 16383, 16384, 16385, 24000};
+  const uint64_t kSizes[] = {1, 8151, 8152, 8153, 8191, 8192, 8193, 16383, 16384, 16385, 24000};
   uint64_t total = 8192;
   std::vector<Piece> pieces;
   for (uint64_t n : kSizes) {
@@ -1048,17 +1048,20 @@ TEST_P(TransportConformanceTest, LocalOnlyRegionIsHiddenFromPeersAndRefused) {
 
   // The owner's own memory works both ways: write from it, read into it.
   FillPattern(mine, kLen, Mix64(61));
-  ASSERT_OK(initiator().TransferSync(TransferRequest{Opcode::kWrite, mine, segment(), exported_addr, kLen}));
+  ASSERT_OK(initiator().TransferSync(
+      TransferRequest{Opcode::kWrite, mine, segment(), exported_addr, kLen}));
   EXPECT_TRUE(CheckLayout(exported, kLen, {{0, kLen, Mix64(61), 0}}, 0));
   FillPattern(exported, kLen, Mix64(62));
-  ASSERT_OK(initiator().TransferSync(TransferRequest{Opcode::kRead, mine, segment(), exported_addr, kLen}));
+  ASSERT_OK(initiator().TransferSync(
+      TransferRequest{Opcode::kRead, mine, segment(), exported_addr, kLen}));
   EXPECT_TRUE(CheckLayout(mine, kLen, {{0, kLen, Mix64(62), 0}}, 0));
 
   // Peers' requests into the hidden region: refused, nothing moved.
   FillPattern(hidden, kLen, Mix64(63));
   FillPattern(mine, kLen, Mix64(64));
   for (Opcode op : {Opcode::kWrite, Opcode::kRead}) {
-    Status s = initiator().TransferSync(TransferRequest{op, mine, segment(), hidden_addr + 4096, 4096});
+    Status s =
+        initiator().TransferSync(TransferRequest{op, mine, segment(), hidden_addr + 4096, 4096});
     EXPECT_THAT(s, IsError(HasSubstr("not exported"))) << static_cast<int>(op);
     EXPECT_THAT(s, IsError(MentionsNumber(hidden_addr + 4096)));
   }
@@ -1181,7 +1184,8 @@ TEST_P(TransportConformanceTest, NotificationArrivesAfterPrecedingWrites) {
 // keeps under the sanitizers is the shutdown path, not a sure reproduction:
 // the fabric endpoint once leaked such an ack buffer in a full ASan run, and
 // this case, 36 times under ASan before the fix, never hit that window.
-TEST_P(TransportConformanceTest, ATargetDestroyedRightAfterAcknowledgingANotificationLeavesNothing) {
+TEST_P(TransportConformanceTest,
+       ATargetDestroyedRightAfterAcknowledgingANotificationLeavesNothing) {
   for (int i = 0; i < 12; ++i) {
     if (i > 0) {
       ASSERT_NO_FATAL_FAILURE(Start(GetParam()));

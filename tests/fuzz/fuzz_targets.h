@@ -20,11 +20,13 @@ namespace ferry::fuzz {
 
 // The first byte of an input picks a decoder of the family (modulo their
 // number), the rest is that decoder's input.
-void FuzzFrames(std::string_view in);        // frame header, bodies, FrameReader, ExchangeFrame
-void FuzzDescriptor(std::string_view in);    // descriptor, handshake response, version negotiation, peer ids
-void FuzzAuth(std::string_view in);          // AuthHello, AuthChallenge, AuthProof bodies
-void FuzzCopyFrames(std::string_view in);    // shm's CopyEntryList, CopyHello; fabric's messages
-void FuzzStoreEntries(std::string_view in);  // a store's value: DecodeEntry raw/base64, CheckClaim, keys
+void FuzzFrames(std::string_view in);  // frame header, bodies, FrameReader, ExchangeFrame
+void FuzzDescriptor(
+    std::string_view in);  // descriptor, handshake response, version negotiation, peer ids
+void FuzzAuth(std::string_view in);        // AuthHello, AuthChallenge, AuthProof bodies
+void FuzzCopyFrames(std::string_view in);  // shm's CopyEntryList, CopyHello; fabric's messages
+void FuzzStoreEntries(
+    std::string_view in);  // a store's value: DecodeEntry raw/base64, CheckClaim, keys
 #ifdef FERRY_FUZZ_STORES
 // The real etcd and HTTP stores against a loopback server that answers
 // every request with bytes of the input (store_fuzz.cc).

@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) {
-      std::fprintf(stderr, "fuzz_make_corpus: cannot create %s: %s\n", dir.c_str(), ec.message().c_str());
+      std::fprintf(stderr, "fuzz_make_corpus: cannot create %s: %s\n", dir.c_str(),
+                   ec.message().c_str());
       return 1;
     }
     for (const auto& e : fs::directory_iterator(dir)) {
@@ -41,7 +42,7 @@ int main(int argc, char** argv) {
       bytes += seed.size();
     }
   }
-  std::printf("fuzz_make_corpus: %zu targets, %zu files, %zu bytes in %s\n", ferry::fuzz::Targets().size(), files,
-              bytes, argv[1]);
+  std::printf("fuzz_make_corpus: %zu targets, %zu files, %zu bytes in %s\n",
+              ferry::fuzz::Targets().size(), files, bytes, argv[1]);
   return 0;
 }

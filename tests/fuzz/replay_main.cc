@@ -34,7 +34,8 @@ std::vector<std::pair<std::string, std::string>> Files(const std::filesystem::pa
   if (!std::filesystem::is_directory(dir, ec)) return out;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     if (!e.is_regular_file() || e.path().filename().string().front() == '.') continue;
-    if (e.path().extension() == ".md" || e.path().extension() == ".txt") continue;  // notes about the inputs
+    if (e.path().extension() == ".md" || e.path().extension() == ".txt")
+      continue;  // notes about the inputs
     std::ifstream in(e.path(), std::ios::binary);
     out.emplace_back(e.path().string(), std::string(std::istreambuf_iterator<char>(in), {}));
   }
@@ -84,14 +85,15 @@ int main(int argc, char** argv) {
         ++files;
       }
     }
-    const long mutations = seeds.empty() ? 0 : iterations * t.replay_share / 1000 / static_cast<long>(targets.size());
+    const long mutations =
+        seeds.empty() ? 0 : iterations * t.replay_share / 1000 / static_cast<long>(targets.size());
     for (long i = 0; i < mutations; ++i) {
       std::string m = seeds[rng() % seeds.size()];
       Mutate(rng, m);
       t.run(m);
     }
-    std::printf("wire_fuzz_replay: %s: %zu seeds, %ld corpus/regression files, %ld mutations\n", t.name, seeds.size(),
-                files, mutations);
+    std::printf("wire_fuzz_replay: %s: %zu seeds, %ld corpus/regression files, %ld mutations\n",
+                t.name, seeds.size(), files, mutations);
     runs += static_cast<long>(seeds.size()) + files + mutations;
   }
   std::printf("wire_fuzz_replay: %ld passed, 0 failed\n", runs);

@@ -16,7 +16,9 @@ namespace {
 
 using namespace ferry::wire;
 
-std::string Pick(int which, const std::string& body) { return std::string(1, static_cast<char>(which)) + body; }
+std::string Pick(int which, const std::string& body) {
+  return std::string(1, static_cast<char>(which)) + body;
+}
 
 PeerDescriptor Descriptor(const std::string& name, uint64_t instance) {
   PeerDescriptor d;
@@ -29,7 +31,8 @@ PeerDescriptor Descriptor(const std::string& name, uint64_t instance) {
   d.version = "0.1.0";
   d.wire_min = d.wire_max = 1;
   d.transports = {{"tcp", "127.0.0.1:5"}, {"local", "1234"}};
-  d.features = {"read", "write", DescriptorFormatsFeature(kDescriptorFormatMin, kDescriptorFormatMax)};
+  d.features = {"read", "write",
+                DescriptorFormatsFeature(kDescriptorFormatMin, kDescriptorFormatMax)};
   d.regions = {{0x1000, 4096, "*", "cpu", {}},
                {0x9000, 4096, "cpu:0", "test-opaque", {{"fabric", 77}}},
                {0x20000, 8192, "cuda:0", "cuda:0", {{"cuda-ipc", 0x40, std::string(64, '\x11')}}}};
@@ -58,7 +61,9 @@ std::vector<std::string> FrameSeeds() {
   EncodeEntries(es, 2, &s);
   seeds.push_back(Pick(1, s));
   s.clear();
-  EncodeReply({ferry::OkStatus(), {{1, ferry::StatusCode::kInvalidArgument, "bad range"}, {4, ferry::StatusCode::kDataLoss, ""}}},
+  EncodeReply({ferry::OkStatus(),
+               {{1, ferry::StatusCode::kInvalidArgument, "bad range"},
+                {4, ferry::StatusCode::kDataLoss, ""}}},
               &s);
   seeds.push_back(Pick(2, s));
   s.clear();
@@ -126,7 +131,8 @@ std::vector<std::string> DescriptorSeeds() {
   EncodeHandshakeResponse(ferry::OkStatus(), d, &s);
   seeds.push_back(Pick(1, s));
   s.clear();
-  EncodeHandshakeResponse(ferry::FailedPreconditionError("no common wire protocol version"), PeerDescriptor{}, &s, 1);
+  EncodeHandshakeResponse(ferry::FailedPreconditionError("no common wire protocol version"),
+                          PeerDescriptor{}, &s, 1);
   seeds.push_back(Pick(1, s));
   PeerDescriptor newer = d;
   newer.wire_min = 2;
@@ -193,8 +199,11 @@ std::vector<std::string> CopyFrameSeeds() {
     a.status = ferry::ResourceExhaustedError("inbox full");
     fabric::EncodeMessage(a, &s);
     seeds.push_back(Pick(2, s));
-    seeds.push_back(Pick(2, fabric::EncodeEndpoint({"tcp;ofi_rxm", 2, {std::string("\x02\x00\x9c\x40\x7f\x00\x00\x01", 8),
-                                                                        std::string("\x02\x00\x9c\x41\x7f\x00\x00\x02", 8)}})));
+    seeds.push_back(
+        Pick(2, fabric::EncodeEndpoint({"tcp;ofi_rxm",
+                                        2,
+                                        {std::string("\x02\x00\x9c\x40\x7f\x00\x00\x01", 8),
+                                         std::string("\x02\x00\x9c\x41\x7f\x00\x00\x02", 8)}})));
   }
   return seeds;
 }
@@ -212,8 +221,10 @@ std::vector<std::string> StoreEntrySeeds() {
 
 #ifdef FERRY_FUZZ_STORES
 // A whole HTTP response, sent as it is.
-std::string Raw(const std::string& status, const std::string& body, const std::string& headers = "") {
-  return "HTTP/1.1 " + status + "\r\n" + headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+std::string Raw(const std::string& status, const std::string& body,
+                const std::string& headers = "") {
+  return "HTTP/1.1 " + status + "\r\n" + headers +
+         "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
 // Replies of a store's service, separated as store_fuzz.cc reads them.
@@ -227,37 +238,45 @@ std::vector<std::string> EtcdSeeds() {
   using ferry::internal::Base64;
   const std::string key = Base64("ferry/segments/e");
   const auto kv = [&](const std::string& value, const std::string& lease) {
-    return "{\"key\":\"" + key + "\",\"create_revision\":\"3\",\"mod_revision\":\"4\",\"version\":\"1\",\"value\":\"" +
+    return "{\"key\":\"" + key +
+           "\",\"create_revision\":\"3\",\"mod_revision\":\"4\",\"version\":\"1\",\"value\":\"" +
            Base64(value) + "\",\"lease\":\"" + lease + "\"}";
   };
-  const std::string header = "\"header\":{\"cluster_id\":\"1\",\"member_id\":\"2\",\"revision\":\"5\",\"raft_term\":\"2\"}";
+  const std::string header =
+      "\"header\":{\"cluster_id\":\"1\",\"member_id\":\"2\",\"revision\":\"5\",\"raft_term\":"
+      "\"2\"}";
   const std::string grant = "{" + header + ",\"ID\":\"7587\",\"TTL\":\"2\"}";
   const std::string created = "{" + header + ",\"succeeded\":true}";
   const auto taken = [&](const std::string& value) {
-    return "{" + header + ",\"responses\":[{\"response_range\":{" + header + ",\"kvs\":[" + kv(value, "99") +
-           "],\"count\":\"1\"}}]}";
+    return "{" + header + ",\"responses\":[{\"response_range\":{" + header + ",\"kvs\":[" +
+           kv(value, "99") + "],\"count\":\"1\"}}]}";
   };
   const std::string mine = Encoded(Descriptor("e", 3));
   const std::string other = Encoded(Descriptor("e", 4));
   std::vector<std::string> seeds;
   // Fetch: found, absent, a refusal, a server error.
-  seeds.push_back(Replies(0, {"{" + header + ",\"kvs\":[" + kv(other, "7") + "],\"count\":\"1\"}"}));
+  seeds.push_back(
+      Replies(0, {"{" + header + ",\"kvs\":[" + kv(other, "7") + "],\"count\":\"1\"}"}));
   seeds.push_back(Replies(0, {"{" + header + "}"}));
-  seeds.push_back(Replies(0, {Raw("400 Bad Request", "{\"error\":\"bad\",\"code\":3,\"message\":\"x\"}")}));
+  seeds.push_back(
+      Replies(0, {Raw("400 Bad Request", "{\"error\":\"bad\",\"code\":3,\"message\":\"x\"}")}));
   seeds.push_back(Replies(0, {"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"}));
   // Publish: created; held by this instance (replaced); held by another
   // (its lease's time to live asked); then removed.
   seeds.push_back(Replies(1, {grant, created, "{}"}));
   seeds.push_back(Replies(1, {grant, taken(mine), created, "{}"}));
-  seeds.push_back(Replies(1, {grant, taken(other), "{" + header + ",\"ID\":\"99\",\"TTL\":\"1\",\"grantedTTL\":\"2\"}"}));
+  seeds.push_back(Replies(
+      1,
+      {grant, taken(other), "{" + header + ",\"ID\":\"99\",\"TTL\":\"1\",\"grantedTTL\":\"2\"}"}));
   seeds.push_back(Replies(2, {grant, created, created, "{}"}));
   // Watch: created, two events (a put and a delete), then a compaction.
-  const std::string events =
-      "{\"result\":{" + header + ",\"created\":true}}\n{\"result\":{" + header +
-      ",\"events\":[{\"kv\":" + kv(other, "7") + "},{\"type\":\"DELETE\",\"kv\":{\"key\":\"" +
-      Base64("ferry/segments/p") + "\",\"mod_revision\":\"6\"}}]}}\n";
+  const std::string events = "{\"result\":{" + header + ",\"created\":true}}\n{\"result\":{" +
+                             header + ",\"events\":[{\"kv\":" + kv(other, "7") +
+                             "},{\"type\":\"DELETE\",\"kv\":{\"key\":\"" +
+                             Base64("ferry/segments/p") + "\",\"mod_revision\":\"6\"}}]}}\n";
   seeds.push_back(Replies(3, {events}));
-  seeds.push_back(Replies(3, {"{\"result\":{" + header + ",\"compact_revision\":\"3\",\"canceled\":true}}\n"}));
+  seeds.push_back(
+      Replies(3, {"{\"result\":{" + header + ",\"compact_revision\":\"3\",\"canceled\":true}}\n"}));
   return seeds;
 }
 

@@ -141,7 +141,8 @@ class LoopbackServer {
         need = end + 4;
         for (const char* name : {"Content-Length: ", "content-length: "}) {
           const size_t at = req.find(name);
-          if (at != std::string::npos && at < end) need += std::strtoull(req.c_str() + at + 16, nullptr, 10);
+          if (at != std::string::npos && at < end)
+            need += std::strtoull(req.c_str() + at + 16, nullptr, 10);
         }
       }
       if (req.size() >= need) break;
@@ -203,7 +204,8 @@ void CheckFetched(const StatusOr<wire::PeerDescriptor>& d) {
   } else {
     CheckError(d.status());
     const StatusCode c = d.status().code();
-    Check(c == StatusCode::kUnavailable || c == StatusCode::kDataLoss || c == StatusCode::kFailedPrecondition);
+    Check(c == StatusCode::kUnavailable || c == StatusCode::kDataLoss ||
+          c == StatusCode::kFailedPrecondition);
   }
 }
 
@@ -257,7 +259,8 @@ void FuzzHttpStore(std::string_view input) {
   LoopbackServer& server = LoopbackServer::Get();
   server.Serve(Replies(input.substr(1)));
   const int op = static_cast<uint8_t>(input[0]) % 3;
-  auto store = internal::MakeHttpStore("http://127.0.0.1:" + std::to_string(server.port()) + "/metadata", Context());
+  auto store = internal::MakeHttpStore(
+      "http://127.0.0.1:" + std::to_string(server.port()) + "/metadata", Context());
   Check(store.ok());
   switch (op) {
     case 0:

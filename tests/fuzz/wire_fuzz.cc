@@ -82,8 +82,8 @@ class FuzzSink : public ferry::internal::stream::FrameReader::Sink {
 // hellos use it) whose peer answers with `answer` and then closes.
 void FuzzExchange(std::string_view in) {
   if (in.empty()) return;
-  static constexpr FrameType kReplies[] = {FrameType::kHandshakeResponse, FrameType::kStreamHelloAck,
-                                           FrameType::kAuthChallenge};
+  static constexpr FrameType kReplies[] = {FrameType::kHandshakeResponse,
+                                           FrameType::kStreamHelloAck, FrameType::kAuthChallenge};
   const FrameType reply_type = kReplies[static_cast<uint8_t>(in[0]) % 3];
   std::string_view answer = in.substr(1);
   int fds[2];
@@ -121,7 +121,8 @@ void FuzzFrames(std::string_view input) {
       if (h.ok()) {
         uint8_t out[kFrameHeaderSize];
         EncodeHeader(*h, out);
-        Check(std::string_view(reinterpret_cast<char*>(out), kFrameHeaderSize) == in.substr(0, kFrameHeaderSize));
+        Check(std::string_view(reinterpret_cast<char*>(out), kFrameHeaderSize) ==
+              in.substr(0, kFrameHeaderSize));
       }
       break;
     }
@@ -144,7 +145,8 @@ void FuzzFrames(std::string_view input) {
         Check(again.ok() && again->failures.size() == r->failures.size() &&
               again->status.code() == r->status.code());
         for (size_t i = 0; i < r->failures.size(); ++i) {
-          Check(again->failures[i].index == r->failures[i].index && again->failures[i].code == r->failures[i].code);
+          Check(again->failures[i].index == r->failures[i].index &&
+                again->failures[i].code == r->failures[i].code);
           if (i > 0) Check(r->failures[i].index > r->failures[i - 1].index);  // strictly increasing
         }
       }
@@ -224,7 +226,8 @@ void FuzzDescriptor(std::string_view input) {
         std::string out;
         EncodeHandshakeResponse(r->first, r->second, &out, r->second.format);
         auto again = DecodeHandshakeResponse(out);
-        Check(again.ok() && again->first.code() == r->first.code() && again->second.format == r->second.format);
+        Check(again.ok() && again->first.code() == r->first.code() &&
+              again->second.format == r->second.format);
         std::string d1, d2;
         EncodeDescriptor(r->second, &d1, r->second.format);
         EncodeDescriptor(again->second, &d2, again->second.format);
@@ -242,7 +245,8 @@ void FuzzDescriptor(std::string_view input) {
       local.wire_max = 1;
       auto v = NegotiateWireVersion(local, *remote);
       if (v.ok()) {
-        Check(*v >= local.wire_min && *v <= local.wire_max && *v >= remote->wire_min && *v <= remote->wire_max);
+        Check(*v >= local.wire_min && *v <= local.wire_max && *v >= remote->wire_min &&
+              *v <= remote->wire_max);
       } else {
         Check(v.status().message().find("no common wire protocol version") != std::string::npos);
       }
@@ -261,7 +265,8 @@ void FuzzDescriptor(std::string_view input) {
       auto hp = ferry::internal::ParsePeerId(in);
       if (hp.ok()) {
         Check(hp->host.find_first_of("[]") == std::string::npos);
-        auto again = ferry::internal::ParsePeerId(ferry::internal::FormatPeerId(hp->host, hp->port));
+        auto again =
+            ferry::internal::ParsePeerId(ferry::internal::FormatPeerId(hp->host, hp->port));
         Check(again.ok() && again->host == hp->host && again->port == hp->port);
       } else if (!hp.ok()) {
         Check(hp.status().code() == ferry::StatusCode::kInvalidArgument);
@@ -291,8 +296,8 @@ void FuzzAuth(std::string_view input) {
         std::string out;
         EncodeAuthChallenge(*c, &out);
         auto again = DecodeAuthChallenge(out);
-        Check(again.ok() && again->nonce == c->nonce && again->mac == c->mac && again->mode == c->mode &&
-              again->status.code() == c->status.code());
+        Check(again.ok() && again->nonce == c->nonce && again->mac == c->mac &&
+              again->mode == c->mode && again->status.code() == c->status.code());
       }
       break;
     }

@@ -76,7 +76,8 @@ class RestartAfterKill : public ::testing::TestWithParam<std::string> {
   ::testing::AssertionResult StartPeer(uint64_t seed, uint16_t port) {
     if (peer_) peer_->Kill();
     peer_ = std::make_unique<PeerProcess>();
-    std::vector<std::string> args = {"--size", std::to_string(kSize), "--seed", std::to_string(seed)};
+    std::vector<std::string> args = {"--size", std::to_string(kSize), "--seed",
+                                     std::to_string(seed)};
     if (port != 0) {
       args.push_back("--port");
       args.push_back(std::to_string(port));
@@ -89,7 +90,8 @@ class RestartAfterKill : public ::testing::TestWithParam<std::string> {
 
   // 1 MiB writes covering our buffer, pattern `seed` at position = offset,
   // to the same offsets of the peer's buffer.
-  std::vector<TransferRequest> Writes(SegmentHandle seg, uint64_t seed, uint64_t count = kSize / kMiB) {
+  std::vector<TransferRequest> Writes(SegmentHandle seg, uint64_t seed,
+                                      uint64_t count = kSize / kMiB) {
     std::vector<TransferRequest> reqs;
     for (uint64_t i = 0; i < count; ++i) {
       const uint64_t off = i * kMiB;
@@ -136,8 +138,11 @@ class RestartAfterKill : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<PeerProcess> peer_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Transports, RestartAfterKill, ::testing::Values("shm", "tcp", "fabric_tcp"),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Transports, RestartAfterKill,
+                         ::testing::Values("shm", "tcp", "fabric_tcp"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 // Frozen (so the batch is surely in flight), killed, restarted on the same
 // port: the old handle reaches the new instance, as does a re-opened one.
@@ -197,15 +202,16 @@ TEST_P(RestartAfterKill, RepeatedKillsMidBatchAndRestarts) {
     ASSERT_OK(engine_->Submit(batch, reqs));
     peer_->Kill();
     failed_total += ExpectEnded(batch, reqs.size());
-    ASSERT_TRUE(StartPeer(900 + cycle, port)) << "cycle " << cycle << ": no restart on port " << port;
+    ASSERT_TRUE(StartPeer(900 + cycle, port))
+        << "cycle " << cycle << ": no restart on port " << port;
     ASSERT_EQ(peer_->peer_id(), peer_id);
     EXPECT_EQ(peer_->Call(Checked(900 + cycle, 0, kSize)), "OK")
         << "cycle " << cycle << ": bytes of the killed instance's batch reached the new one";
   }
   WriteVerifyReadBack(seg, seed, "after the last restart");
   RecordProperty("requests_failed_by_kills", static_cast<int>(failed_total));
-  std::printf("[ kills ] %s: %zu of %d requests caught by the three kills failed\n", GetParam().c_str(),
-              failed_total, 3 * static_cast<int>(kSize / kMiB));
+  std::printf("[ kills ] %s: %zu of %d requests caught by the three kills failed\n",
+              GetParam().c_str(), failed_total, 3 * static_cast<int>(kSize / kMiB));
   EXPECT_EQ(peer_->Stop(), 0);
 }
 

@@ -50,7 +50,8 @@ class GpuTest : public ::testing::Test {
 
   void SetUp() override {
     driver_ = &CudaDriver::Load(TestCudaDriverLibrary());
-    if (!driver_->data_path()) GTEST_SKIP() << "no CUDA driver with the data paths: " << driver_->why_no_data_path();
+    if (!driver_->data_path())
+      GTEST_SKIP() << "no CUDA driver with the data paths: " << driver_->why_no_data_path();
     if (TestCudaDriverIsFake()) fake_ = std::make_unique<FakeCuda>();
     gpu_ = std::make_unique<GpuMemory>(*driver_);
   }
@@ -77,8 +78,8 @@ class GpuTest : public ::testing::Test {
     peers_.push_back(std::make_unique<PeerProcess>());
     PeerProcess* p = peers_.back().get();
     const ::testing::AssertionResult started =
-        p->Start(FERRY_TEST_PEER_PATH, {"--size", std::to_string(size), "--seed", std::to_string(seed), "--gpu",
-                                        TestCudaDriverLibrary()});
+        p->Start(FERRY_TEST_PEER_PATH, {"--size", std::to_string(size), "--seed",
+                                        std::to_string(seed), "--gpu", TestCudaDriverLibrary()});
     EXPECT_TRUE(started);
     return started ? p : nullptr;
   }
@@ -88,8 +89,8 @@ class GpuTest : public ::testing::Test {
     EXPECT_NE(p, nullptr) << "allocating " << size << " bytes of GPU memory";
     return p;
   }
-  ::testing::AssertionResult DeviceHolds(const unsigned char* p, uint64_t off, uint64_t len, uint64_t seed,
-                                         uint64_t pos) {
+  ::testing::AssertionResult DeviceHolds(const unsigned char* p, uint64_t off, uint64_t len,
+                                         uint64_t seed, uint64_t pos) {
     return gpu_->Holds(p, off, len, seed, pos);
   }
 
@@ -120,7 +121,8 @@ TEST_F(GpuTest, GpuToGpuAcrossProcessesEveryByteBothWays) {
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(peer->peer_id()));
   ASSERT_OK_AND_ASSIGN(SegmentInfo info, engine().QuerySegment(seg));
   bool gpu_region = false;
-  for (const RemoteRegion& r : info.regions) gpu_region = gpu_region || (r.addr == peer->buffer_addr() && r.kind == "cuda:0");
+  for (const RemoteRegion& r : info.regions)
+    gpu_region = gpu_region || (r.addr == peer->buffer_addr() && r.kind == "cuda:0");
   EXPECT_TRUE(gpu_region) << "the peer's GPU buffer is not advertised as cuda:0";
 
   // The first 4 MiB in pieces of 1 B .. 300 KiB (local offset = remote offset).
@@ -133,11 +135,13 @@ TEST_F(GpuTest, GpuToGpuAcrossProcessesEveryByteBothWays) {
   }
   ASSERT_OK(engine().TransferSync(writes));
   EXPECT_EQ(peer->Call(Checked(kData, 0, 4 * kMiB)), "OK");
-  EXPECT_EQ(peer->Call(Checked(kPeerSeed, 4 * kMiB, 4 * kMiB)), "OK") << "bytes past the writes changed";
+  EXPECT_EQ(peer->Call(Checked(kPeerSeed, 4 * kMiB, 4 * kMiB)), "OK")
+      << "bytes past the writes changed";
 
   // Read all of it back in 1 MiB pieces.
   std::vector<TransferRequest> reads;
-  for (uint64_t o = 0; o < kSize; o += kMiB) reads.push_back({Opcode::kRead, back + o, seg, peer->buffer_addr() + o, kMiB});
+  for (uint64_t o = 0; o < kSize; o += kMiB)
+    reads.push_back({Opcode::kRead, back + o, seg, peer->buffer_addr() + o, kMiB});
   ASSERT_OK(engine().TransferSync(reads));
   EXPECT_TRUE(DeviceHolds(back, 0, 4 * kMiB, kData, 0));
   EXPECT_TRUE(DeviceHolds(back, 4 * kMiB, 4 * kMiB, kPeerSeed, 4 * kMiB));
@@ -168,7 +172,8 @@ TEST_F(GpuTest, HostMemoryToGpuMemoryOfAnotherProcessAndBack) {
   ASSERT_OK(engine().TransferSync(writes));
   EXPECT_EQ(peer->Call(Checked(kData, 0, kSize / 2)), "OK");
   EXPECT_EQ(peer->Call(Checked(kPeerSeed, kSize / 2, kSize / 2)), "OK");
-  ASSERT_OK(engine().TransferSync(TransferRequest{Opcode::kRead, back.data(), seg, peer->buffer_addr(), kSize}));
+  ASSERT_OK(engine().TransferSync(
+      TransferRequest{Opcode::kRead, back.data(), seg, peer->buffer_addr(), kSize}));
   EXPECT_EQ(CheckPattern(back.data(), kSize / 2, kData, 0), std::nullopt);
   EXPECT_EQ(CheckPattern(back.data() + kSize / 2, kSize / 2, kPeerSeed, kSize / 2), std::nullopt);
   if (fake_) {
@@ -191,7 +196,8 @@ TEST_F(GpuTest, NotificationSentRightAfterGpuWritesSeesThemAll) {
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(peer->peer_id()));
   ASSERT_OK_AND_ASSIGN(BatchId batch, engine().AllocateBatch(64));
   std::vector<TransferRequest> writes;
-  for (uint64_t o = 0; o < kSize; o += 64 * kKiB) writes.push_back({Opcode::kWrite, local + o, seg, peer->buffer_addr() + o, 64 * kKiB});
+  for (uint64_t o = 0; o < kSize; o += 64 * kKiB)
+    writes.push_back({Opcode::kWrite, local + o, seg, peer->buffer_addr() + o, 64 * kKiB});
   ASSERT_OK(engine().Submit(batch, writes));
   ASSERT_OK(engine().SendNotification(seg, "gpu-done", Checked(kData, 0, kSize)));
   EXPECT_EQ(peer->Call("NOTE gpu-done"), "NOTE OK");
@@ -215,10 +221,12 @@ TEST_F(GpuTest, AnIpcHandleThisProcessCannotOpenFallsBackToTcpStaging) {
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(peer->peer_id()));
   fake_->SetIpcOpenResult(400);  // CUDA_ERROR_INVALID_HANDLE
   fake_->ResetCopiedBytes();
-  ASSERT_OK(engine().TransferSync(TransferRequest{Opcode::kWrite, host.data(), seg, peer->buffer_addr(), kMiB}));
+  ASSERT_OK(engine().TransferSync(
+      TransferRequest{Opcode::kWrite, host.data(), seg, peer->buffer_addr(), kMiB}));
   EXPECT_EQ(peer->Call(Checked(4, 0, kMiB)), "OK");
   fake_->SetIpcOpenResult(0);
-  ASSERT_OK(engine().TransferSync(TransferRequest{Opcode::kRead, back.data(), seg, peer->buffer_addr(), kMiB}));
+  ASSERT_OK(engine().TransferSync(
+      TransferRequest{Opcode::kRead, back.data(), seg, peer->buffer_addr(), kMiB}));
   EXPECT_EQ(CheckPattern(back.data(), kMiB, 4, 0), std::nullopt);
   for (auto d : {FakeCuda::kHostToDevice, FakeCuda::kDeviceToHost, FakeCuda::kDeviceToDevice}) {
     EXPECT_EQ(fake_->CopiedBytes(d), 0u) << "direction " << d << ": cuda_ipc was used after all";
@@ -248,7 +256,8 @@ TEST_F(GpuTest, GpuToGpuOverTcpIsStagedOnBothSides) {
   ASSERT_OK(engine().TransferSync(writes));
   EXPECT_EQ(peer->Call(Checked(kData, 0, kSize / 2)), "OK");
   EXPECT_EQ(peer->Call(Checked(kPeerSeed, kSize / 2, kSize / 2)), "OK");
-  ASSERT_OK(engine().TransferSync(TransferRequest{Opcode::kRead, back, seg, peer->buffer_addr(), kSize}));
+  ASSERT_OK(
+      engine().TransferSync(TransferRequest{Opcode::kRead, back, seg, peer->buffer_addr(), kSize}));
   EXPECT_TRUE(DeviceHolds(back, 0, kSize / 2, kData, 0));
   EXPECT_TRUE(DeviceHolds(back, kSize / 2, kSize / 2, kPeerSeed, kSize / 2));
 }
@@ -265,7 +274,8 @@ TEST_F(GpuTest, APeerThatDiedFailsItsGpuTransfers) {
   const TransferRequest w{Opcode::kWrite, host.data(), seg, peer->buffer_addr(), kMiB};
   ASSERT_OK(engine().TransferSync(w));
   peer->Kill();
-  EXPECT_THAT(engine().TransferSync(w), AnyOf(StatusIs(StatusCode::kUnavailable), StatusIs(StatusCode::kDeadlineExceeded)));
+  EXPECT_THAT(engine().TransferSync(w),
+              AnyOf(StatusIs(StatusCode::kUnavailable), StatusIs(StatusCode::kDeadlineExceeded)));
 }
 
 // ---------------------------------------------------------------------------
@@ -297,7 +307,8 @@ class GpuBench : public GpuTest {
   // Writes [0, size) of `local` to the peer's buffer in 1 MiB requests.
   Status WriteAll(SegmentHandle seg, unsigned char* local, uint64_t remote, uint64_t size) {
     std::vector<TransferRequest> reqs;
-    for (uint64_t o = 0; o < size; o += kMiB) reqs.push_back({Opcode::kWrite, local + o, seg, remote + o, kMiB});
+    for (uint64_t o = 0; o < size; o += kMiB)
+      reqs.push_back({Opcode::kWrite, local + o, seg, remote + o, kMiB});
     return engine().TransferSync(reqs);
   }
 };
@@ -319,7 +330,8 @@ TEST_F(GpuBench, DISABLED_Figures) {
   ASSERT_NE(gpu_peer, nullptr);
   ASSERT_OK(engine().RegisterMemory(a, kSize, "cuda:0"));
   ASSERT_OK_AND_ASSIGN(SegmentHandle gseg, engine().OpenSegment(gpu_peer->peer_id()));
-  const double ipc = Measure(kSize, kDuration, [&] { return WriteAll(gseg, a, gpu_peer->buffer_addr(), kSize); });
+  const double ipc =
+      Measure(kSize, kDuration, [&] { return WriteAll(gseg, a, gpu_peer->buffer_addr(), kSize); });
   engine_.reset();
 
   // 3. Ferry over tcp (loopback) to a peer's host memory: from host memory,
@@ -327,23 +339,27 @@ TEST_F(GpuBench, DISABLED_Figures) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine("tcp"));
   peers_.push_back(std::make_unique<PeerProcess>());
   PeerProcess* host_peer = peers_.back().get();
-  ASSERT_TRUE(host_peer->Start(FERRY_TEST_PEER_PATH, {"--size", std::to_string(kSize), "--seed", "4"}));
+  ASSERT_TRUE(
+      host_peer->Start(FERRY_TEST_PEER_PATH, {"--size", std::to_string(kSize), "--seed", "4"}));
   std::vector<unsigned char> host(kSize);
   ASSERT_OK(engine().RegisterMemory(host.data(), kSize, "cpu"));
   ASSERT_OK(engine().RegisterMemory(b, kSize, "cuda:0"));
   ASSERT_OK_AND_ASSIGN(SegmentHandle hseg, engine().OpenSegment(host_peer->peer_id()));
-  const double tcp_host =
-      Measure(kSize, kDuration, [&] { return WriteAll(hseg, host.data(), host_peer->buffer_addr(), kSize); });
-  const double tcp_staged = Measure(kSize, kDuration, [&] { return WriteAll(hseg, b, host_peer->buffer_addr(), kSize); });
+  const double tcp_host = Measure(kSize, kDuration, [&] {
+    return WriteAll(hseg, host.data(), host_peer->buffer_addr(), kSize);
+  });
+  const double tcp_staged =
+      Measure(kSize, kDuration, [&] { return WriteAll(hseg, b, host_peer->buffer_addr(), kSize); });
 
-  std::printf("gpu-bench driver %s, %llu MiB per round, 1 MiB requests\n", TestCudaDriverLibrary().c_str(),
-              static_cast<unsigned long long>(kSize / kMiB));
+  std::printf("gpu-bench driver %s, %llu MiB per round, 1 MiB requests\n",
+              TestCudaDriverLibrary().c_str(), static_cast<unsigned long long>(kSize / kMiB));
   std::printf("gpu-bench cuMemcpy DtoD (baseline)        %8.2f GB/s\n", dtod);
-  std::printf("gpu-bench Ferry GPU->GPU, cuda_ipc         %8.2f GB/s  %.2fx baseline (goal >= 0.9)\n", ipc,
-              dtod > 0 ? ipc / dtod : 0);
+  std::printf(
+      "gpu-bench Ferry GPU->GPU, cuda_ipc         %8.2f GB/s  %.2fx baseline (goal >= 0.9)\n", ipc,
+      dtod > 0 ? ipc / dtod : 0);
   std::printf("gpu-bench Ferry tcp, host -> host          %8.2f GB/s\n", tcp_host);
-  std::printf("gpu-bench Ferry tcp, GPU -> host (staged)  %8.2f GB/s  %.2fx host (goal >= 0.8)\n", tcp_staged,
-              tcp_host > 0 ? tcp_staged / tcp_host : 0);
+  std::printf("gpu-bench Ferry tcp, GPU -> host (staged)  %8.2f GB/s  %.2fx host (goal >= 0.8)\n",
+              tcp_staged, tcp_host > 0 ? tcp_staged / tcp_host : 0);
 }
 
 }  // namespace

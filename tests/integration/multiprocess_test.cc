@@ -3,9 +3,9 @@
 //
 // Every wait is bounded; no test asserts how long anything took.
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -17,11 +17,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <fstream>
 #include <cstdint>
 #include <cstring>
-#include <optional>
+#include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -120,17 +120,19 @@ class MultiProcessBase : public ::testing::Test {
 // Every test of this fixture runs once per transport that reaches a peer
 // process on this host ("fabric_tcp": the fabric transport on libfabric's
 // tcp provider, pinned to 127.0.0.1).
-class MultiProcessTest : public MultiProcessBase, public ::testing::WithParamInterface<std::string> {
+class MultiProcessTest : public MultiProcessBase,
+                         public ::testing::WithParamInterface<std::string> {
  protected:
-  void SetUp() override {
-    FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
-  }
+  void SetUp() override { FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam()); }
   std::string Transport() const override { return TransportOf(GetParam()); }
   std::string FabricProvider() const override { return FabricProviderOf(GetParam()); }
 };
 
-INSTANTIATE_TEST_SUITE_P(Transports, MultiProcessTest, ::testing::Values("shm", "tcp", "fabric_tcp"),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Transports, MultiProcessTest,
+                         ::testing::Values("shm", "tcp", "fabric_tcp"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 // Tests of tcp itself (the rpc port, the stream window) and of what happens
 // before any transport is chosen.
@@ -685,7 +687,8 @@ TEST_F(AutoMultiProcessTest, ShmEntryTheKernelCannotReachFailsAloneInItsFrame) {
   auto run = [&](Opcode op, uint64_t remote_first_page) -> std::vector<Status> {
     std::vector<TransferRequest> reqs;
     for (uint64_t i = 0; i < 3; ++i) {
-      reqs.push_back({op, local + i * kPage, seg, peer->buffer_addr() + (remote_first_page + i) * kPage, kPage});
+      reqs.push_back({op, local + i * kPage, seg,
+                      peer->buffer_addr() + (remote_first_page + i) * kPage, kPage});
     }
     std::vector<Status> out;
     auto batch = engine().AllocateBatch(reqs.size());
@@ -725,7 +728,8 @@ TEST_F(AutoMultiProcessTest, ShmEntryTheKernelCannotReachFailsAloneInItsFrame) {
   EXPECT_OK(r[2]);
   EXPECT_EQ(CheckPattern(local, kPage, 931, 4 * kPage), std::nullopt);
   EXPECT_EQ(CheckPattern(local + 2 * kPage, kPage, 931, 6 * kPage), std::nullopt);
-  EXPECT_EQ(CheckPattern(local + kPage, kPage, 933, kPage), std::nullopt) << "the read-only page changed";
+  EXPECT_EQ(CheckPattern(local + kPage, kPage, 933, kPage), std::nullopt)
+      << "the read-only page changed";
   ASSERT_OK(engine().UnregisterMemory(local));
   munmap(m, 3 * kPage);
 }
@@ -1173,11 +1177,12 @@ TEST_F(AutoMultiProcessTest, SameHostStreamOfAnExitedProcessIsClosed) {
   PeerProcess* peer = SpawnPeer(kSize, 1301);
   ASSERT_NE(peer, nullptr);
   const std::string name = ShmSocketOf(peer->pid());
-  ASSERT_FALSE(name.empty()) << "no ferry-shm socket of pid " << peer->pid() << " in /proc/net/unix";
+  ASSERT_FALSE(name.empty()) << "no ferry-shm socket of pid " << peer->pid()
+                             << " in /proc/net/unix";
   const uint64_t instance = std::stoull(name.substr(name.rfind('-') + 1), nullptr, 16);
   alignas(16) static char probe[16] = "ferry-raw-probe";
-  const std::string hello =
-      CopyHelloFrame(instance, reinterpret_cast<uint64_t>(probe), std::string(probe, sizeof(probe)));
+  const std::string hello = CopyHelloFrame(instance, reinterpret_cast<uint64_t>(probe),
+                                           std::string(probe, sizeof(probe)));
   std::vector<unsigned char> local(4096, 0);
   const std::string read_frame =
       CopyReadFrame(peer->buffer_addr(), 4096, reinterpret_cast<uint64_t>(local.data()));
@@ -1191,13 +1196,16 @@ TEST_F(AutoMultiProcessTest, SameHostStreamOfAnExitedProcessIsClosed) {
     std::string head, body;
     ASSERT_TRUE(RecvExact(fd, &head, 24));
     EXPECT_EQ(head[5], 4) << "StreamHelloAck expected";
-    ASSERT_TRUE(RecvExact(fd, &body, static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8)));
+    ASSERT_TRUE(
+        RecvExact(fd, &body, static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8)));
     ASSERT_EQ(body[0], 0) << "hello refused: " << body.substr(3);
     ASSERT_TRUE(SendAll(fd, read_frame));
     ASSERT_TRUE(RecvExact(fd, &head, 24));
     EXPECT_EQ(head[5], 20) << "Ack expected";
-    ASSERT_TRUE(RecvExact(fd, &body, static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8)));
-    EXPECT_EQ(CheckPattern(local.data(), 4096, 1301, 0), std::nullopt) << "the control read did not land";
+    ASSERT_TRUE(
+        RecvExact(fd, &body, static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8)));
+    EXPECT_EQ(CheckPattern(local.data(), 4096, 1301, 0), std::nullopt)
+        << "the control read did not land";
     close(fd);
   }
 
@@ -1242,12 +1250,14 @@ TEST_F(TcpMultiProcessTest, SameHostHelloOverTcpIsRefusedWithTheReason) {
   std::string head, body;
   ASSERT_TRUE(RecvExact(fd, &head, 24));
   EXPECT_EQ(head[5], 4) << "StreamHelloAck expected";
-  ASSERT_TRUE(RecvExact(fd, &body, static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8)));
+  ASSERT_TRUE(
+      RecvExact(fd, &body, static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8)));
   EXPECT_EQ(body[0], 9) << "FAILED_PRECONDITION expected";
   EXPECT_THAT(body, HasSubstr("cannot tell which process"));
   // Not a stream now: a copy frame on it closes the connection.
   std::vector<unsigned char> local(4096, 0);
-  (void)SendAll(fd, CopyReadFrame(peer->buffer_addr(), 4096, reinterpret_cast<uint64_t>(local.data())));
+  (void)SendAll(fd,
+                CopyReadFrame(peer->buffer_addr(), 4096, reinterpret_cast<uint64_t>(local.data())));
   EXPECT_TRUE(WaitForClose(fd, std::chrono::steady_clock::now() + 60s));
   close(fd);
   EXPECT_EQ(std::count(local.begin(), local.end(), 0), 4096);

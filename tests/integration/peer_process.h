@@ -63,7 +63,8 @@ class PeerProcess {
   std::string Call(const std::string& command,
                    std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
     if (!child_.running()) return "<no reply: not running>";
-    if (!child_.Write(command + "\n")) return std::string("<no reply: write: ") + std::strerror(errno) + ">";
+    if (!child_.Write(command + "\n"))
+      return std::string("<no reply: write: ") + std::strerror(errno) + ">";
     std::string line;
     ::testing::AssertionResult got = child_.ReadLine(&line, Clock::now() + timeout);
     if (!got) return std::string("<no reply: ") + got.message() + ">";
@@ -80,7 +81,9 @@ class PeerProcess {
   // Closes the child's stdin (it exits by itself) and waits at most
   // `timeout`. Returns the exit code, 128 + signal if killed by a signal, or
   // -1 if it had to be SIGKILLed after the timeout.
-  int Stop(std::chrono::milliseconds timeout = std::chrono::seconds(30)) { return child_.Stop(timeout); }
+  int Stop(std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    return child_.Stop(timeout);
+  }
   // Waits at most `timeout` for the child to exit by itself; returns as Stop.
   int WaitForExit(std::chrono::milliseconds timeout) { return child_.WaitForExit(timeout); }
 

@@ -42,7 +42,9 @@ class ReadFenceTest : public ::testing::TestWithParam<std::string> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Transports, ReadFenceTest, ::testing::Values("shm", "tcp"),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 TEST_P(ReadFenceTest, AFailedReadNeverLandsAfterItsFailureIsReported) {
   constexpr uint64_t kSize = 8 * kMiB;
@@ -57,7 +59,8 @@ TEST_P(ReadFenceTest, AFailedReadNeverLandsAfterItsFailureIsReported) {
   ASSERT_OK(engine->RegisterMemory(local.data(), kSize));
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine->OpenSegment(peer.peer_id()));
   // Connected, and the peer answers reads.
-  ASSERT_OK(engine->TransferSync(TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), 4096}));
+  ASSERT_OK(engine->TransferSync(
+      TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), 4096}));
 
   std::memset(local.data(), 0xAB, kSize);
   ASSERT_TRUE(peer.Freeze());
@@ -81,7 +84,8 @@ TEST_P(ReadFenceTest, AFailedReadNeverLandsAfterItsFailureIsReported) {
   EXPECT_EQ(changed, 0u) << "bytes of failed reads landed after the failure was reported";
 
   // The peer is reached again, and reads work.
-  ASSERT_OK(engine->TransferSync(TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), kMiB}));
+  ASSERT_OK(engine->TransferSync(
+      TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), kMiB}));
 }
 
 // The same fence for a cancellation (Engine::CancelBatch, CancelTransfer):
@@ -102,7 +106,8 @@ TEST_P(ReadFenceTest, ACancelledReadNeverLandsAfterTheCancelReturns) {
   ASSERT_OK(engine->RegisterMemory(local.data(), kSize));
   ASSERT_OK(engine->RegisterMemory(later.data(), kSize));
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine->OpenSegment(peer.peer_id()));
-  ASSERT_OK(engine->TransferSync(TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), 4096}));
+  ASSERT_OK(engine->TransferSync(
+      TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), 4096}));
 
   // One batch of plain reads and one prepared transfer, both cancelled.
   std::memset(local.data(), 0xAB, kSize);
@@ -113,7 +118,8 @@ TEST_P(ReadFenceTest, ACancelledReadNeverLandsAfterTheCancelReturns) {
   }
   ASSERT_OK_AND_ASSIGN(BatchId batch, engine->AllocateBatch(reqs.size()));
   ASSERT_OK(engine->Submit(batch, reqs));
-  const DescRow lrow{reinterpret_cast<uintptr_t>(local.data()) + kSize / 2, 64 * 1024, 64 * 1024, 64};
+  const DescRow lrow{reinterpret_cast<uintptr_t>(local.data()) + kSize / 2, 64 * 1024, 64 * 1024,
+                     64};
   const DescRow rrow{peer.buffer_addr() + kSize / 2, 64 * 1024, 64 * 1024, 64};
   ASSERT_OK_AND_ASSIGN(DescListHandle l, engine->PrepareLocalList(std::span(&lrow, 1)));
   ASSERT_OK_AND_ASSIGN(DescListHandle r, engine->PrepareRemoteList(seg, std::span(&rrow, 1)));

@@ -32,8 +32,8 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/mman.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -110,7 +110,8 @@ using ferry::internal::CudaDriver;
 class GpuBuffer {
  public:
   GpuBuffer(const CudaDriver& d, int device, uint64_t size) : d_(d), device_(device) {
-    if (!d.data_path()) Fail("--gpu: the CUDA driver " + d.library() + " cannot be used: " + d.why_no_data_path());
+    if (!d.data_path())
+      Fail("--gpu: the CUDA driver " + d.library() + " cannot be used: " + d.why_no_data_path());
     CudaContextScope scope(d, device);
     if (!scope.status().ok()) Fail("--gpu: " + scope.status().ToString());
     auto p = d.AllocateDevice(size);
@@ -122,8 +123,12 @@ class GpuBuffer {
   }
   unsigned char* data() { return data_; }
   // Copies [off, off + len) of the device buffer into `host`, or back.
-  ferry::Status ToHost(uint64_t off, uint64_t len, unsigned char* host) const { return Copy(host, data_ + off, len); }
-  ferry::Status FromHost(const unsigned char* host, uint64_t len) const { return Copy(data_, host, len); }
+  ferry::Status ToHost(uint64_t off, uint64_t len, unsigned char* host) const {
+    return Copy(host, data_ + off, len);
+  }
+  ferry::Status FromHost(const unsigned char* host, uint64_t len) const {
+    return Copy(data_, host, len);
+  }
 
  private:
   ferry::Status Copy(void* dst, const void* src, uint64_t len) const {
@@ -149,7 +154,8 @@ class PeerBuffer {
       return;
     }
     const int fd = ::open(file.c_str(), O_RDWR | O_CREAT, 0600);
-    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) Fail("cannot size --buffer-file " + file);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0)
+      Fail("cannot size --buffer-file " + file);
     void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
     if (m == MAP_FAILED) Fail("cannot map --buffer-file " + file);
@@ -365,7 +371,8 @@ int main(int argc, char** argv) {
 
   PeerBuffer host_buffer(opt.gpu_driver.empty() ? opt.size : 64, opt.buffer_file);
   std::unique_ptr<GpuBuffer> gpu;
-  if (!opt.gpu_driver.empty()) gpu = std::make_unique<GpuBuffer>(CudaDriver::Load(opt.gpu_driver), opt.gpu_device, opt.size);
+  if (!opt.gpu_driver.empty())
+    gpu = std::make_unique<GpuBuffer>(CudaDriver::Load(opt.gpu_driver), opt.gpu_device, opt.size);
   unsigned char* const buffer = gpu ? gpu->data() : host_buffer.data();
   if (gpu) {
     std::vector<unsigned char> host(opt.size);

@@ -50,15 +50,18 @@ std::string DeadEndpoint() {
 }
 
 TEST(EtcdMetadataTest, MalformedConnectionStringsAreClearErrors) {
-  for (const std::string url : {"etcd://", "etcd://:2379", "etcd://127.0.0.1:0", "etcd://127.0.0.1:99999",
-                                "etcd://127.0.0.1:abc", "etcd://127.0.0.1:2379,", "etcd://127.0.0.1:2379/path",
-                                "etcd://user@127.0.0.1:2379", "etcd://[::1:2379"}) {
-    EXPECT_THAT(Engine::Create(Options(url, "x")).status(), StatusIs(StatusCode::kInvalidArgument, HasSubstr(url)))
+  for (const std::string url :
+       {"etcd://", "etcd://:2379", "etcd://127.0.0.1:0", "etcd://127.0.0.1:99999",
+        "etcd://127.0.0.1:abc", "etcd://127.0.0.1:2379,", "etcd://127.0.0.1:2379/path",
+        "etcd://user@127.0.0.1:2379", "etcd://[::1:2379"}) {
+    EXPECT_THAT(Engine::Create(Options(url, "x")).status(),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr(url)))
         << url;
   }
   // Not a form any backend takes.
-  EXPECT_THAT(Engine::Create(Options("zookeeper://127.0.0.1:2181", "x")).status(),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("unknown kind of connection string")));
+  EXPECT_THAT(
+      Engine::Create(Options("zookeeper://127.0.0.1:2181", "x")).status(),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("unknown kind of connection string")));
   EXPECT_EQ(MetadataBackendOf("127.0.0.1:2379"), "etcd");
   EXPECT_EQ(MetadataBackendOf("10.0.0.1:2379,10.0.0.2:2379"), "etcd");
   EXPECT_EQ(MetadataBackendOf("etcd://h:1"), "etcd");
@@ -69,7 +72,8 @@ TEST(EtcdMetadataTest, MalformedConnectionStringsAreClearErrors) {
 TEST(EtcdMetadataTest, UnreachableClusterFailsEngineCreationWithUnavailable) {
   EngineOptions o = Options("etcd://" + DeadEndpoint() + "," + DeadEndpoint(), "prefill-0");
   o.connect_timeout = 1s;
-  EXPECT_THAT(Engine::Create(o).status(), StatusIs(StatusCode::kUnavailable, HasSubstr("cannot reach the etcd cluster")));
+  EXPECT_THAT(Engine::Create(o).status(),
+              StatusIs(StatusCode::kUnavailable, HasSubstr("cannot reach the etcd cluster")));
 }
 
 TEST(EtcdMetadataTest, BareHostPortAndADeadFirstEndpointWork) {
@@ -147,7 +151,8 @@ TEST(EtcdMetadataTest, DuplicateNameMessageSaysWhenADeadHoldersEntryExpires) {
   ASSERT_TRUE(holder);
   o.connect_timeout = 1s;
   EXPECT_THAT(Engine::Create(o).status(),
-              StatusIs(StatusCode::kAlreadyExists, HasSubstr("if that engine is gone, its entry expires within")));
+              StatusIs(StatusCode::kAlreadyExists,
+                       HasSubstr("if that engine is gone, its entry expires within")));
 }
 
 }  // namespace

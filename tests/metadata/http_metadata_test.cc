@@ -53,16 +53,20 @@ TEST(HttpMetadataTest, ServerExitsZeroOnSigtermAndEnginesThenCannotReachIt) {
 }
 
 TEST(HttpMetadataTest, MalformedUrlsAndAnUnreachableServerAreClearErrors) {
-  for (const std::string url : {"http://", "http://:8080/metadata", "http://127.0.0.1:99999/metadata",
-                                "http://127.0.0.1:abc/metadata", "https://127.0.0.1:8080/metadata",
-                                "http://127.0.0.1:8080/metadata?key=x"}) {
-    EXPECT_THAT(Engine::Create(Options(url)).status(), StatusIs(StatusCode::kInvalidArgument, HasSubstr(url))) << url;
+  for (const std::string url :
+       {"http://", "http://:8080/metadata", "http://127.0.0.1:99999/metadata",
+        "http://127.0.0.1:abc/metadata", "https://127.0.0.1:8080/metadata",
+        "http://127.0.0.1:8080/metadata?key=x"}) {
+    EXPECT_THAT(Engine::Create(Options(url)).status(),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr(url)))
+        << url;
   }
   const std::vector<uint16_t> free_port = FreeLoopbackPorts(1);
   ASSERT_EQ(free_port.size(), 1u);
   const std::string url = "http://127.0.0.1:" + std::to_string(free_port[0]) + "/metadata";
-  EXPECT_THAT(Engine::Create(Options(url)).status(),
-              StatusIs(StatusCode::kUnavailable, HasSubstr("cannot reach the metadata service at " + url)));
+  EXPECT_THAT(
+      Engine::Create(Options(url)).status(),
+      StatusIs(StatusCode::kUnavailable, HasSubstr("cannot reach the metadata service at " + url)));
 }
 
 }  // namespace

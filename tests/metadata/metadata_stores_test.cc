@@ -74,9 +74,11 @@ std::string Unbase64(const std::string& in) {
   uint32_t v = 0;
   int bits = 0;
   for (char c : in) {
-    const char* p = std::strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", c);
+    const char* p =
+        std::strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", c);
     if (c == '=' || p == nullptr) break;
-    v = (v << 6) | static_cast<uint32_t>(p - "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/");
+    v = (v << 6) | static_cast<uint32_t>(
+                       p - "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/");
     bits += 6;
     if (bits >= 8) {
       bits -= 8;
@@ -96,8 +98,10 @@ int HttpStatus(const std::string& reply) {
   return reply.rfind("HTTP/", 0) == 0 && reply.size() > 12 ? std::atoi(reply.c_str() + 9) : -1;
 }
 
-std::string HttpRequest(const std::string& method, const std::string& target, const std::string& body) {
-  return method + " " + target + " HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+std::string HttpRequest(const std::string& method, const std::string& target,
+                        const std::string& body) {
+  return method + " " + target +
+         " HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
          std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
@@ -126,18 +130,22 @@ class Service {
 class HttpService : public Service {
  public:
   ::testing::AssertionResult Start() override { return Launch("0"); }
-  std::string url() const override { return "http://127.0.0.1:" + std::to_string(port_) + "/metadata"; }
+  std::string url() const override {
+    return "http://127.0.0.1:" + std::to_string(port_) + "/metadata";
+  }
   std::chrono::milliseconds ttl() const override { return 1000ms; }
   void Stop() override { server_.Terminate(); }
   ::testing::AssertionResult Restart() override { return Launch(std::to_string(port_)); }
   int Get(const std::string& key, std::string* value) override {
-    const std::string reply = RawExchange(port_, HttpRequest("GET", "/metadata?key=" + key, ""), 5s);
+    const std::string reply =
+        RawExchange(port_, HttpRequest("GET", "/metadata?key=" + key, ""), 5s);
     const int status = HttpStatus(reply);
     if (status == 200) *value = HttpBody(reply);
     return status == 200 ? 1 : status == 404 ? 0 : -1;
   }
   bool Put(const std::string& key, const std::string& value) override {
-    return HttpStatus(RawExchange(port_, HttpRequest("PUT", "/metadata?key=" + key, value), 5s)) == 200;
+    return HttpStatus(RawExchange(port_, HttpRequest("PUT", "/metadata?key=" + key, value), 5s)) ==
+           200;
   }
 
  private:
@@ -149,7 +157,8 @@ class HttpService : public Service {
     ::testing::AssertionResult got = server_.ReadLine(&line, 30s);
     if (!got) return got;
     const std::string prefix = "metadata-server listening on 127.0.0.1:";
-    if (line.rfind(prefix, 0) != 0) return ::testing::AssertionFailure() << "the server said: " << line;
+    if (line.rfind(prefix, 0) != 0)
+      return ::testing::AssertionFailure() << "the server said: " << line;
     port_ = std::atoi(line.c_str() + prefix.size());
     return ::testing::AssertionSuccess();
   }
@@ -162,12 +171,15 @@ class EtcdService : public Service {
  public:
   ::testing::AssertionResult Start() override { return cluster_.Start(1); }
   std::string url() const override { return cluster_.url(); }
-  std::chrono::milliseconds ttl() const override { return 2000ms; }  // etcd's shortest lease is about 2 s
+  std::chrono::milliseconds ttl() const override {
+    return 2000ms;
+  }  // etcd's shortest lease is about 2 s
   void Stop() override { cluster_.StopAll(); }
   ::testing::AssertionResult Restart() override { return cluster_.StartAll(); }
   int Get(const std::string& key, std::string* value) override {
     const std::string body = nlohmann::json{{"key", Base64(key)}}.dump();
-    const std::string reply = RawExchange(cluster_.client_port(0), HttpRequest("POST", "/v3/kv/range", body), 5s);
+    const std::string reply =
+        RawExchange(cluster_.client_port(0), HttpRequest("POST", "/v3/kv/range", body), 5s);
     if (HttpStatus(reply) != 200) return -1;
     auto j = nlohmann::json::parse(HttpBody(reply), nullptr, false);
     if (j.is_discarded()) return -1;
@@ -177,7 +189,8 @@ class EtcdService : public Service {
   }
   bool Put(const std::string& key, const std::string& value) override {
     const std::string body = nlohmann::json{{"key", Base64(key)}, {"value", Base64(value)}}.dump();
-    return HttpStatus(RawExchange(cluster_.client_port(0), HttpRequest("POST", "/v3/kv/put", body), 5s)) == 200;
+    return HttpStatus(RawExchange(cluster_.client_port(0), HttpRequest("POST", "/v3/kv/put", body),
+                                  5s)) == 200;
   }
 
  private:
@@ -200,7 +213,8 @@ class RedisService : public Service {
     std::string all = reply;
     // Read the rest of a long value.
     if (eol == std::string::npos) return -1;
-    if (all.size() < eol + 2 + n) all = RawExchange(server_.port(), Resp({"GET", key}), 5s, eol + 2 + n + 2);
+    if (all.size() < eol + 2 + n)
+      all = RawExchange(server_.port(), Resp({"GET", key}), 5s, eol + 2 + n + 2);
     if (all.size() < eol + 2 + n) return -1;
     *value = all.substr(eol + 2, n);
     return 1;
@@ -240,7 +254,8 @@ std::vector<std::string> OwnArgs() {
   return args;
 }
 
-EngineOptions BaseOptions(const std::string& url, const std::string& name, std::chrono::milliseconds ttl) {
+EngineOptions BaseOptions(const std::string& url, const std::string& name,
+                          std::chrono::milliseconds ttl) {
   EngineOptions o;
   o.transport = "tcp";
   o.listen_host = "127.0.0.1";
@@ -252,7 +267,8 @@ EngineOptions BaseOptions(const std::string& url, const std::string& name, std::
   return o;
 }
 
-[[noreturn]] void RunChildEngine(const std::string& url, const std::string& name, uint64_t seed, int64_t ttl_ms) {
+[[noreturn]] void RunChildEngine(const std::string& url, const std::string& name, uint64_t seed,
+                                 int64_t ttl_ms) {
   signal(SIGPIPE, SIG_IGN);
   AlignedBuffer buffer(kBufferSize);
   FillPattern(buffer.data(), kBufferSize, seed, 0);
@@ -269,7 +285,8 @@ EngineOptions BaseOptions(const std::string& url, const std::string& name, std::
     std::fflush(stdout);
     std::_Exit(2);
   }
-  std::printf("READY %s 0x%llx\n", engine->PeerId().c_str(), static_cast<unsigned long long>(buffer.addr()));
+  std::printf("READY %s 0x%llx\n", engine->PeerId().c_str(),
+              static_cast<unsigned long long>(buffer.addr()));
   std::fflush(stdout);
   char c;
   while (read(STDIN_FILENO, &c, 1) > 0) {
@@ -309,7 +326,8 @@ class MetadataStoreTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     const std::vector<MetadataBackendInfo> backends = ListMetadataBackends();
     for (const auto& b : backends) {
-      if (b.name == GetParam() && !b.built) GTEST_SKIP() << "this build has no " << b.name << " store: " << b.missing;
+      if (b.name == GetParam() && !b.built)
+        GTEST_SKIP() << "this build has no " << b.name << " store: " << b.missing;
     }
     service_ = MakeService(GetParam());
     ASSERT_TRUE(service_->Start());
@@ -319,7 +337,9 @@ class MetadataStoreTest : public ::testing::TestWithParam<std::string> {
     for (auto& c : children_) c->process.Kill();
   }
 
-  EngineOptions Options(const std::string& name) const { return BaseOptions(service_->url(), name, service_->ttl()); }
+  EngineOptions Options(const std::string& name) const {
+    return BaseOptions(service_->url(), name, service_->ttl());
+  }
 
   std::unique_ptr<Engine> MakeEngine(const std::string& name) {
     auto e = Engine::Create(Options(name));
@@ -337,8 +357,9 @@ class MetadataStoreTest : public ::testing::TestWithParam<std::string> {
     EXPECT_GT(n, 0);
     if (n <= 0) return nullptr;
     self[n] = '\0';
-    EXPECT_TRUE(c->process.Start(self, {"--gtest_filter=Backends/MetadataStoreTest.*", kChildFlag, service_->url(), name, std::to_string(seed),
-                                        std::to_string(service_->ttl().count())}));
+    EXPECT_TRUE(c->process.Start(
+        self, {"--gtest_filter=Backends/MetadataStoreTest.*", kChildFlag, service_->url(), name,
+               std::to_string(seed), std::to_string(service_->ttl().count())}));
     std::string line;
     do {  // gtest_main may print a line of its own first
       if (!c->process.ReadLine(&line, 30s)) {
@@ -368,7 +389,8 @@ class MetadataStoreTest : public ::testing::TestWithParam<std::string> {
 
   // Retries a 4 KiB read of `seg` at `addr` (bounded) until it returns
   // pattern `seed`; the last status otherwise.
-  Status ReadUntilPattern(Engine& engine, SegmentHandle seg, uint64_t addr, uint64_t seed, unsigned char* buf) {
+  Status ReadUntilPattern(Engine& engine, SegmentHandle seg, uint64_t addr, uint64_t seed,
+                          unsigned char* buf) {
     Status last = UnavailableError("never tried");
     const auto deadline = SteadyClock::now() + 20s;
     while (SteadyClock::now() < deadline) {
@@ -400,7 +422,8 @@ TEST_P(MetadataStoreTest, EnginesInSeparateProcessesFindEachOtherByNameAndMoveVe
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, prefill->OpenSegment("decode-0"));
   const size_t half = kBufferSize / 2;
   // Write the second half, then read the whole buffer back.
-  ASSERT_OK(prefill->TransferSync({Opcode::kWrite, local.data() + half, seg, decode->addr + half, half}));
+  ASSERT_OK(
+      prefill->TransferSync({Opcode::kWrite, local.data() + half, seg, decode->addr + half, half}));
   AlignedBuffer back(kBufferSize);
   ASSERT_OK(prefill->RegisterMemory(back.data(), kBufferSize));
   ASSERT_OK(prefill->TransferSync({Opcode::kRead, back.data(), seg, decode->addr, kBufferSize}));
@@ -449,7 +472,8 @@ TEST_P(MetadataStoreTest, KilledPeerExpiresAndTheRestartedPeerIsReachedAtItsNewI
   ASSERT_TRUE(WaitForKey(Key("decode-0"), 0)) << "the dead engine's entry never expired";
   auto probe = MakeEngine("probe-0");
   ASSERT_TRUE(probe);
-  EXPECT_THAT(probe->OpenSegment("decode-0").status(), StatusIs(StatusCode::kUnavailable, HasSubstr("decode-0")));
+  EXPECT_THAT(probe->OpenSegment("decode-0").status(),
+              StatusIs(StatusCode::kUnavailable, HasSubstr("decode-0")));
 
   // Restarted under the same name (a new instance, a buffer of another
   // pattern): transfers on the old handle reach it.
@@ -471,12 +495,14 @@ TEST_P(MetadataStoreTest, TransfersInFlightToAKilledInstanceFailUnavailableNamin
   ASSERT_TRUE(decode->process.Freeze());
   Status in_flight;
   std::thread reader([&] {
-    in_flight = prefill->TransferSync({Opcode::kRead, local.data(), seg, decode->addr, kBufferSize});
+    in_flight =
+        prefill->TransferSync({Opcode::kRead, local.data(), seg, decode->addr, kBufferSize});
   });
   std::this_thread::sleep_for(200ms);  // let the request leave (the outcome does not depend on it)
   decode->process.Kill();
   reader.join();
-  EXPECT_THAT(in_flight, StatusIs(StatusCode::kUnavailable, HasSubstr("segment 'decode-0', instance ")));
+  EXPECT_THAT(in_flight,
+              StatusIs(StatusCode::kUnavailable, HasSubstr("segment 'decode-0', instance ")));
 }
 
 TEST_P(MetadataStoreTest, EngineRestartedRightAfterACrashTakesOverTheNameOfItsPredecessor) {
@@ -496,7 +522,8 @@ TEST_P(MetadataStoreTest, EngineRestartedRightAfterACrashTakesOverTheNameOfItsPr
   EXPECT_OK(ReadUntilPattern(*prefill, seg, second->addr, 2, local.data()));
 }
 
-TEST_P(MetadataStoreTest, StoppedServiceLeavesConnectedPeersWorkingAndEverythingRecoversWhenItReturns) {
+TEST_P(MetadataStoreTest,
+       StoppedServiceLeavesConnectedPeersWorkingAndEverythingRecoversWhenItReturns) {
   ChildEngine* decode = StartChildEngine("decode-0", 5);
   ASSERT_TRUE(decode);
   auto prefill = MakeEngine("prefill-0");
@@ -533,16 +560,20 @@ TEST_P(MetadataStoreTest, HostileValuesAreDataLossNamingTheKey) {
   auto prefill = MakeEngine("prefill-0");
   ASSERT_TRUE(prefill);
   ASSERT_TRUE(service_->Put(Key("evil"), std::string("\x02\x00garbage\xff\xff\xff\xff", 13)));
-  EXPECT_THAT(prefill->OpenSegment("evil").status(), StatusIs(StatusCode::kDataLoss, HasSubstr(Key("evil"))));
+  EXPECT_THAT(prefill->OpenSegment("evil").status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr(Key("evil"))));
   // A real descriptor cut short, and one of another engine, are refused too.
   std::string real;
   ASSERT_EQ(service_->Get(Key("prefill-0"), &real), 1);
   ASSERT_TRUE(service_->Put(Key("cut"), real.substr(0, real.size() / 2)));
-  EXPECT_THAT(prefill->OpenSegment("cut").status(), StatusIs(StatusCode::kDataLoss, HasSubstr(Key("cut"))));
+  EXPECT_THAT(prefill->OpenSegment("cut").status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr(Key("cut"))));
   ASSERT_TRUE(service_->Put(Key("other"), real));
-  EXPECT_THAT(prefill->OpenSegment("other").status(), StatusIs(StatusCode::kDataLoss, HasSubstr(Key("other"))));
+  EXPECT_THAT(prefill->OpenSegment("other").status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr(Key("other"))));
   ASSERT_TRUE(service_->Put(Key("empty"), ""));
-  EXPECT_THAT(prefill->OpenSegment("empty").status(), StatusIs(StatusCode::kDataLoss, HasSubstr(Key("empty"))));
+  EXPECT_THAT(prefill->OpenSegment("empty").status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr(Key("empty"))));
 }
 
 TEST_P(MetadataStoreTest, ClustersSharingOneServiceKeepApart) {
@@ -560,11 +591,14 @@ TEST_P(MetadataStoreTest, ClustersSharingOneServiceKeepApart) {
   EXPECT_EQ(service_->Get(Key("decode-0"), &value), 0);
   EngineOptions bad = Options("x");
   bad.metadata_cluster = "a/b";
-  EXPECT_THAT(Engine::Create(bad).status(), StatusIs(StatusCode::kInvalidArgument, HasSubstr("metadata_cluster")));
+  EXPECT_THAT(Engine::Create(bad).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("metadata_cluster")));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MetadataStoreTest, ::testing::Values("http", "etcd", "redis"),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace ferry::test

@@ -46,8 +46,8 @@ struct Raw {
 
 // One command on a connection of its own to 127.0.0.1:port, after AUTH
 // (`auth`: {} or {password} or {user, password}) and SELECT db.
-Raw Redis(uint16_t port, const std::vector<std::string>& args, const std::vector<std::string>& auth = {},
-          int db = 0) {
+Raw Redis(uint16_t port, const std::vector<std::string>& args,
+          const std::vector<std::string>& auth = {}, int db = 0) {
   Raw out;
   redisContext* c = redisConnectWithTimeout("127.0.0.1", port, timeval{5, 0});
   if (c == nullptr || c->err != 0) {
@@ -63,7 +63,8 @@ Raw Redis(uint16_t port, const std::vector<std::string>& args, const std::vector
       argv.push_back(s.data());
       lens.push_back(s.size());
     }
-    auto* r = static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(a.size()), argv.data(), lens.data()));
+    auto* r = static_cast<redisReply*>(
+        redisCommandArgv(c, static_cast<int>(a.size()), argv.data(), lens.data()));
     Raw got;
     if (r == nullptr) {
       got.str = c->errstr;
@@ -131,7 +132,8 @@ class RedisMetadataTest : public ::testing::Test {
 
   // Reads 4 KiB of the peer's buffer at `addr` through `seg` until it shows
   // pattern `seed` (bounded). Registers a buffer of its own with `e`.
-  static ::testing::AssertionResult ReadsPattern(Engine& e, SegmentHandle seg, uint64_t addr, uint64_t seed,
+  static ::testing::AssertionResult ReadsPattern(Engine& e, SegmentHandle seg, uint64_t addr,
+                                                 uint64_t seed,
                                                  std::chrono::milliseconds timeout = 15s) {
     AlignedBuffer local(4096);
     Status last = e.RegisterMemory(local.data(), 4096);
@@ -149,7 +151,8 @@ class RedisMetadataTest : public ::testing::Test {
         },
         timeout);
     if (ok) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << "pattern " << seed << " never read; last: " << last.ToString();
+    return ::testing::AssertionFailure()
+           << "pattern " << seed << " never read; last: " << last.ToString();
   }
 
   RedisServer server_;
@@ -171,7 +174,8 @@ TEST_F(RedisMetadataTest, EnginesFindEachOtherByNameAndMoveVerifiedBytes) {
   const size_t half = kBufferSize / 2;
   ASSERT_OK(prefill->TransferSync({Opcode::kRead, local.data(), seg, remote.addr(), half}));
   EXPECT_EQ(DescribePatternMismatch(local.data(), half, 11, 0), "");
-  ASSERT_OK(prefill->TransferSync({Opcode::kWrite, local.data() + half, seg, remote.addr() + half, half}));
+  ASSERT_OK(prefill->TransferSync(
+      {Opcode::kWrite, local.data() + half, seg, remote.addr() + half, half}));
   EXPECT_EQ(DescribePatternMismatch(remote.data() + half, half, 22, half), "");
 
   // A clean shutdown deletes the entry.
@@ -190,12 +194,14 @@ TEST_F(RedisMetadataTest, MetadataClusterPrefixesTheKey) {
 
 TEST_F(RedisMetadataTest, MalformedConnectionStringsAreInvalidArgumentsNamingThem) {
   const std::string port = std::to_string(server_.port());
-  for (const std::string& url : std::vector<std::string>{"redis://", "redis://:6379", "redis://127.0.0.1:", "redis://127.0.0.1:99999",
-                                "redis://127.0.0.1:abc", "redis://127.0.0.1:" + port + "/x",
-                                "redis://127.0.0.1:" + port + "/-1", "redis://127.0.0.1:" + port + "/0?timeout=1",
-                                "redis://::1:6379", "redis://[::1:6379", "redis://[::1]x", "redis://127.0.0.1 :1"}) {
-    EXPECT_THAT(Engine::Create(Options("prefill-0", url)).status(),
-                StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr(url), HasSubstr("e.g. redis://"))))
+  for (const std::string& url : std::vector<std::string>{
+           "redis://", "redis://:6379", "redis://127.0.0.1:", "redis://127.0.0.1:99999",
+           "redis://127.0.0.1:abc", "redis://127.0.0.1:" + port + "/x",
+           "redis://127.0.0.1:" + port + "/-1", "redis://127.0.0.1:" + port + "/0?timeout=1",
+           "redis://::1:6379", "redis://[::1:6379", "redis://[::1]x", "redis://127.0.0.1 :1"}) {
+    EXPECT_THAT(
+        Engine::Create(Options("prefill-0", url)).status(),
+        StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr(url), HasSubstr("e.g. redis://"))))
         << url;
   }
   // With user information: named with the password masked.
@@ -205,26 +211,31 @@ TEST_F(RedisMetadataTest, MalformedConnectionStringsAreInvalidArgumentsNamingThe
   for (const Case& c : std::vector<Case>{
            {"redis://hunter2@127.0.0.1:" + port, "redis://***@127.0.0.1:" + port, "hunter2"},
            {"redis://alice:@127.0.0.1:" + port, "redis://alice:***@127.0.0.1:" + port, "alice:@"},
-           {"redis://alice:hun%zzter2@127.0.0.1:" + port, "redis://alice:***@127.0.0.1:" + port, "hun%zzter2"},
-           {"redis://alice:hunter2@127.0.0.1:" + port + "/db", "redis://alice:***@127.0.0.1:" + port + "/db",
-            "hunter2"}}) {
+           {"redis://alice:hun%zzter2@127.0.0.1:" + port, "redis://alice:***@127.0.0.1:" + port,
+            "hun%zzter2"},
+           {"redis://alice:hunter2@127.0.0.1:" + port + "/db",
+            "redis://alice:***@127.0.0.1:" + port + "/db", "hunter2"}}) {
     EXPECT_THAT(Engine::Create(Options("prefill-0", c.url)).status(),
-                StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr(c.masked), Not(HasSubstr(c.secret)))))
+                StatusIs(StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(c.masked), Not(HasSubstr(c.secret)))))
         << c.url;
   }
-  EXPECT_THAT(Engine::Create(Options("prefill-0", "rediss://:hunter2@127.0.0.1:" + port)).status(),
-              StatusIs(StatusCode::kUnimplemented, AllOf(HasSubstr("TLS"), Not(HasSubstr("hunter2")))));
+  EXPECT_THAT(
+      Engine::Create(Options("prefill-0", "rediss://:hunter2@127.0.0.1:" + port)).status(),
+      StatusIs(StatusCode::kUnimplemented, AllOf(HasSubstr("TLS"), Not(HasSubstr("hunter2")))));
   // A database the server does not have (16 by default).
   EXPECT_THAT(Engine::Create(Options("prefill-0", server_.url() + "/99")).status(),
-              StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr(server_.url() + "/99"), HasSubstr("99"))));
+              StatusIs(StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(server_.url() + "/99"), HasSubstr("99"))));
 }
 
 TEST_F(RedisMetadataTest, UnreachableServerIsUnavailableAtCreate) {
   const std::string url = "redis://127.0.0.1:" + std::to_string(ClosedPort());
   EngineOptions o = Options("prefill-0", url);
   o.connect_timeout = 1s;
-  EXPECT_THAT(Engine::Create(o).status(),
-              StatusIs(StatusCode::kUnavailable, HasSubstr("cannot reach the Redis server at " + url)));
+  EXPECT_THAT(
+      Engine::Create(o).status(),
+      StatusIs(StatusCode::kUnavailable, HasSubstr("cannot reach the Redis server at " + url)));
   // The default port applies when none is given (nothing listens on 6379 here
   // unless a developer runs a server; then the store simply works).
   auto dflt = Engine::Create(Options("prefill-0", "redis://127.0.0.1"));
@@ -237,8 +248,9 @@ TEST_F(RedisMetadataTest, StoppedServerFailsOpenSegmentWithUnavailable) {
   auto prefill = MakeEngine("prefill-0");
   ASSERT_TRUE(prefill);
   server_.Kill();
-  EXPECT_THAT(prefill->OpenSegment("decode-9").status(),
-              StatusIs(StatusCode::kUnavailable, AllOf(HasSubstr("decode-9"), HasSubstr(server_.url()))));
+  EXPECT_THAT(
+      prefill->OpenSegment("decode-9").status(),
+      StatusIs(StatusCode::kUnavailable, AllOf(HasSubstr("decode-9"), HasSubstr(server_.url()))));
   prefill.reset();  // Remove fails quietly; the threads stop
 }
 
@@ -266,7 +278,8 @@ TEST_F(RedisMetadataTest, SecondLiveEngineClaimingANameFailsNamingTheHolder) {
   ASSERT_TRUE(holder);
   EXPECT_THAT(Engine::Create(Options("decode-0")).status(),
               StatusIs(StatusCode::kAlreadyExists,
-                       AllOf(HasSubstr(holder->PeerId()), HasSubstr(server_.url()), HasSubstr("expires within"))));
+                       AllOf(HasSubstr(holder->PeerId()), HasSubstr(server_.url()),
+                             HasSubstr("expires within"))));
   // The failed claim left the holder's entry alone.
   auto prefill = MakeEngine("prefill-0");
   ASSERT_TRUE(prefill);
@@ -290,12 +303,14 @@ TEST_F(RedisMetadataTest, EntryOfAnEngineThatStoppedRefreshingExpiresAndFreesThe
               StatusIs(StatusCode::kAlreadyExists, HasSubstr("its entry expires within 60 s")));
   // Then it runs out.
   ASSERT_EQ(Cmd({"PEXPIRE", "ferry/segments/decode-0", std::to_string(kTtl.count())}).integer, 1);
-  ASSERT_TRUE(WaitFor([&] { return Cmd({"EXISTS", "ferry/segments/decode-0"}).integer == 0; }))
-      << "the entry never expired";
+  ASSERT_TRUE(WaitFor([&] {
+    return Cmd({"EXISTS", "ferry/segments/decode-0"}).integer == 0;
+  })) << "the entry never expired";
   auto prefill = MakeEngine("prefill-0");
   ASSERT_TRUE(prefill);
   EXPECT_THAT(prefill->OpenSegment("decode-0").status(),
-              StatusIs(StatusCode::kUnavailable, HasSubstr("no segment 'decode-0' in the Redis server at")));
+              StatusIs(StatusCode::kUnavailable,
+                       HasSubstr("no segment 'decode-0' in the Redis server at")));
   EXPECT_TRUE(MakeEngine("decode-0"));
 }
 
@@ -375,7 +390,8 @@ TEST_F(RedisMetadataTest, PeerRecreatedUnderTheSameNameIsReachedThroughTheWatchA
   ASSERT_TRUE(second) << "the name never changed hands";
   ASSERT_OK(second->RegisterMemory(two.data(), kBufferSize));
   const std::string taken = Cmd({"GET", "ferry/segments/decode-0"}).str;
-  EXPECT_TRUE(ReadsPattern(*prefill, seg, two.addr(), 2)) << "the watch never noticed the new instance";
+  EXPECT_TRUE(ReadsPattern(*prefill, seg, two.addr(), 2))
+      << "the watch never noticed the new instance";
 
   // The first engine's refreshes (every TTL/3) do not steal the name back.
   std::this_thread::sleep_for(2 * kTtl);
@@ -389,23 +405,29 @@ TEST_F(RedisMetadataTest, PeerRecreatedUnderTheSameNameIsReachedThroughTheWatchA
 TEST_F(RedisMetadataTest, HostileValuesAreDataLossNamingTheKey) {
   auto prefill = MakeEngine("prefill-0");
   ASSERT_TRUE(prefill);
-  ASSERT_EQ(Cmd({"SET", "ferry/segments/evil", std::string("\x02\x00garbage\xff\xff\xff\xff", 13)}).type,
-            REDIS_REPLY_STATUS);
-  EXPECT_THAT(prefill->OpenSegment("evil").status(), StatusIs(StatusCode::kDataLoss, HasSubstr("ferry/segments/evil")));
+  ASSERT_EQ(
+      Cmd({"SET", "ferry/segments/evil", std::string("\x02\x00garbage\xff\xff\xff\xff", 13)}).type,
+      REDIS_REPLY_STATUS);
+  EXPECT_THAT(prefill->OpenSegment("evil").status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("ferry/segments/evil")));
   const std::string real = Cmd({"GET", "ferry/segments/prefill-0"}).str;
   ASSERT_FALSE(real.empty());
-  ASSERT_EQ(Cmd({"SET", "ferry/segments/cut", real.substr(0, real.size() / 2)}).type, REDIS_REPLY_STATUS);
-  EXPECT_THAT(prefill->OpenSegment("cut").status(), StatusIs(StatusCode::kDataLoss, HasSubstr("ferry/segments/cut")));
+  ASSERT_EQ(Cmd({"SET", "ferry/segments/cut", real.substr(0, real.size() / 2)}).type,
+            REDIS_REPLY_STATUS);
+  EXPECT_THAT(prefill->OpenSegment("cut").status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("ferry/segments/cut")));
   ASSERT_EQ(Cmd({"SET", "ferry/segments/other", real}).type, REDIS_REPLY_STATUS);
   EXPECT_THAT(prefill->OpenSegment("other").status(),
               StatusIs(StatusCode::kDataLoss, HasSubstr("ferry/segments/other")));
   ASSERT_EQ(Cmd({"RPUSH", "ferry/segments/list", "x"}).type, REDIS_REPLY_INTEGER);
-  EXPECT_THAT(prefill->OpenSegment("list").status(), StatusIs(StatusCode::kDataLoss, HasSubstr("ferry/segments/list")));
+  EXPECT_THAT(prefill->OpenSegment("list").status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("ferry/segments/list")));
   // A name held by a key that is no descriptor cannot be claimed, and the
   // error says by what.
   EXPECT_THAT(Engine::Create(Options("evil")).status(),
               StatusIs(StatusCode::kAlreadyExists, HasSubstr("ferry/segments/evil")));
-  EXPECT_THAT(Engine::Create(Options("list")).status(), StatusIs(StatusCode::kAlreadyExists, HasSubstr("list")));
+  EXPECT_THAT(Engine::Create(Options("list")).status(),
+              StatusIs(StatusCode::kAlreadyExists, HasSubstr("list")));
 }
 
 TEST_F(RedisMetadataTest, DatabasesKeepEnginesApart) {
@@ -452,15 +474,17 @@ TEST_F(RedisAuthTest, PasswordRightWorksWrongIsClearAndNeverShown) {
   EXPECT_EQ(Redis(server_.port(), {"EXISTS", "ferry/segments/decode-0"}, {password}).integer, 1);
 
   const Status wrong = Engine::Create(Options("probe-0", "redis://:hunter2@" + hostport)).status();
-  EXPECT_THAT(wrong, StatusIs(StatusCode::kUnauthenticated,
-                              AllOf(HasSubstr("redis://:***@" + hostport), HasSubstr("refused the credentials"),
-                                    Not(HasSubstr("hunter2")))));
+  EXPECT_THAT(wrong,
+              StatusIs(StatusCode::kUnauthenticated,
+                       AllOf(HasSubstr("redis://:***@" + hostport),
+                             HasSubstr("refused the credentials"), Not(HasSubstr("hunter2")))));
   const Status none = Engine::Create(Options("probe-0", "redis://" + hostport)).status();
   EXPECT_THAT(none, StatusIs(StatusCode::kUnauthenticated, HasSubstr("requires a password")));
 }
 
 TEST_F(RedisAuthTest, AclUserRightWorksWrongIsClearAndNeverShown) {
-  ASSERT_TRUE(server_.Start({"--user", "alice", "on", ">secret", "~*", "&*", "+@all",  // one argument per word
+  ASSERT_TRUE(server_.Start({"--user", "alice", "on", ">secret", "~*", "&*",
+                             "+@all",  // one argument per word
                              "--user", "bob", "on", ">bobpw", "~*", "+@read", "+ping"}));
   const std::string hostport = "127.0.0.1:" + std::to_string(server_.port());
   auto decode = Engine::Create(Options("decode-0", "redis://alice:secret@" + hostport));
@@ -469,14 +493,16 @@ TEST_F(RedisAuthTest, AclUserRightWorksWrongIsClearAndNeverShown) {
   ASSERT_OK(prefill.status());
   EXPECT_OK((*prefill)->OpenSegment("decode-0").status());
 
-  EXPECT_THAT(Engine::Create(Options("probe-0", "redis://alice:wr0ngpass@" + hostport)).status(),
-              StatusIs(StatusCode::kUnauthenticated,
-                       AllOf(HasSubstr("redis://alice:***@" + hostport), Not(HasSubstr("wr0ngpass")))));
+  EXPECT_THAT(
+      Engine::Create(Options("probe-0", "redis://alice:wr0ngpass@" + hostport)).status(),
+      StatusIs(StatusCode::kUnauthenticated,
+               AllOf(HasSubstr("redis://alice:***@" + hostport), Not(HasSubstr("wr0ngpass")))));
   EXPECT_THAT(Engine::Create(Options("probe-0", "redis://mallory:secret@" + hostport)).status(),
               StatusIs(StatusCode::kUnauthenticated, Not(HasSubstr("secret"))));
   // A user that may read but not write or run scripts: a clear refusal at creation.
-  EXPECT_THAT(Engine::Create(Options("probe-0", "redis://bob:bobpw@" + hostport)).status(),
-              StatusIs(StatusCode::kFailedPrecondition, AllOf(HasSubstr("EVAL"), Not(HasSubstr("bobpw")))));
+  EXPECT_THAT(
+      Engine::Create(Options("probe-0", "redis://bob:bobpw@" + hostport)).status(),
+      StatusIs(StatusCode::kFailedPrecondition, AllOf(HasSubstr("EVAL"), Not(HasSubstr("bobpw")))));
 }
 
 }  // namespace

@@ -133,7 +133,8 @@ inline CommandResult Run(const std::vector<std::string>& argv,
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  while (!r.output.empty() && (r.output.back() == '\n' || r.output.back() == ' ')) r.output.pop_back();
+  while (!r.output.empty() && (r.output.back() == '\n' || r.output.back() == ' '))
+    r.output.pop_back();
   if (timed_out) {
     r.rc = -1;
     r.output += " (killed after " + std::to_string(timeout.count()) + " ms)";
@@ -303,8 +304,8 @@ class NetnsLab {
   ::testing::AssertionResult Connect(const std::string& a, const std::string& dev_a,
                                      const std::string& addr_a, const std::string& b,
                                      const std::string& dev_b, const std::string& addr_b) {
-    ::testing::AssertionResult r = Ip(a, {"link", "add", dev_a, "type", "veth", "peer", "name", dev_b,
-                                          "netns", Name(b)});
+    ::testing::AssertionResult r =
+        Ip(a, {"link", "add", dev_a, "type", "veth", "peer", "name", dev_b, "netns", Name(b)});
     if (r) r = Ip(a, {"addr", "add", addr_a + "/24", "dev", dev_a});
     if (r) r = Ip(b, {"addr", "add", addr_b + "/24", "dev", dev_b});
     if (r) r = Ip(a, {"link", "set", dev_a, "up"});
@@ -339,20 +340,25 @@ class NetnsLab {
     Exec(tag, "nft", {"delete", "table", "inet", "ferry_loss"});  // absent the first time
     if (percent == 0) return ::testing::AssertionSuccess();
     const std::string n = std::to_string(percent);
-    return Exec(tag, "nft",
-                {"add table inet ferry_loss; "
-                 "add chain inet ferry_loss in { type filter hook input priority 0; policy accept; }; "
-                 "add chain inet ferry_loss out { type filter hook output priority 0; policy accept; }; "
-                 "add rule inet ferry_loss in numgen random mod 100 < " + n + " drop; "
-                 "add rule inet ferry_loss out numgen random mod 100 < " + n + " drop"});
+    return Exec(
+        tag, "nft",
+        {"add table inet ferry_loss; "
+         "add chain inet ferry_loss in { type filter hook input priority 0; policy accept; }; "
+         "add chain inet ferry_loss out { type filter hook output priority 0; policy accept; }; "
+         "add rule inet ferry_loss in numgen random mod 100 < " +
+         n +
+         " drop; "
+         "add rule inet ferry_loss out numgen random mod 100 < " +
+         n + " drop"});
   }
 
   // Limits what leaves `dev` to `rate` (tc tbf, e.g. "50mbit"); "" removes it.
   ::testing::AssertionResult SetRate(const std::string& tag, const std::string& dev,
                                      const std::string& rate) {
     if (rate.empty()) return Exec(tag, "tc", {"qdisc", "del", "dev", dev, "root"});
-    return Exec(tag, "tc", {"qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst",
-                            "64kb", "latency", "200ms"});
+    return Exec(tag, "tc",
+                {"qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "64kb",
+                 "latency", "200ms"});
   }
 
   ::testing::AssertionResult SetLink(const std::string& tag, const std::string& dev, bool up) {
@@ -363,14 +369,17 @@ class NetnsLab {
   // later, an engine's included, are there too) until Leave().
   ::testing::AssertionResult Enter(const std::string& tag) {
     if (home_fd_ < 0) home_fd_ = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
-    if (home_fd_ < 0) return ::testing::AssertionFailure() << "open own netns: " << std::strerror(errno);
+    if (home_fd_ < 0)
+      return ::testing::AssertionFailure() << "open own netns: " << std::strerror(errno);
     const std::string path = std::string(kNetnsDir) + "/" + Name(tag);
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ::testing::AssertionFailure() << "open " << path << ": " << std::strerror(errno);
+    if (fd < 0)
+      return ::testing::AssertionFailure() << "open " << path << ": " << std::strerror(errno);
     const int rc = setns(fd, CLONE_NEWNET);
     const int err = errno;
     close(fd);
-    if (rc != 0) return ::testing::AssertionFailure() << "setns " << path << ": " << std::strerror(err);
+    if (rc != 0)
+      return ::testing::AssertionFailure() << "setns " << path << ": " << std::strerror(err);
     return ::testing::AssertionSuccess();
   }
 

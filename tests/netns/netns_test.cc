@@ -161,8 +161,8 @@ class NetnsTest : public ::testing::Test {
                          const std::vector<std::string>& extra = {}) {
     peers_.push_back(std::make_unique<PeerProcess>());
     PeerProcess* p = peers_.back().get();
-    std::vector<std::string> args = {"--host", addr, "--size", std::to_string(kPeerSize), "--seed",
-                                     std::to_string(seed)};
+    std::vector<std::string> args = {
+        "--host", addr, "--size", std::to_string(kPeerSize), "--seed", std::to_string(seed)};
     args.insert(args.end(), extra.begin(), extra.end());
     const std::vector<std::string> argv = lab_.InNamespace(tag, FERRY_TEST_PEER_PATH, args);
     const ::testing::AssertionResult started = p->Start(netns::Tool("ip"), argv);
@@ -269,8 +269,8 @@ class NetnsTest : public ::testing::Test {
                           uint64_t remote_off) {
     for (size_t i = 0; i < o.each.size(); ++i) {
       if (o.each[i].state != TransferState::kCompleted) continue;
-      EXPECT_EQ(DescribePatternMismatch(local + i * kBlock, kBlock, r.seed, remote_off + i * kBlock),
-                "")
+      EXPECT_EQ(
+          DescribePatternMismatch(local + i * kBlock, kBlock, r.seed, remote_off + i * kBlock), "")
           << "read " << i;
     }
   }
@@ -283,12 +283,14 @@ class NetnsTest : public ::testing::Test {
     const uint64_t woff = kCleanBase + (seed % 4) * kCount * kBlock;
     FillWrites(src, seed, woff, kCount);
     const Outcomes w = RunBatch(e, Blocks(Opcode::kWrite, src, r, woff, kCount));
-    EXPECT_EQ(w.completed, kCount) << "clean writes to " << r.peer->peer_id() << ": " << w.Summary();
+    EXPECT_EQ(w.completed, kCount)
+        << "clean writes to " << r.peer->peer_id() << ": " << w.Summary();
     ExpectWritesLanded(r, w, seed, woff);
     std::memset(dst, 0, kCount * kBlock);
     const uint64_t roff = kReadBase + (seed % 8) * kCount * kBlock;
     const Outcomes rd = RunBatch(e, Blocks(Opcode::kRead, dst, r, roff, kCount));
-    EXPECT_EQ(rd.completed, kCount) << "clean reads from " << r.peer->peer_id() << ": " << rd.Summary();
+    EXPECT_EQ(rd.completed, kCount)
+        << "clean reads from " << r.peer->peer_id() << ": " << rd.Summary();
     ExpectReadsArrived(r, rd, dst, roff);
   }
 
@@ -316,12 +318,14 @@ class NetnsTest : public ::testing::Test {
     const bool write = op == Opcode::kWrite;
     ASSERT_TRUE(write ? lab_.SetRate("a", "to-b", "20mbit") : lab_.SetRate("b", "to-a", "20mbit"));
     if (write) FillWrites(src, seed + 2, 0, kCount);
-    const BatchId b = Submit(e, write ? Blocks(op, src, r, 0, kCount) : Blocks(op, dst, r, kReadBase, kCount));
+    const BatchId b =
+        Submit(e, write ? Blocks(op, src, r, 0, kCount) : Blocks(op, dst, r, kReadBase, kCount));
     ASSERT_NE(b.value, 0u);
     std::this_thread::sleep_for(300ms);  // let part of it through
     ASSERT_TRUE(lab_.Ip("a", {"link", "del", "to-b"}));
     const Outcomes o = Finish(e, b, kCount);
-    std::printf("initiator's link deleted mid-%s: %s\n", write ? "frame" : "read-reply", o.Summary().c_str());
+    std::printf("initiator's link deleted mid-%s: %s\n", write ? "frame" : "read-reply",
+                o.Summary().c_str());
     EXPECT_EQ(peer->Stop(45s), 0) << "the peer did not shut down";
   }
 
@@ -623,7 +627,8 @@ TEST_F(NetnsTest, FabricWithTwoNicsStripesLargeRequestsAcrossBothAndEveryByteArr
   ASSERT_TRUE(lab_.Connect("a", "to-b2", kAddrA2, "b", "to-a2", kAddrB2));
   ASSERT_TRUE(lab_.Enter("a"));
   const std::string nics_b = std::string(kAddrB) + "," + kAddrB2;
-  PeerProcess* pb = StartPeer("b", kAddrB, 901, {"--fabric-provider", "tcp", "--fabric-nics", nics_b});
+  PeerProcess* pb =
+      StartPeer("b", kAddrB, 901, {"--fabric-provider", "tcp", "--fabric-nics", nics_b});
   ASSERT_NE(pb, nullptr);
   Engine* e = StartEngine(kAddrA, 20s, std::string(kAddrA) + "," + kAddrA2);
   if (e == nullptr) return;  // the failure says why
@@ -658,7 +663,8 @@ TEST_F(NetnsTest, FabricWithTwoNicsStripesLargeRequestsAcrossBothAndEveryByteArr
   const Outcomes rd = RunBatch(e, reads);
   EXPECT_EQ(rd.completed, kCount) << rd.Summary();
   for (size_t i = 0; i < kCount; ++i) {
-    EXPECT_EQ(DescribePatternMismatch(dst + i * kReq, kReq, 901, kReadBase + i * kReq), "") << "read " << i;
+    EXPECT_EQ(DescribePatternMismatch(dst + i * kReq, kReq, 901, kReadBase + i * kReq), "")
+        << "read " << i;
   }
   const DevBytes after1 = ReadDev("to-b"), after2 = ReadDev("to-b2");
 
@@ -667,10 +673,12 @@ TEST_F(NetnsTest, FabricWithTwoNicsStripesLargeRequestsAcrossBothAndEveryByteArr
   const uint64_t total = kCount * kReq, quarter = total / 4;
   const uint64_t sent1 = mid1.tx - before1.tx, sent2 = mid2.tx - before2.tx;
   const uint64_t got1 = after1.rx - mid1.rx, got2 = after2.rx - mid2.rx;
-  std::printf("writes of %llu bytes: to-b sent %llu, to-b2 sent %llu; reads: to-b received %llu, to-b2 %llu\n",
-              static_cast<unsigned long long>(total), static_cast<unsigned long long>(sent1),
-              static_cast<unsigned long long>(sent2), static_cast<unsigned long long>(got1),
-              static_cast<unsigned long long>(got2));
+  std::printf(
+      "writes of %llu bytes: to-b sent %llu, to-b2 sent %llu; reads: to-b received %llu, to-b2 "
+      "%llu\n",
+      static_cast<unsigned long long>(total), static_cast<unsigned long long>(sent1),
+      static_cast<unsigned long long>(sent2), static_cast<unsigned long long>(got1),
+      static_cast<unsigned long long>(got2));
   EXPECT_GE(sent1, quarter);
   EXPECT_GE(sent2, quarter);
   EXPECT_GE(got1, quarter);
@@ -696,7 +704,8 @@ TEST_F(NetnsTest, FabricNotificationWaitsForTheWritesOfASlowRail) {
   ASSERT_TRUE(lab_.SetRate("a", "to-b2", "40mbit"));
   ASSERT_TRUE(lab_.Enter("a"));
   const std::string nics_b = std::string(kAddrB) + "," + kAddrB2;
-  PeerProcess* pb = StartPeer("b", kAddrB, 911, {"--fabric-provider", "tcp", "--fabric-nics", nics_b});
+  PeerProcess* pb =
+      StartPeer("b", kAddrB, 911, {"--fabric-provider", "tcp", "--fabric-nics", nics_b});
   ASSERT_NE(pb, nullptr);
   Engine* e = StartEngine(kAddrA, 30s, std::string(kAddrA) + "," + kAddrA2);
   if (e == nullptr) return;  // the failure says why
@@ -714,7 +723,8 @@ TEST_F(NetnsTest, FabricNotificationWaitsForTheWritesOfASlowRail) {
   ASSERT_OK_AND_ASSIGN(BatchId batch, e->AllocateBatch(kCount));
   ASSERT_OK(e->Submit(batch, writes));
   ASSERT_OK(e->SendNotification(r.seg, "slow-rail", Checked(912, 0, kCount * kReq)));
-  EXPECT_EQ(pb->Call("NOTE slow-rail"), "NOTE OK") << "the notification overtook the slow rail's writes";
+  EXPECT_EQ(pb->Call("NOTE slow-rail"), "NOTE OK")
+      << "the notification overtook the slow rail's writes";
   ASSERT_OK(e->WaitBatch(batch, 30000ms));
   ASSERT_OK(e->FreeBatch(batch));
   EXPECT_EQ(pb->Call(Checked(912, 0, kCount * kReq)), "OK");

@@ -133,7 +133,8 @@ struct Incoming {
   in->body.assign(h->body_len, '\0');
   in->payload.assign(h->payload_len, '\0');
   s = internal::RecvAll(fd, in->body.data(), in->body.size(), Clock::now() + kBound);
-  if (s.ok()) s = internal::RecvAll(fd, in->payload.data(), in->payload.size(), Clock::now() + kBound);
+  if (s.ok())
+    s = internal::RecvAll(fd, in->payload.data(), in->payload.size(), Clock::now() + kBound);
   if (!s.ok()) return ::testing::AssertionFailure() << "truncated frame from the target: " << s;
   return ::testing::AssertionSuccess();
 }
@@ -162,7 +163,8 @@ StatusOr<std::pair<wire::Reply, std::string>> ReplyTo(int fd, uint64_t seq) {
   ::testing::AssertionResult got = Receive(fd, &in);
   if (!got) return UnavailableError(got.message());
   if (in.header.type != wire::FrameType::kAck && in.header.type != wire::FrameType::kReadData) {
-    return DataLossError("expected a reply, got type " + std::to_string(static_cast<int>(in.header.type)));
+    return DataLossError("expected a reply, got type " +
+                         std::to_string(static_cast<int>(in.header.type)));
   }
   if (in.header.seq != seq) return DataLossError("reply to seq " + std::to_string(in.header.seq));
   FERRY_ASSIGN_OR_RETURN(wire::Reply r, wire::DecodeReply(in.body));
@@ -175,7 +177,7 @@ StatusOr<std::pair<wire::Reply, std::string>> ReplyTo(int fd, uint64_t seq) {
 // that edge (a socket closed, not written), so this copy is not instrumented
 // (and calls no memcpy, which it intercepts), like ferry_test_peer's CHECK.
 __attribute__((no_sanitize("thread"), noinline)) std::string CopyAfterClose(const unsigned char* p,
-                                                                           size_t n) {
+                                                                            size_t n) {
   std::string out(n, '\0');
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>(p[i]);
   return out;
@@ -184,7 +186,7 @@ __attribute__((no_sanitize("thread"), noinline)) std::string CopyAfterClose(cons
 // Refills `n` bytes of such memory with pattern `seed` (position = offset),
 // likewise uninstrumented.
 __attribute__((no_sanitize("thread"), noinline)) void RefillAfterClose(unsigned char* p, size_t n,
-                                                                      uint64_t seed) {
+                                                                       uint64_t seed) {
   for (size_t i = 0; i < n; ++i) p[i] = PatternByte(seed, i);
 }
 
@@ -199,7 +201,9 @@ struct GuardedMemory {
     EXPECT_THAT(engine.RegisterMemory(buf.data() + kGuard, kGuard), IsOk());
   }
   // "" if every byte is as filled, else the first mismatch.
-  std::string Changed() const { return DescribePatternMismatch(buf.data(), buf.size(), kGuardSeed); }
+  std::string Changed() const {
+    return DescribePatternMismatch(buf.data(), buf.size(), kGuardSeed);
+  }
   void Restore() { FillPattern(buf.data(), buf.size(), kGuardSeed); }
   uint64_t addr() const { return buf.addr(); }
   AlignedBuffer buf;
@@ -334,11 +338,14 @@ class Port {
 
   // A Write (rpc: its payload is `src`) or CopyWrite (shm: from `src`) of
   // `len` bytes at `remote`.
-  std::string Write(uint64_t remote, const unsigned char* src, uint32_t len, uint64_t seq = 1) const {
+  std::string Write(uint64_t remote, const unsigned char* src, uint32_t len,
+                    uint64_t seq = 1) const {
     if (shm()) {
-      return CopyFrame(wire::FrameType::kCopyWrite, {{remote, len, reinterpret_cast<uint64_t>(src)}}, seq);
+      return CopyFrame(wire::FrameType::kCopyWrite,
+                       {{remote, len, reinterpret_cast<uint64_t>(src)}}, seq);
     }
-    return WriteFrame({{remote, len}}, std::string_view(reinterpret_cast<const char*>(src), len), seq);
+    return WriteFrame({{remote, len}}, std::string_view(reinterpret_cast<const char*>(src), len),
+                      seq);
   }
 
   // A connection that said a hello the target accepted.
@@ -377,7 +384,8 @@ class HostileInput : public ::testing::TestWithParam<std::string> {
     busy_ = std::make_unique<AlignedBuffer>(kBusy);
     ASSERT_THAT(target_->RegisterMemory(busy_->data(), kBusy), IsOk());
     // The valid peer speaks the transport of the port under test.
-    peer_ = std::make_unique<ValidPeer>(GetParam() == "shm" ? "shm" : "tcp", *target_, busy_->data());
+    peer_ =
+        std::make_unique<ValidPeer>(GetParam() == "shm" ? "shm" : "tcp", *target_, busy_->data());
     ASSERT_FALSE(HasFailure());
     ASSERT_TRUE(peer_->WaitRounds(1)) << peer_->error();
     port_ = std::make_unique<Port>(GetParam(), *target_, Instance(*target_));
@@ -431,7 +439,8 @@ TEST_P(HostileInput, RandomGarbageIsClosedAndWritesNothing) {
     for (char& c : s) c = static_cast<char>(rng());
     return s;
   };
-  const wire::FrameType data_type = port_->shm() ? wire::FrameType::kCopyWrite : wire::FrameType::kWrite;
+  const wire::FrameType data_type =
+      port_->shm() ? wire::FrameType::kCopyWrite : wire::FrameType::kWrite;
   int closed = 0;
   constexpr int kAttempts = 60;
   for (int i = 0; i < kAttempts; ++i) {
@@ -455,7 +464,8 @@ TEST_P(HostileInput, RandomGarbageIsClosedAndWritesNothing) {
         for (size_t k = 0; k < n; ++k) {
           entries.push_back({rng(), static_cast<uint32_t>(rng() % 8192), rng()});
         }
-        bytes = CopyFrame(rng() % 2 ? wire::FrameType::kCopyWrite : wire::FrameType::kCopyRead, entries, rng());
+        bytes = CopyFrame(rng() % 2 ? wire::FrameType::kCopyWrite : wire::FrameType::kCopyRead,
+                          entries, rng());
       } else {
         std::vector<wire::Entry> entries;
         size_t payload = 0;
@@ -463,7 +473,8 @@ TEST_P(HostileInput, RandomGarbageIsClosedAndWritesNothing) {
           entries.push_back({rng(), static_cast<uint32_t>(rng() % 8192)});
           payload += entries.back().length;
         }
-        bytes = rng() % 2 ? WriteFrame(entries, random_bytes(payload), rng()) : ReadFrame(entries, rng());
+        bytes = rng() % 2 ? WriteFrame(entries, random_bytes(payload), rng())
+                          : ReadFrame(entries, rng());
       }
     } else {
       // A plausible data frame: right magic, version and type; random
@@ -483,9 +494,12 @@ TEST_P(HostileInput, RandomGarbageIsClosedAndWritesNothing) {
     UniqueFd fd = after_hello ? port_->Open() : port_->Connect();
     ASSERT_TRUE(fd.valid()) << "attempt " << i;
     (void)Send(fd.get(), bytes);  // the target may hang up part-way
-    if (EndAndWaitForClose(fd.get())) ++closed;
-    else ADD_FAILURE() << "attempt " << i << " (kind " << kind << "): the connection stayed open";
-    ExpectUntouched("after garbage attempt " + std::to_string(i) + " (kind " + std::to_string(kind) + ")");
+    if (EndAndWaitForClose(fd.get()))
+      ++closed;
+    else
+      ADD_FAILURE() << "attempt " << i << " (kind " << kind << "): the connection stayed open";
+    ExpectUntouched("after garbage attempt " + std::to_string(i) + " (kind " +
+                    std::to_string(kind) + ")");
   }
   EXPECT_EQ(closed, kAttempts);
   EXPECT_TRUE(peer_->WaitRounds(1)) << peer_->error();
@@ -516,7 +530,8 @@ TEST_P(HostileInput, TruncatedFramesCloseAndWriteNothing) {
       UniqueFd fd = port_->Connect();
       ASSERT_TRUE(fd.valid());
       ASSERT_TRUE(cut == 0 || Send(fd.get(), frame.substr(0, cut)));
-      EXPECT_TRUE(EndAndWaitForClose(fd.get())) << name << " cut at " << cut << " of " << frame.size();
+      EXPECT_TRUE(EndAndWaitForClose(fd.get()))
+          << name << " cut at " << cut << " of " << frame.size();
       ExpectUntouched(name + " cut at " + std::to_string(cut));
       ++attempts;
     }
@@ -526,7 +541,8 @@ TEST_P(HostileInput, TruncatedFramesCloseAndWriteNothing) {
   std::vector<size_t> cuts;
   for (size_t cut = 0; cut < header_and_body; ++cut) cuts.push_back(cut);
   if (!port_->shm()) {
-    for (size_t in_payload : {size_t{1}, size_t{2048}, size_t{4095}}) cuts.push_back(header_and_body + in_payload);
+    for (size_t in_payload : {size_t{1}, size_t{2048}, size_t{4095}})
+      cuts.push_back(header_and_body + in_payload);
   }
   int torn = 0;
   for (size_t cut : cuts) {
@@ -551,7 +567,8 @@ TEST_P(HostileInput, TruncatedFramesCloseAndWriteNothing) {
     const std::string snapshot = CopyAfterClose(guarded_->buf.data(), guarded_->buf.size());
     const unsigned char* g = reinterpret_cast<const unsigned char*>(snapshot.data());
     const size_t at_off = static_cast<size_t>(at - guarded_->addr());
-    EXPECT_EQ(DescribePatternMismatch(g, at_off, kGuardSeed), "") << "before the range, cut " << cut;
+    EXPECT_EQ(DescribePatternMismatch(g, at_off, kGuardSeed), "")
+        << "before the range, cut " << cut;
     EXPECT_EQ(DescribePatternMismatch(g + at_off + arrived, guarded_->buf.size() - at_off - arrived,
                                       kGuardSeed, at_off + arrived),
               "")
@@ -560,7 +577,8 @@ TEST_P(HostileInput, TruncatedFramesCloseAndWriteNothing) {
     for (size_t i = 0; i < arrived; ++i) {
       const unsigned char now = g[at_off + i];
       changed = changed || now != PatternByte(kGuardSeed, at_off + i);
-      EXPECT_TRUE(now == src.data()[i] || now == PatternByte(kGuardSeed, at_off + i)) << "byte " << i;
+      EXPECT_TRUE(now == src.data()[i] || now == PatternByte(kGuardSeed, at_off + i))
+          << "byte " << i;
     }
     if (changed) ++torn;
     RefillAfterClose(guarded_->buf.data(), guarded_->buf.size(), kGuardSeed);
@@ -569,7 +587,9 @@ TEST_P(HostileInput, TruncatedFramesCloseAndWriteNothing) {
   RecordProperty("payload_cuts_that_landed_in_part", torn);
   std::printf("[ truncation ] %s port: %d cut frames", port_->kind().c_str(), attempts);
   if (!port_->shm()) {
-    std::printf("; %d of 3 Writes cut inside the payload left the bytes that arrived in the named range", torn);
+    std::printf(
+        "; %d of 3 Writes cut inside the payload left the bytes that arrived in the named range",
+        torn);
   }
   std::printf("\n");
   EXPECT_TRUE(peer_->WaitRounds(1)) << peer_->error();
@@ -621,7 +641,8 @@ TEST_P(HostileInput, RangesOutsideRegisteredMemoryFailAlone) {
       entries.push_back({c.addr, c.len});
       payload += c.len;
     }
-    frame = WriteFrame(entries, std::string_view(reinterpret_cast<const char*>(src.data()), payload), 1);
+    frame = WriteFrame(entries,
+                       std::string_view(reinterpret_cast<const char*>(src.data()), payload), 1);
   }
   ASSERT_TRUE(Send(fd.get(), frame));
   auto reply = ReplyTo(fd.get(), 1);
@@ -632,7 +653,8 @@ TEST_P(HostileInput, RangesOutsideRegisteredMemoryFailAlone) {
     EXPECT_EQ(reply->first.failures[i].index, i + 1) << bad[i].name;
     EXPECT_NE(reply->first.failures[i].code, StatusCode::kOk) << bad[i].name;
     EXPECT_FALSE(reply->first.failures[i].message.empty()) << bad[i].name;
-    std::printf("[ out of range ] %s port, %s: %s: %s\n", port_->kind().c_str(), bad[i].name.c_str(),
+    std::printf("[ out of range ] %s port, %s: %s: %s\n", port_->kind().c_str(),
+                bad[i].name.c_str(),
                 std::string(StatusCodeName(reply->first.failures[i].code)).c_str(),
                 reply->first.failures[i].message.c_str());
   }
@@ -663,9 +685,11 @@ TEST_P(HostileInput, RangesOutsideRegisteredMemoryFailAlone) {
   EXPECT_EQ(reply->first.failures.size(), bad.size());
   if (port_->shm()) {
     EXPECT_EQ(DescribePatternMismatch(dst.data(), kGood, kGuardSeed, good_off), "");
-    for (size_t i = kGood; i < dst.size(); ++i) ASSERT_EQ(dst.data()[i], 0xa5) << "byte " << i << " was copied";
+    for (size_t i = kGood; i < dst.size(); ++i)
+      ASSERT_EQ(dst.data()[i], 0xa5) << "byte " << i << " was copied";
   } else {
-    ASSERT_EQ(reply->second.size(), kGood) << "a ReadData carries only the bytes of entries that did not fail";
+    ASSERT_EQ(reply->second.size(), kGood)
+        << "a ReadData carries only the bytes of entries that did not fail";
     EXPECT_EQ(DescribePatternMismatch(reply->second.data(), kGood, kGuardSeed, good_off), "");
   }
 
@@ -728,7 +752,8 @@ TEST_P(HostileInput, AReplayWithoutASecretIsServedOnlyByTheSameInstance) {
       auto reply = ReplyTo(fd.get(), 1);
       ASSERT_THAT(GetStatus(reply), IsOk()) << round;
       EXPECT_TRUE(reply->first.failures.empty()) << round;
-      EXPECT_EQ(DescribePatternMismatch(region.data() + 512, 4096, 1234), "") << round << " did not land";
+      EXPECT_EQ(DescribePatternMismatch(region.data() + 512, 4096, 1234), "")
+          << round << " did not land";
       FillPattern(region.data(), kGuard, kGuardSeed);
     }
     ASSERT_THAT((*t)->UnregisterMemory(region.data()), IsOk());
@@ -738,9 +763,12 @@ TEST_P(HostileInput, AReplayWithoutASecretIsServedOnlyByTheSameInstance) {
   ASSERT_THAT(GetStatus(t2), IsOk());
   ASSERT_THAT((*t2)->RegisterMemory(region.data(), kGuard), IsOk());
   Port port2(GetParam(), **t2, Instance(**t2));
-  const std::string recorded_hello = port2.shm() ? recorded.substr(0, recorded.size() - CopyFrame(
-                                                       wire::FrameType::kCopyWrite, {{0, 0, 0}}).size())
-                                                 : recorded.substr(0, recorded.size() - WriteFrame({{0, 4096}}, std::string(4096, '\0')).size());
+  const std::string recorded_hello =
+      port2.shm()
+          ? recorded.substr(
+                0, recorded.size() - CopyFrame(wire::FrameType::kCopyWrite, {{0, 0, 0}}).size())
+          : recorded.substr(
+                0, recorded.size() - WriteFrame({{0, 4096}}, std::string(4096, '\0')).size());
   const std::string recorded_write = recorded.substr(recorded_hello.size());
   // Step by step: the recorded hello is refused with the reason; the Write
   // after it closes the connection.
@@ -841,7 +869,8 @@ TEST_P(HostileInput, AReplayWithASecretIsRefusedBeforeAnyByteLands) {
     auto reply = ReplyTo(fd.get(), 1);
     ASSERT_THAT(GetStatus(reply), IsOk());
     EXPECT_TRUE(reply->first.failures.empty());
-    EXPECT_EQ(DescribePatternMismatch(region.data() + 512, 4096, 5678), "") << "the original did not land";
+    EXPECT_EQ(DescribePatternMismatch(region.data() + 512, 4096, 5678), "")
+        << "the original did not land";
     FillPattern(region.data(), kGuard, kGuardSeed);
   }
   // The replay, all at once and step by step (waiting for the new challenge
@@ -897,8 +926,8 @@ TEST_P(HostileInput, AClientThatStopsReadingStallsOnlyItself) {
   for (uint64_t seq = 1; seq <= 64; ++seq) frames += ReadFrame({{guarded_->addr(), kGuard}}, seq);
   ASSERT_TRUE(Send(fd.get(), frames));
   const int before = peer_->rounds();
-  EXPECT_TRUE(peer_->WaitRounds(10)) << "the valid peer stalled behind a client that does not read: "
-                                     << peer_->error();
+  EXPECT_TRUE(peer_->WaitRounds(10))
+      << "the valid peer stalled behind a client that does not read: " << peer_->error();
   EXPECT_GE(peer_->rounds(), before + 10);
   fd = UniqueFd();  // the client goes away with its replies unread
   EXPECT_TRUE(peer_->WaitRounds(3)) << peer_->error();

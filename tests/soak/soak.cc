@@ -94,11 +94,12 @@ struct Options {
 };
 
 [[noreturn]] void Usage(const std::string& why) {
-  std::fprintf(stderr,
-               "ferry_soak: %s\n"
-               "usage: ferry_soak [--seconds N] [--processes P] [--threads T] [--min-size B]\n"
-               "                  [--max-size B] [--seed S] [--rss-bound-mib M] [--transports tcp,shm]\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "ferry_soak: %s\n"
+      "usage: ferry_soak [--seconds N] [--processes P] [--threads T] [--min-size B]\n"
+      "                  [--max-size B] [--seed S] [--rss-bound-mib M] [--transports tcp,shm]\n",
+      why.c_str());
   std::exit(2);
 }
 
@@ -236,8 +237,8 @@ struct Counters {
   // written_bytes: bytes of completed writes; read_back_bytes: of those, the
   // bytes read back in full and found intact (the two must be equal).
   std::atomic<uint64_t> written_bytes{0}, read_back_bytes{0};
-  std::atomic<uint64_t> requests{0}, reads{0}, writes{0}, bytes{0}, verified_bytes{0},
-      batches{0}, errors{0};
+  std::atomic<uint64_t> requests{0}, reads{0}, writes{0}, bytes{0}, verified_bytes{0}, batches{0},
+      errors{0};
 };
 
 class Child {
@@ -257,7 +258,8 @@ class Child {
       e->transport = t;
       // Allocated and touched here, so the run itself allocates nothing big.
       e->region.reset(static_cast<unsigned char*>(std::aligned_alloc(4096, Round(region_size_))));
-      if (!e->region) return Fatal("out of memory for a " + std::to_string(region_size_) + "-byte region");
+      if (!e->region)
+        return Fatal("out of memory for a " + std::to_string(region_size_) + "-byte region");
       std::memset(e->region.get(), 0, Round(region_size_));
       ferry::EngineOptions eo;
       eo.transport = t;
@@ -294,16 +296,19 @@ class Child {
       }
     }
     for (auto& e : engines_) {
-      if (e->peers.size() != n_peers - 1) return Fatal("PEERS names the wrong number of " + e->transport + " peers");
+      if (e->peers.size() != n_peers - 1)
+        return Fatal("PEERS names the wrong number of " + e->transport + " peers");
       for (const PeerEntry& p : e->peers) {
         auto seg = e->engine->OpenSegment(p.peer_id);
         if (!seg.ok()) {
-          return Fatal("OpenSegment " + p.peer_id + " (" + e->transport + "): " + seg.status().ToString());
+          return Fatal("OpenSegment " + p.peer_id + " (" + e->transport +
+                       "): " + seg.status().ToString());
         }
         auto info = e->engine->QuerySegment(*seg);
         if (!info.ok()) return Fatal("QuerySegment " + p.peer_id + ": " + info.status().ToString());
         if (info->transport != e->transport) {
-          return Fatal("segment " + p.peer_id + " uses " + info->transport + ", not " + e->transport);
+          return Fatal("segment " + p.peer_id + " uses " + info->transport + ", not " +
+                       e->transport);
         }
         e->segments.push_back(*seg);
       }
@@ -326,7 +331,8 @@ class Child {
     MemSample samples[3];
     const double marks[3] = {0.25, 0.50, 1.00};
     for (int i = 0; i < 2; ++i) {
-      std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(duration * marks[i]));
+      std::this_thread::sleep_until(
+          start + std::chrono::duration_cast<Clock::duration>(duration * marks[i]));
       if (i == 1 && o_.self_check_leak_mib > 0) {
         leak_.assign(o_.self_check_leak_mib * kMiB, 1);
       }
@@ -337,11 +343,13 @@ class Child {
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     Say("FINISHED");
     // Others may still be reading and writing our region: wait for everyone.
-    const bool exit_ok = ReadLine(STDIN_FILENO, &pending, &line,
-                                  Clock::now() + std::chrono::seconds(300)) && line == "EXIT";
+    const bool exit_ok =
+        ReadLine(STDIN_FILENO, &pending, &line, Clock::now() + std::chrono::seconds(300)) &&
+        line == "EXIT";
     if (!exit_ok) Error("no EXIT line from the parent");
 
-    const uint64_t growth = samples[2].hwm_kib > samples[0].hwm_kib ? samples[2].hwm_kib - samples[0].hwm_kib : 0;
+    const uint64_t growth =
+        samples[2].hwm_kib > samples[0].hwm_kib ? samples[2].hwm_kib - samples[0].hwm_kib : 0;
     const uint64_t bound = o_.rss_bound_mib * 1024;
     const bool flat = growth <= bound;
     std::ostringstream js;
@@ -364,17 +372,20 @@ class Child {
       errors += c.errors;
     }
     errors += misc_errors_;
-    js << "},\"requests\":" << requests << ",\"bytes\":" << bytes << ",\"verified_bytes\":" << verified
-       << ",\"errors\":" << errors << ",\"seconds\":" << elapsed << ",\"vmhwm_kib\":["
-       << samples[0].hwm_kib << "," << samples[1].hwm_kib << "," << samples[2].hwm_kib
-       << "],\"vmrss_kib\":[" << samples[0].rss_kib << "," << samples[1].rss_kib << ","
-       << samples[2].rss_kib << "],\"hwm_growth_kib\":" << growth << ",\"bound_kib\":" << bound
+    js << "},\"requests\":" << requests << ",\"bytes\":" << bytes
+       << ",\"verified_bytes\":" << verified << ",\"errors\":" << errors
+       << ",\"seconds\":" << elapsed << ",\"vmhwm_kib\":[" << samples[0].hwm_kib << ","
+       << samples[1].hwm_kib << "," << samples[2].hwm_kib << "],\"vmrss_kib\":["
+       << samples[0].rss_kib << "," << samples[1].rss_kib << "," << samples[2].rss_kib
+       << "],\"hwm_growth_kib\":" << growth << ",\"bound_kib\":" << bound
        << ",\"flat\":" << (flat ? "true" : "false") << "}";
     Say("SUMMARY " + js.str());
 
     for (auto& e : engines_) {
       const ferry::Status s = e->engine->UnregisterMemory(e->region.get());
-      if (!s.ok()) std::fprintf(stderr, "ferry_soak[%d]: UnregisterMemory: %s\n", o_.child, s.ToString().c_str());
+      if (!s.ok())
+        std::fprintf(stderr, "ferry_soak[%d]: UnregisterMemory: %s\n", o_.child,
+                     s.ToString().c_str());
       e->engine.reset();
     }
     return errors == 0 && flat ? 0 : 1;
@@ -386,7 +397,8 @@ class Child {
   };
   struct EngineSet {
     std::string transport;
-    std::unique_ptr<unsigned char, FreeDeleter> region;  // declared before the engine: freed after it
+    std::unique_ptr<unsigned char, FreeDeleter>
+        region;  // declared before the engine: freed after it
     std::unique_ptr<ferry::Engine> engine;
     std::vector<PeerEntry> peers;
     std::vector<ferry::SegmentHandle> segments;
@@ -443,7 +455,8 @@ class Child {
   void Worker(EngineSet& e, size_t t) {
     const size_t n_peers = e.peers.size();
     const uint64_t transport_tag = e.transport == "tcp" ? 1 : 2;
-    std::mt19937_64 rng(Mix64(o_.seed ^ Mix64((static_cast<uint64_t>(o_.child) << 32) ^ (transport_tag << 16) ^ t)));
+    std::mt19937_64 rng(Mix64(
+        o_.seed ^ Mix64((static_cast<uint64_t>(o_.child) << 32) ^ (transport_tag << 16) ^ t)));
     unsigned char* local_base = e.region.get() + target_area_ + t * per_thread_local_;
     std::vector<Window> windows(n_peers);
     uint64_t sequence = 0;
@@ -496,8 +509,9 @@ class Child {
         if (op.opcode == ferry::Opcode::kWrite) {
           w.len = LogUniform(rng, o_.min_size, o_.max_size);
           w.off = Uniform(rng, 0, slot_ - w.len);
-          w.seed = Mix64(o_.seed ^ Mix64(Mix64(static_cast<uint64_t>(o_.child) * 131 + transport_tag) ^
-                                         (t << 40) ^ (p << 32) ^ ++sequence));
+          w.seed =
+              Mix64(o_.seed ^ Mix64(Mix64(static_cast<uint64_t>(o_.child) * 131 + transport_tag) ^
+                                    (t << 40) ^ (p << 32) ^ ++sequence));
           w.valid = true;
           op.local += Uniform(rng, 0, kLocalSlack - 1);
           op.slot_off = w.off;
@@ -517,10 +531,12 @@ class Child {
           // Poison: the complement of what must arrive, so no byte of a read
           // that did not land (or landed in part) can pass for one that did.
           FillPattern(op.local, op.len, w.seed, op.window_pos);
-          for (uint64_t b = 0; b < op.len; ++b) op.local[b] = static_cast<unsigned char>(~op.local[b]);
+          for (uint64_t b = 0; b < op.len; ++b)
+            op.local[b] = static_cast<unsigned char>(~op.local[b]);
         }
         const PeerEntry& peer = e.peers[p];
-        const uint64_t remote = peer.region + (static_cast<uint64_t>(o_.child) * o_.threads + t) * slot_ + op.slot_off;
+        const uint64_t remote =
+            peer.region + (static_cast<uint64_t>(o_.child) * o_.threads + t) * slot_ + op.slot_off;
         ops.push_back(op);
         reqs.push_back({op.opcode, op.local, e.segments[p], remote, op.len});
       }
@@ -537,8 +553,8 @@ class Child {
         const bool done = ts.ok() && ts->state == ferry::TransferState::kCompleted;
         ++e.counters.requests;
         if (!done) {
-          Report(e, "request to " + e.peers[op.peer].peer_id + " (" + std::to_string(op.len) + " B): " +
-                        (ts.ok() ? ts->status.ToString() : ts.status().ToString()));
+          Report(e, "request to " + e.peers[op.peer].peer_id + " (" + std::to_string(op.len) +
+                        " B): " + (ts.ok() ? ts->status.ToString() : ts.status().ToString()));
           w.valid = false;  // its bytes are unknown now
           continue;
         }
@@ -556,10 +572,11 @@ class Child {
         if (bad) {
           char msg[256];
           std::snprintf(msg, sizeof(msg),
-                        "read of %" PRIu64 " B at window offset %" PRIu64 " from %s: byte %zu differs "
+                        "read of %" PRIu64 " B at window offset %" PRIu64
+                        " from %s: byte %zu differs "
                         "(got 0x%02x, want 0x%02x)",
-                        op.len, op.window_pos, e.peers[op.peer].peer_id.c_str(), *bad, op.local[*bad],
-                        ferry::test::PatternByte(w.seed, op.window_pos + *bad));
+                        op.len, op.window_pos, e.peers[op.peer].peer_id.c_str(), *bad,
+                        op.local[*bad], ferry::test::PatternByte(w.seed, op.window_pos + *bad));
           Report(e, msg);
           w.valid = false;
         } else {
@@ -655,10 +672,12 @@ int RunParent(const Options& o, int argc, char** argv) {
   if (std::find(transports.begin(), transports.end(), "shm") != transports.end()) {
     shm_skipped = ferry::internal::shm::SameHostCopyRefusal();
     if (!shm_skipped.empty()) {
-      std::fprintf(stderr, "ferry_soak: shm skipped: same-host copies refused here (%s)\n", shm_skipped.c_str());
+      std::fprintf(stderr, "ferry_soak: shm skipped: same-host copies refused here (%s)\n",
+                   shm_skipped.c_str());
       transports.erase(std::find(transports.begin(), transports.end(), "shm"));
       if (transports.empty()) {
-        std::printf("{\"soak\":\"total\",\"result\":\"SKIP\",\"why\":\"shm refused: %s\"}\n", shm_skipped.c_str());
+        std::printf("{\"soak\":\"total\",\"result\":\"SKIP\",\"why\":\"shm refused: %s\"}\n",
+                    shm_skipped.c_str());
         return 0;
       }
     }
@@ -684,9 +703,10 @@ int RunParent(const Options& o, int argc, char** argv) {
   self[n] = '\0';
 
   std::printf("ferry_soak: %d processes x {%s} engines, %d threads each, %" PRIu64 " B..%" PRIu64
-              " B (log-uniform), %d s, seed %" PRIu64 ", peak-memory growth bound %" PRIu64 " MiB\n",
-              o.processes, Join(transports, ",").c_str(), o.threads, o.min_size, o.max_size, o.seconds,
-              o.seed, o.rss_bound_mib);
+              " B (log-uniform), %d s, seed %" PRIu64 ", peak-memory growth bound %" PRIu64
+              " MiB\n",
+              o.processes, Join(transports, ",").c_str(), o.threads, o.min_size, o.max_size,
+              o.seconds, o.seed, o.rss_bound_mib);
   std::fflush(stdout);
 
   std::vector<Proc> procs(static_cast<size_t>(o.processes));
@@ -700,7 +720,8 @@ int RunParent(const Options& o, int argc, char** argv) {
     std::vector<std::string> args = base;
     args.push_back("--child");
     args.push_back(std::to_string(i));
-    if (!Spawn(self, args, &procs[static_cast<size_t>(i)])) fail("could not start child " + std::to_string(i));
+    if (!Spawn(self, args, &procs[static_cast<size_t>(i)]))
+      fail("could not start child " + std::to_string(i));
   }
   // One step: every child says `word` (the line's first word) in time.
   auto expect_all = [&](const std::string& word, Clock::time_point deadline) {
@@ -735,7 +756,8 @@ int RunParent(const Options& o, int argc, char** argv) {
   tell_all("GO");
   // Each child stops by itself at --seconds, then reads its open windows back
   // (each request bounded by its transfer timeout).
-  expect_all("FINISHED", Clock::now() + std::chrono::seconds(o.seconds) + std::chrono::seconds(300));
+  expect_all("FINISHED",
+             Clock::now() + std::chrono::seconds(o.seconds) + std::chrono::seconds(300));
   tell_all("EXIT");
   expect_all("SUMMARY", Clock::now() + std::chrono::seconds(60));
 
@@ -777,14 +799,16 @@ int RunParent(const Options& o, int argc, char** argv) {
     if (p.out >= 0) close(p.out);
   }
   const bool pass = ok && errors == 0 && flat;
-  std::printf("{\"soak\":\"total\",\"processes\":%d,\"transports\":\"%s\",\"shm_skipped\":%s,\"threads\":%d,"
-              "\"seconds\":%d,\"requests\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"verified_bytes\":%" PRIu64
-              ",\"errors\":%" PRIu64 ",\"max_hwm_growth_kib\":%" PRIu64 ",\"bound_kib\":%" PRIu64
-              ",\"result\":\"%s\"%s%s%s}\n",
-              o.processes, Join(transports, ",").c_str(),
-              shm_skipped.empty() ? "null" : ("\"" + shm_skipped + "\"").c_str(), o.threads, o.seconds,
-              requests, bytes, verified, errors, max_growth, o.rss_bound_mib * 1024, pass ? "PASS" : "FAIL",
-              failure.empty() ? "" : ",\"failure\":\"", failure.c_str(), failure.empty() ? "" : "\"");
+  std::printf(
+      "{\"soak\":\"total\",\"processes\":%d,\"transports\":\"%s\",\"shm_skipped\":%s,\"threads\":%"
+      "d,"
+      "\"seconds\":%d,\"requests\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"verified_bytes\":%" PRIu64
+      ",\"errors\":%" PRIu64 ",\"max_hwm_growth_kib\":%" PRIu64 ",\"bound_kib\":%" PRIu64
+      ",\"result\":\"%s\"%s%s%s}\n",
+      o.processes, Join(transports, ",").c_str(),
+      shm_skipped.empty() ? "null" : ("\"" + shm_skipped + "\"").c_str(), o.threads, o.seconds,
+      requests, bytes, verified, errors, max_growth, o.rss_bound_mib * 1024, pass ? "PASS" : "FAIL",
+      failure.empty() ? "" : ",\"failure\":\"", failure.c_str(), failure.empty() ? "" : "\"");
   return pass ? 0 : 1;
 }
 

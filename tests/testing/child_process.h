@@ -72,7 +72,8 @@ class ChildProcess {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, in_pipe[0], STDIN_FILENO);
     posix_spawn_file_actions_adddup2(&actions, out_fd, STDOUT_FILENO);
-    if (!options.output_file.empty()) posix_spawn_file_actions_adddup2(&actions, out_fd, STDERR_FILENO);
+    if (!options.output_file.empty())
+      posix_spawn_file_actions_adddup2(&actions, out_fd, STDERR_FILENO);
     posix_spawn_file_actions_addclosefrom_np(&actions, 3);
     posix_spawnattr_t attr;
     posix_spawnattr_init(&attr);
@@ -126,8 +127,10 @@ class ChildProcess {
         buffered_.erase(0, nl + 1);
         return ::testing::AssertionSuccess();
       }
-      if (stdout_fd_ < 0) return ::testing::AssertionFailure() << Describe() << " has no stdout pipe";
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (stdout_fd_ < 0)
+        return ::testing::AssertionFailure() << Describe() << " has no stdout pipe";
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       if (left <= 0) {
         return ::testing::AssertionFailure() << "timed out; partial output \"" << buffered_ << "\"";
       }
@@ -140,8 +143,8 @@ class ChildProcess {
       if (got < 0 && errno == EINTR) continue;
       if (got < 0) return Errno("read");
       if (got == 0) {
-        return ::testing::AssertionFailure() << Describe() << " closed its stdout (exited?); partial \""
-                                             << buffered_ << "\"";
+        return ::testing::AssertionFailure()
+               << Describe() << " closed its stdout (exited?); partial \"" << buffered_ << "\"";
       }
       buffered_.append(chunk, static_cast<size_t>(got));
     }
@@ -190,7 +193,8 @@ class ChildProcess {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    return ::testing::AssertionFailure() << "child did not stop within " << timeout.count() << " ms";
+    return ::testing::AssertionFailure()
+           << "child did not stop within " << timeout.count() << " ms";
   }
 
   // SIGKILL and reap. Idempotent.

@@ -43,7 +43,9 @@ class FakeCuda {
   // How long a stream's worker waits before each copy it runs (so that data
   // used before its event completed is caught); kDefaultCopyDelayUs unless set.
   static constexpr unsigned kDefaultCopyDelayUs = 200;
-  void SetCopyDelayUs(unsigned us) { Fn<void (*)(unsigned)>("ferry_fake_cuda_set_copy_delay_us")(us); }
+  void SetCopyDelayUs(unsigned us) {
+    Fn<void (*)(unsigned)>("ferry_fake_cuda_set_copy_delay_us")(us);
+  }
   // While held, no stream runs its next operation (what is queued waits for
   // HoldStreams(false)): "not run yet" without relying on a delay.
   void HoldStreams(bool hold) { Fn<void (*)(int)>("ferry_fake_cuda_hold_streams")(hold ? 1 : 0); }
@@ -59,7 +61,9 @@ class FakeCuda {
   // Mappings of this process the fake holds now (not reset: a test that
   // checks for leaks compares before and after).
   enum Kind { kDeviceAllocations = 0, kImportedMappings = 1, kHostAllocations = 2 };
-  int LiveAllocations(Kind k) { return Fn<int (*)(int)>("ferry_fake_cuda_live_allocations")(static_cast<int>(k)); }
+  int LiveAllocations(Kind k) {
+    return Fn<int (*)(int)>("ferry_fake_cuda_live_allocations")(static_cast<int>(k));
+  }
 
  private:
   template <typename F>

@@ -68,15 +68,15 @@ constexpr int kMemoryTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE
 constexpr int kAttributeContext = 1;  // CU_POINTER_ATTRIBUTE_CONTEXT
 constexpr int kAttributeMemoryType = 2;
 constexpr int kAttributeDeviceOrdinal = 9;
-constexpr int kAttributeRangeStart = 11;  // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
-constexpr int kAttributeRangeSize = 12;   // CU_POINTER_ATTRIBUTE_RANGE_SIZE
-constexpr unsigned kStreamNonBlocking = 0x1;               // CU_STREAM_NON_BLOCKING
-constexpr uintptr_t kStreamLegacy = 0x1;                   // CU_STREAM_LEGACY
-constexpr uintptr_t kStreamPerThread = 0x2;                // CU_STREAM_PER_THREAD
-constexpr unsigned kEventFlags = 0x1 | 0x2;                // CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING
+constexpr int kAttributeRangeStart = 11;      // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+constexpr int kAttributeRangeSize = 12;       // CU_POINTER_ATTRIBUTE_RANGE_SIZE
+constexpr unsigned kStreamNonBlocking = 0x1;  // CU_STREAM_NON_BLOCKING
+constexpr uintptr_t kStreamLegacy = 0x1;      // CU_STREAM_LEGACY
+constexpr uintptr_t kStreamPerThread = 0x2;   // CU_STREAM_PER_THREAD
+constexpr unsigned kEventFlags = 0x1 | 0x2;   // CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING
 constexpr unsigned kMemHostAllocFlags = 0x1 | 0x2 | 0x4;  // PORTABLE | DEVICEMAP | WRITECOMBINED
-constexpr unsigned kIpcLazyEnablePeerAccess = 0x1;         // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
-constexpr size_t kIpcHandleSize = 64;                      // CU_IPC_HANDLE_SIZE
+constexpr unsigned kIpcLazyEnablePeerAccess = 0x1;        // CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+constexpr size_t kIpcHandleSize = 64;                     // CU_IPC_HANDLE_SIZE
 constexpr int kDevices = 2;
 
 // Copy directions of the counters (tests/testing/fake_cuda.h).
@@ -87,8 +87,10 @@ std::atomic<int> init_result{kSuccess};
 std::atomic<bool> initialized{false};
 std::atomic<uintptr_t> device_lo{0}, device_hi{0};
 std::atomic<int> device_ordinal{0};
-std::atomic<int> pointer_result{kSuccess};  // forced result of cuPointerGetAttribute, if not kSuccess
-std::atomic<int> ipc_open_result{kSuccess};  // forced result of cuIpcOpenMemHandle_v2, if not kSuccess
+std::atomic<int> pointer_result{
+    kSuccess};  // forced result of cuPointerGetAttribute, if not kSuccess
+std::atomic<int> ipc_open_result{
+    kSuccess};  // forced result of cuIpcOpenMemHandle_v2, if not kSuccess
 constexpr unsigned kDefaultCopyDelayUs = 200;
 std::atomic<unsigned> copy_delay_us{kDefaultCopyDelayUs};
 std::atomic<unsigned long long> copied[kDirections];
@@ -123,9 +125,9 @@ Context* AsContext(void* p) {
 // reference goes: the table's (until cuMemFree...) or a queued copy's.
 struct Mapping {
   enum Kind { kDevice, kImported, kHost } kind = kDevice;
-  uintptr_t base = 0;  // the device view (kDevice, kImported) or the host memory
-  size_t size = 0;     // as asked for
-  size_t mapped = 0;   // rounded up to pages
+  uintptr_t base = 0;      // the device view (kDevice, kImported) or the host memory
+  size_t size = 0;         // as asked for
+  size_t mapped = 0;       // rounded up to pages
   char* shadow = nullptr;  // read-write view of the device memory; == base for kHost
   int device = 0;
   int fd = -1;
@@ -167,7 +169,8 @@ std::shared_ptr<Mapping> FindLocked(uintptr_t p, bool any = false) {
 // The mapping of this process starting at `base` exactly, of `kind`, or null.
 std::map<uintptr_t, std::shared_ptr<Mapping>>::iterator FindBaseLocked(uintptr_t base, int kind) {
   auto it = Table().find(base);
-  if (it == Table().end() || it->second->kind != kind || it->second->owner != ::getpid()) return Table().end();
+  if (it == Table().end() || it->second->kind != kind || it->second->owner != ::getpid())
+    return Table().end();
   return it;
 }
 
@@ -189,7 +192,7 @@ bool MapViews(Mapping& m, int fd) {
 
 // One side of a copy, resolved at call time.
 struct Side {
-  char* address = nullptr;           // where the fake reads or writes it
+  char* address = nullptr;  // where the fake reads or writes it
   bool device = false;
   std::shared_ptr<Mapping> mapping;  // kept until the copy ran
 };
@@ -219,7 +222,8 @@ int Resolve(unsigned long long ptr, size_t n, Side* side) {
   }
   // Pageable host memory: none of it may be device memory.
   auto it = Table().upper_bound(p);
-  if (it != Table().end() && it->first < p + n && it->second->kind != Mapping::kHost) return kInvalidValue;
+  if (it != Table().end() && it->first < p + n && it->second->kind != Mapping::kHost)
+    return kInvalidValue;
   side->address = reinterpret_cast<char*>(p);
   side->device = false;
   return kSuccess;
@@ -242,7 +246,8 @@ void WaitWhileHeld() {
 // An in-order queue run by its own worker thread.
 class Stream {
  public:
-  explicit Stream(int device) : device_(device), owner_(::getpid()), worker_(new std::thread([this] { Run(); })) {}
+  explicit Stream(int device)
+      : device_(device), owner_(::getpid()), worker_(new std::thread([this] { Run(); })) {}
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   // Runs what is queued, then ends the worker. In a forked child the worker
@@ -363,7 +368,9 @@ std::shared_ptr<Event> FindEvent(void* e) {
 // A fork while another thread holds mu must not leave it held in the child.
 void ForkPrepare() { mu.lock(); }
 void ForkRelease() { mu.unlock(); }
-__attribute__((constructor)) void RegisterForkHandlers() { ::pthread_atfork(ForkPrepare, ForkRelease, ForkRelease); }
+__attribute__((constructor)) void RegisterForkHandlers() {
+  ::pthread_atfork(ForkPrepare, ForkRelease, ForkRelease);
+}
 
 // ---- IPC ----------------------------------------------------------------------
 
@@ -488,13 +495,15 @@ FERRY_FAKE_EXPORT int cuPointerGetAttribute(void* data, int attribute, unsigned 
     std::lock_guard<std::mutex> lock(mu);
     m = FindLocked(static_cast<uintptr_t>(ptr));
   }
-  if (m == nullptr || static_cast<uintptr_t>(ptr) - m->base >= m->size) return kInvalidValue;  // unknown memory
+  if (m == nullptr || static_cast<uintptr_t>(ptr) - m->base >= m->size)
+    return kInvalidValue;  // unknown memory
   switch (attribute) {
     case kAttributeContext:
       *static_cast<void**>(data) = &contexts[m->device];
       return kSuccess;
     case kAttributeMemoryType:
-      *static_cast<unsigned*>(data) = m->kind == Mapping::kHost ? kMemoryTypeHost : kMemoryTypeDevice;
+      *static_cast<unsigned*>(data) =
+          m->kind == Mapping::kHost ? kMemoryTypeHost : kMemoryTypeDevice;
       return kSuccess;
     case kAttributeDeviceOrdinal:
       *static_cast<int*>(data) = m->device;
@@ -640,7 +649,8 @@ FERRY_FAKE_EXPORT int cuEventSynchronize(void* event) {
 }
 
 // Copies: validated now, run on the stream's worker after the copy delay.
-FERRY_FAKE_EXPORT int cuMemcpyAsync(unsigned long long dst, unsigned long long src, size_t n, void* stream) {
+FERRY_FAKE_EXPORT int cuMemcpyAsync(unsigned long long dst, unsigned long long src, size_t n,
+                                    void* stream) {
   if (!initialized) return kNotInitialized;
   if (Current() == nullptr) return kInvalidContext;
   Stream* s = FindStream(stream);
@@ -651,7 +661,8 @@ FERRY_FAKE_EXPORT int cuMemcpyAsync(unsigned long long dst, unsigned long long s
   if (r != kSuccess) return r;
   r = Resolve(src, n, &from);
   if (r != kSuccess) return r;
-  const Direction direction = from.device ? (to.device ? kDtoD : kDtoH) : (to.device ? kHtoD : kHtoH);
+  const Direction direction =
+      from.device ? (to.device ? kDtoD : kDtoH) : (to.device ? kHtoD : kHtoH);
   s->Push([to = std::move(to), from = std::move(from), n, direction] {
     const unsigned delay = copy_delay_us;
     if (delay != 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
@@ -746,11 +757,13 @@ FERRY_FAKE_EXPORT int cuMemsetD8_v2(unsigned long long dptr, unsigned char value
   return kSuccess;
 }
 
-FERRY_FAKE_EXPORT int cuMemGetAddressRange_v2(unsigned long long* base, size_t* size, unsigned long long dptr) {
+FERRY_FAKE_EXPORT int cuMemGetAddressRange_v2(unsigned long long* base, size_t* size,
+                                              unsigned long long dptr) {
   if (!initialized) return kNotInitialized;
   std::lock_guard<std::mutex> lock(mu);
   std::shared_ptr<Mapping> m = FindLocked(static_cast<uintptr_t>(dptr));
-  if (m == nullptr || m->kind == Mapping::kHost || static_cast<uintptr_t>(dptr) - m->base >= m->size) {
+  if (m == nullptr || m->kind == Mapping::kHost ||
+      static_cast<uintptr_t>(dptr) - m->base >= m->size) {
     return kInvalidValue;
   }
   if (base != nullptr) *base = m->base;
@@ -786,22 +799,27 @@ struct FakeIpcMemHandle {  // CUipcMemHandle
   char reserved[kIpcHandleSize];
 };
 
-FERRY_FAKE_EXPORT int cuIpcOpenMemHandle_v2(unsigned long long* dptr, FakeIpcMemHandle handle, unsigned flags) {
+FERRY_FAKE_EXPORT int cuIpcOpenMemHandle_v2(unsigned long long* dptr, FakeIpcMemHandle handle,
+                                            unsigned flags) {
   if (!initialized) return kNotInitialized;
   if (dptr == nullptr || (flags & ~kIpcLazyEnablePeerAccess) != 0) return kInvalidValue;
   if (Current() == nullptr) return kInvalidContext;
   if (ipc_open_result != kSuccess) return ipc_open_result;
   IpcHandle h;
   std::memcpy(&h, handle.reserved, sizeof(h));
-  if (h.magic != kIpcMagic || h.size == 0 || h.mapped < h.size || h.device < 0 || h.device >= kDevices) {
+  if (h.magic != kIpcMagic || h.size == 0 || h.mapped < h.size || h.device < 0 ||
+      h.device >= kDevices) {
     return kInvalidHandle;
   }
-  if (h.pid == static_cast<int32_t>(::getpid())) return kInvalidContext;  // CUDA refuses the exporter itself
+  if (h.pid == static_cast<int32_t>(::getpid()))
+    return kInvalidContext;  // CUDA refuses the exporter itself
   const std::string path = "/proc/" + std::to_string(h.pid) + "/fd/" + std::to_string(h.fd);
   // The fd must still be that allocation's memfd (not freed, not reused).
   char target[256] = {};
   const ssize_t len = ::readlink(path.c_str(), target, sizeof(target) - 1);
-  if (len <= 0 || std::string(target, static_cast<size_t>(len)).rfind("/memfd:" + MemfdName(h.id) + " ", 0) != 0) {
+  if (len <= 0 ||
+      std::string(target, static_cast<size_t>(len)).rfind("/memfd:" + MemfdName(h.id) + " ", 0) !=
+          0) {
     return kInvalidHandle;
   }
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);

@@ -50,8 +50,7 @@ class FaultLink {
   // Relays between `initiator_side` (the socket the initiator's stream talks
   // to) and `target_side` (connected to the target's stream). Takes both fds.
   FaultLink(int initiator_side, int target_side, Plan plan)
-      : a_(initiator_side), b_(target_side), plan_(std::move(plan)),
-        rng_(plan_.seed.value_or(0)) {
+      : a_(initiator_side), b_(target_side), plan_(std::move(plan)), rng_(plan_.seed.value_or(0)) {
     up_ = std::thread([this] { Pump(a_, b_, /*replies=*/false); });
     down_ = std::thread([this] { Pump(b_, a_, /*replies=*/true); });
   }
@@ -101,8 +100,10 @@ class FaultLink {
       a = plan_.replies[k];
     } else if (plan_.seed) {
       int x = static_cast<int>(rng_() % 100);
-      const int cuts[] = {plan_.drop_pct, plan_.delay_pct, plan_.fail_pct, plan_.reorder_pct, plan_.corrupt_pct};
-      const Action as[] = {Action::kDrop, Action::kDelay, Action::kFail, Action::kReorder, Action::kCorrupt};
+      const int cuts[] = {plan_.drop_pct, plan_.delay_pct, plan_.fail_pct, plan_.reorder_pct,
+                          plan_.corrupt_pct};
+      const Action as[] = {Action::kDrop, Action::kDelay, Action::kFail, Action::kReorder,
+                           Action::kCorrupt};
       for (int i = 0; i < 5; ++i) {
         if (x < cuts[i]) {
           a = as[i];
@@ -154,15 +155,20 @@ class FaultLink {
       const size_t rest = size_t{h->body_len} + h->payload_len;
       frame.resize(wire::kFrameHeaderSize + rest);
       if (!ReadAll(from, frame.data() + wire::kFrameHeaderSize, rest)) break;
-      const bool data_reply = replies && (h->type == wire::FrameType::kAck || h->type == wire::FrameType::kReadData);
+      const bool data_reply =
+          replies && (h->type == wire::FrameType::kAck || h->type == wire::FrameType::kReadData);
       if (!data_reply) {
         WriteAll(to, frame);
         continue;
       }
       switch (Next()) {
-        case Action::kPass: break;
-        case Action::kDrop: continue;
-        case Action::kDelay: std::this_thread::sleep_for(plan_.delay); break;
+        case Action::kPass:
+          break;
+        case Action::kDrop:
+          continue;
+        case Action::kDelay:
+          std::this_thread::sleep_for(plan_.delay);
+          break;
         case Action::kFail:
           ::shutdown(a_, SHUT_RDWR);
           ::shutdown(b_, SHUT_RDWR);
@@ -173,7 +179,9 @@ class FaultLink {
             continue;
           }
           break;
-        case Action::kCorrupt: frame = Corrupt(frame); break;
+        case Action::kCorrupt:
+          frame = Corrupt(frame);
+          break;
       }
       WriteAll(to, frame);
       if (held) {
@@ -187,8 +195,8 @@ class FaultLink {
   const int a_, b_;
   const Plan plan_;
   mutable std::mutex mu_;
-  std::mt19937 rng_;             // guarded by mu_
-  std::vector<Action> taken_;    // guarded by mu_
+  std::mt19937 rng_;           // guarded by mu_
+  std::vector<Action> taken_;  // guarded by mu_
   std::atomic<bool> stop_{false};
   std::thread up_, down_;
 };

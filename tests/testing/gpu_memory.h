@@ -28,7 +28,8 @@ inline bool TestCudaDriverIsFake() { return TestCudaDriverLibrary() == FERRY_FAK
 
 // Points `o` at the tests' driver (the real one needs no option).
 inline void UseTestCudaDriver(EngineOptions* o) {
-  if (TestCudaDriverLibrary() != internal::CudaDriver::kLibrary) o->testing.cuda_driver = TestCudaDriverLibrary();
+  if (TestCudaDriverLibrary() != internal::CudaDriver::kLibrary)
+    o->testing.cuda_driver = TestCudaDriverLibrary();
 }
 
 // Device memory of device 0, freed with the object, and a stream to copy with.
@@ -69,8 +70,8 @@ class GpuMemory {
   }
 
   // Whether [off, off + len) of device memory `p` is pattern `seed` at `pos`.
-  ::testing::AssertionResult Holds(const unsigned char* p, uint64_t off, uint64_t len, uint64_t seed,
-                                   uint64_t pos) const {
+  ::testing::AssertionResult Holds(const unsigned char* p, uint64_t off, uint64_t len,
+                                   uint64_t seed, uint64_t pos) const {
     std::vector<unsigned char> host(len);
     const Status s = Copy(host.data(), p + off, len);
     if (!s.ok()) return ::testing::AssertionFailure() << s;

@@ -18,8 +18,8 @@ inline const std::string& SameHostCopyRefusal() {
 }  // namespace ferry::test
 
 // Skips the current test when shm cannot work on this machine.
-#define FERRY_SKIP_WITHOUT_SAME_HOST_COPY()                                               \
-  do {                                                                                    \
-    const std::string& why = ::ferry::test::SameHostCopyRefusal();                        \
-    if (!why.empty()) GTEST_SKIP() << "same-host copies refused here (" << why << ")";    \
+#define FERRY_SKIP_WITHOUT_SAME_HOST_COPY()                                            \
+  do {                                                                                 \
+    const std::string& why = ::ferry::test::SameHostCopyRefusal();                     \
+    if (!why.empty()) GTEST_SKIP() << "same-host copies refused here (" << why << ")"; \
   } while (0)

@@ -54,8 +54,8 @@ inline std::vector<uint16_t> FreeLoopbackPorts(size_t n) {
 
 // Sends `request` to 127.0.0.1:port and returns what comes back until the
 // other side closes or `timeout` passes ("" if it could not connect).
-inline std::string RawExchange(uint16_t port, const std::string& request, std::chrono::milliseconds timeout,
-                               size_t enough_bytes = 0) {
+inline std::string RawExchange(uint16_t port, const std::string& request,
+                               std::chrono::milliseconds timeout, size_t enough_bytes = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return "";
   sockaddr_in a{};
@@ -63,13 +63,15 @@ inline std::string RawExchange(uint16_t port, const std::string& request, std::c
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+      send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(request.size())) {
     close(fd);
     return "";
   }
   std::string got;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline && (enough_bytes == 0 || got.size() < enough_bytes)) {
+  while (std::chrono::steady_clock::now() < deadline &&
+         (enough_bytes == 0 || got.size() < enough_bytes)) {
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, 50) <= 0) continue;
     char buf[4096];
@@ -101,7 +103,8 @@ class TempDir {
  public:
   TempDir() {
     const char* base = getenv("TMPDIR");
-    std::string pattern = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/ferry-test-XXXXXX";
+    std::string pattern =
+        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/ferry-test-XXXXXX";
     if (mkdtemp(pattern.data()) != nullptr) path_ = pattern;
   }
   ~TempDir() {
@@ -159,10 +162,13 @@ class EtcdCluster {
   // "etcd://127.0.0.1:P1,127.0.0.1:P2,..." (every member).
   std::string url() const {
     std::string s = "etcd://";
-    for (size_t i = 0; i < members_.size(); ++i) s += (i ? "," : "") + endpoint(static_cast<int>(i));
+    for (size_t i = 0; i < members_.size(); ++i)
+      s += (i ? "," : "") + endpoint(static_cast<int>(i));
     return s;
   }
-  std::string endpoint(int i) const { return "127.0.0.1:" + std::to_string(members_[i]->client_port); }
+  std::string endpoint(int i) const {
+    return "127.0.0.1:" + std::to_string(members_[i]->client_port);
+  }
   uint16_t client_port(int i) const { return members_[i]->client_port; }
   int size() const { return static_cast<int>(members_.size()); }
 
@@ -206,22 +212,35 @@ class EtcdCluster {
     Member& m = *members_[i];
     std::string initial;
     for (const auto& other : members_) {
-      initial += (initial.empty() ? "" : ",") + other->name + "=http://127.0.0.1:" + std::to_string(other->peer_port);
+      initial += (initial.empty() ? "" : ",") + other->name +
+                 "=http://127.0.0.1:" + std::to_string(other->peer_port);
     }
     const std::string client = "http://127.0.0.1:" + std::to_string(m.client_port);
     const std::string peer = "http://127.0.0.1:" + std::to_string(m.peer_port);
-    std::vector<std::string> args = {"--name", m.name,
-                                     "--data-dir", dir_.path() + "/" + m.name,
-                                     "--listen-client-urls", client,
-                                     "--advertise-client-urls", client,
-                                     "--listen-peer-urls", peer,
-                                     "--initial-advertise-peer-urls", peer,
-                                     "--initial-cluster", initial,
-                                     "--initial-cluster-token", "ferry-test-" + std::to_string(getpid()),
-                                     "--initial-cluster-state", "new",
-                                     "--logger", "zap",
-                                     "--log-outputs", "stderr",
-                                     "--log-level", "warn"};
+    std::vector<std::string> args = {"--name",
+                                     m.name,
+                                     "--data-dir",
+                                     dir_.path() + "/" + m.name,
+                                     "--listen-client-urls",
+                                     client,
+                                     "--advertise-client-urls",
+                                     client,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     initial,
+                                     "--initial-cluster-token",
+                                     "ferry-test-" + std::to_string(getpid()),
+                                     "--initial-cluster-state",
+                                     "new",
+                                     "--logger",
+                                     "zap",
+                                     "--log-outputs",
+                                     "stderr",
+                                     "--log-level",
+                                     "warn"};
     ChildProcess::Options options;
     options.output_file = Log(i);
     m.started_once = true;
@@ -235,11 +254,13 @@ class EtcdCluster {
       const std::string reply =
           RawExchange(members_[i]->client_port, "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n",
                       std::chrono::milliseconds(1000));
-      if (reply.find("\"health\":\"true\"") != std::string::npos) return ::testing::AssertionSuccess();
+      if (reply.find("\"health\":\"true\"") != std::string::npos)
+        return ::testing::AssertionSuccess();
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    return ::testing::AssertionFailure() << "etcd member " << members_[i]->name << " did not become healthy; log:\n"
-                                         << LogTail(i);
+    return ::testing::AssertionFailure()
+           << "etcd member " << members_[i]->name << " did not become healthy; log:\n"
+           << LogTail(i);
   }
 
   std::string binary_;
@@ -256,7 +277,8 @@ class RedisServer {
   ::testing::AssertionResult Start(std::vector<std::string> extra = {}) {
     binary_ = FindProgram("redis-server");
     if (binary_.empty()) {
-      return ::testing::AssertionFailure() << "no redis-server binary (install Debian's redis-server)";
+      return ::testing::AssertionFailure()
+             << "no redis-server binary (install Debian's redis-server)";
     }
     if (dir_.path().empty()) return ::testing::AssertionFailure() << "no temporary folder";
     const std::vector<uint16_t> ports = FreeLoopbackPorts(1);
@@ -268,9 +290,20 @@ class RedisServer {
 
   // Starts it again on the same port (after Stop), empty.
   ::testing::AssertionResult Restart() {
-    std::vector<std::string> args = {"--port", std::to_string(port_), "--bind", "127.0.0.1",
-                                     "--dir", dir_.path(), "--save", "", "--appendonly", "no",
-                                     "--daemonize", "no", "--protected-mode", "no"};
+    std::vector<std::string> args = {"--port",
+                                     std::to_string(port_),
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--dir",
+                                     dir_.path(),
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--daemonize",
+                                     "no",
+                                     "--protected-mode",
+                                     "no"};
     args.insert(args.end(), extra_.begin(), extra_.end());
     ChildProcess::Options options;
     options.output_file = dir_.path() + "/redis.log";
@@ -280,7 +313,8 @@ class RedisServer {
     while (std::chrono::steady_clock::now() < deadline && process_.running()) {
       const std::string reply = RawExchange(port_, "PING\r\n", std::chrono::milliseconds(500), 5);
       // "+PONG", or "-NOAUTH ..." when a password is required: either way it serves.
-      if (reply.rfind("+PONG", 0) == 0 || reply.rfind("-NOAUTH", 0) == 0) return ::testing::AssertionSuccess();
+      if (reply.rfind("+PONG", 0) == 0 || reply.rfind("-NOAUTH", 0) == 0)
+        return ::testing::AssertionSuccess();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return ::testing::AssertionFailure() << "redis-server did not answer PING; log:\n"

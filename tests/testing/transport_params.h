@@ -32,9 +32,9 @@ inline std::string TransportRefusal(const std::string& param) {
   }
   return "";
 }
-#define FERRY_SKIP_UNLESS_TRANSPORT_WORKS(param)                                    \
-  do {                                                                              \
-    const std::string why_not = ::ferry::test::TransportRefusal(param);             \
+#define FERRY_SKIP_UNLESS_TRANSPORT_WORKS(param)                                      \
+  do {                                                                                \
+    const std::string why_not = ::ferry::test::TransportRefusal(param);               \
     if (!why_not.empty()) GTEST_SKIP() << (param) << " cannot run here: " << why_not; \
   } while (0)
 

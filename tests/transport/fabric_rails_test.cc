@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,7 +96,8 @@ TEST_F(FabricRailsTest, NotificationFollowsTheWritesOfEveryRail) {
     EXPECT_EQ(got[0].name, "round-" + std::to_string(r));
     // Seen: every byte of this round (and the earlier ones) is in place.
     const std::string check = DescribePatternMismatch(remote, (r + 1) * kArea, seed, 0);
-    EXPECT_EQ(check, "") << "round " << r << ": the notification arrived before the data it follows";
+    EXPECT_EQ(check, "") << "round " << r
+                         << ": the notification arrived before the data it follows";
     ASSERT_THAT(initiator().WaitBatch(*batch, kWaitTimeout), IsOk());
     ASSERT_THAT(initiator().FreeBatch(*batch), IsOk());
   }
@@ -106,7 +107,8 @@ TEST_F(FabricRailsTest, NotificationFollowsTheWritesOfEveryRail) {
 // (rail i posts to the peer's rail i modulo its count).
 TEST(FabricRails, OneRailAndTwoRailEnginesTalk) {
   FERRY_SKIP_UNLESS_TRANSPORT_WORKS("fabric_tcp");
-  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{{"", kTwoRails}, {kTwoRails, ""}}) {
+  for (const auto& [a, b] :
+       std::vector<std::pair<std::string, std::string>>{{"", kTwoRails}, {kTwoRails, ""}}) {
     EnginePair pair;
     pair.Start(RailOptions(a), RailOptions(b));
     if (::testing::Test::HasFatalFailure()) return;
@@ -114,7 +116,8 @@ TEST(FabricRails, OneRailAndTwoRailEnginesTalk) {
     unsigned char* remote = pair.Alloc(8 * kMiB, &pair.target());
     ASSERT_NE(local, nullptr);
     ASSERT_NE(remote, nullptr);
-    const std::vector<Piece> pieces = {{0, 0, 3 * kMiB}, {3 * kMiB, 4 * kMiB, 100}, {4 * kMiB, 5 * kMiB, 2 * kMiB}};
+    const std::vector<Piece> pieces = {
+        {0, 0, 3 * kMiB}, {3 * kMiB, 4 * kMiB, 100}, {4 * kMiB, 5 * kMiB, 2 * kMiB}};
     SCOPED_TRACE("initiator nics '" + a + "', target nics '" + b + "'");
     pair.RunScatter(Opcode::kWrite, local, 8 * kMiB, remote, 8 * kMiB, pieces, 7104, 3);
     pair.RunScatter(Opcode::kRead, local, 8 * kMiB, remote, 8 * kMiB, pieces, 7105, 3);
@@ -127,10 +130,11 @@ TEST(FabricRails, BadNicListsAreRefusedNamingTheEntry) {
   struct Case {
     std::string nics, says;
   };
-  for (const Case& c : std::vector<Case>{{"127.0.0.1,,127.0.0.2", "entry 1"},
-                                         {"127.0.0.1,127.0.0.1", "names 127.0.0.1 twice"},
-                                         {"127.0.0.1, 127.0.0.2", "entry 1"},
-                                         {"127.0.0.1,192.0.2.77", "fabric_nics entry 1 (192.0.2.77)"}}) {
+  for (const Case& c :
+       std::vector<Case>{{"127.0.0.1,,127.0.0.2", "entry 1"},
+                         {"127.0.0.1,127.0.0.1", "names 127.0.0.1 twice"},
+                         {"127.0.0.1, 127.0.0.2", "entry 1"},
+                         {"127.0.0.1,192.0.2.77", "fabric_nics entry 1 (192.0.2.77)"}}) {
     auto e = Engine::Create(RailOptions(c.nics));
     ASSERT_FALSE(e.ok()) << c.nics;
     EXPECT_THAT(e.status().message(), HasSubstr(c.says)) << c.nics << ": " << e.status();
@@ -141,8 +145,9 @@ TEST(FabricRails, BadNicListsAreRefusedNamingTheEntry) {
 // shm provider that Ferry refuses, saying why, instead of running on it.
 TEST(FabricProviders, LibfabricShmBefore118IsRefusedWithTheReason) {
   const FabricInfo f = DescribeFabric("shm", "127.0.0.1");
-  const bool listed = std::any_of(f.domains.begin(), f.domains.end(),
-                                  [](const FabricDomainInfo& d) { return d.provider.starts_with("shm"); });
+  const bool listed =
+      std::any_of(f.domains.begin(), f.domains.end(),
+                  [](const FabricDomainInfo& d) { return d.provider.starts_with("shm"); });
   if (!listed) GTEST_SKIP() << "libfabric lists no shm provider here (" << f.library << ")";
   int major = 0, minor = 0;
   ASSERT_EQ(std::sscanf(f.library.c_str(), "libfabric %d.%d", &major, &minor), 2) << f.library;

@@ -29,7 +29,8 @@ class GpuStagingTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
     driver_ = &CudaDriver::Load(TestCudaDriverLibrary());
-    if (!driver_->data_path()) GTEST_SKIP() << "no CUDA driver with the data paths: " << driver_->why_no_data_path();
+    if (!driver_->data_path())
+      GTEST_SKIP() << "no CUDA driver with the data paths: " << driver_->why_no_data_path();
     if (TestCudaDriverIsFake()) fake_ = std::make_unique<FakeCuda>();
     gpu_ = std::make_unique<GpuMemory>(*driver_);
     EngineOptions a = ConformanceOptions(GetParam());
@@ -65,7 +66,8 @@ TEST_P(GpuStagingTest, WritesAndReadsOfManySizesBetweenGpuAndHostMemoryEveryByte
   }
   ASSERT_OK(pair_.initiator().TransferSync(writes));
   EXPECT_EQ(CheckPattern(host, kHalf, kGpuSeed, 0), std::nullopt);
-  EXPECT_EQ(CheckPattern(host + kHalf, kHalf, kHostSeed, kHalf), std::nullopt) << "bytes past the writes changed";
+  EXPECT_EQ(CheckPattern(host + kHalf, kHalf, kHostSeed, kHalf), std::nullopt)
+      << "bytes past the writes changed";
 
   // The second half read back into GPU memory, in odd pieces.
   std::vector<TransferRequest> reads;
@@ -78,8 +80,10 @@ TEST_P(GpuStagingTest, WritesAndReadsOfManySizesBetweenGpuAndHostMemoryEveryByte
   EXPECT_TRUE(gpu_->Holds(gpu, 0, kHalf, kGpuSeed, 0));
   EXPECT_TRUE(gpu_->Holds(gpu, kHalf, kHalf, kHostSeed, kHalf));
   if (fake_) {
-    EXPECT_GE(fake_->CopiedBytes(FakeCuda::kDeviceToHost), kHalf) << "the writes did not come off the GPU";
-    EXPECT_GE(fake_->CopiedBytes(FakeCuda::kHostToDevice), kHalf) << "the reads did not go onto the GPU";
+    EXPECT_GE(fake_->CopiedBytes(FakeCuda::kDeviceToHost), kHalf)
+        << "the writes did not come off the GPU";
+    EXPECT_GE(fake_->CopiedBytes(FakeCuda::kHostToDevice), kHalf)
+        << "the reads did not go onto the GPU";
   }
 }
 
@@ -95,14 +99,16 @@ TEST_P(GpuStagingTest, NotificationSentRightAfterStagedWritesSeesThemAll) {
   ASSERT_OK_AND_ASSIGN(BatchId batch, pair_.initiator().AllocateBatch(64));
   std::vector<TransferRequest> writes;
   for (uint64_t off = 0; off < kSize; off += 256 * kKiB) {
-    writes.push_back({Opcode::kWrite, gpu + off, pair_.segment(), reinterpret_cast<uintptr_t>(host) + off, 256 * kKiB});
+    writes.push_back({Opcode::kWrite, gpu + off, pair_.segment(),
+                      reinterpret_cast<uintptr_t>(host) + off, 256 * kKiB});
   }
   ASSERT_OK(pair_.initiator().Submit(batch, writes));
   ASSERT_OK(pair_.initiator().SendNotification(pair_.segment(), "staged", "done"));
   // The target checks its memory the moment it sees the notification.
   std::optional<size_t> bad_at_arrival;
   bool seen = false;
-  for (auto until = std::chrono::steady_clock::now() + 60s; !seen && std::chrono::steady_clock::now() < until;) {
+  for (auto until = std::chrono::steady_clock::now() + 60s;
+       !seen && std::chrono::steady_clock::now() < until;) {
     for (const Notification& n : pair_.target().GetNotifications()) {
       if (n.name != "staged") continue;
       seen = true;
@@ -139,14 +145,17 @@ TEST_P(GpuStagingTest, GpuMemoryOfTheTargetIsStagedByTcpAndRefusedByTheOthers) {
   const TransferRequest from_host{Opcode::kWrite, host, seg, remote, kSize};
   if (GetParam() != "tcp") {
     EXPECT_THAT(pair_.initiator().TransferSync(from_host),
-                StatusIs(StatusCode::kFailedPrecondition, ::testing::HasSubstr("and cuda:0 memory of peer")));
-    EXPECT_TRUE(gpu_->Holds(gpu, 0, 2 * kSize, 1, 0)) << "a refused write changed the target's memory";
+                StatusIs(StatusCode::kFailedPrecondition,
+                         ::testing::HasSubstr("and cuda:0 memory of peer")));
+    EXPECT_TRUE(gpu_->Holds(gpu, 0, 2 * kSize, 1, 0))
+        << "a refused write changed the target's memory";
     return;
   }
   // Host memory -> the target's GPU memory; GPU memory -> the rest of it.
   std::vector<TransferRequest> writes = {from_host};
   for (uint64_t o = 0; o < kSize; o += 300 * kKiB) {
-    writes.push_back({Opcode::kWrite, local_gpu + o, seg, remote + kSize + o, std::min<uint64_t>(300 * kKiB, kSize - o)});
+    writes.push_back({Opcode::kWrite, local_gpu + o, seg, remote + kSize + o,
+                      std::min<uint64_t>(300 * kKiB, kSize - o)});
   }
   ASSERT_OK(pair_.initiator().TransferSync(writes));
   EXPECT_TRUE(gpu_->Holds(gpu, 0, kSize, 7, 0));
@@ -156,14 +165,19 @@ TEST_P(GpuStagingTest, GpuMemoryOfTheTargetIsStagedByTcpAndRefusedByTheOthers) {
   // And back: the target's GPU memory read into host memory and GPU memory here.
   std::vector<unsigned char> back(kSize);
   ASSERT_OK(pair_.initiator().RegisterMemory(back.data(), kSize, "cpu"));
-  ASSERT_OK(pair_.initiator().TransferSync(TransferRequest{Opcode::kRead, back.data(), seg, remote + kSize, kSize}));
+  ASSERT_OK(pair_.initiator().TransferSync(
+      TransferRequest{Opcode::kRead, back.data(), seg, remote + kSize, kSize}));
   EXPECT_EQ(CheckPattern(back.data(), kSize, 8, 0), std::nullopt);
-  ASSERT_OK(pair_.initiator().TransferSync(TransferRequest{Opcode::kRead, local_gpu, seg, remote, kSize}));
+  ASSERT_OK(pair_.initiator().TransferSync(
+      TransferRequest{Opcode::kRead, local_gpu, seg, remote, kSize}));
   EXPECT_TRUE(gpu_->Holds(local_gpu, 0, kSize, 7, 0));
 }
 
-INSTANTIATE_TEST_SUITE_P(HostTransports, GpuStagingTest, ::testing::Values("tcp", "shm", "fabric_tcp"),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(HostTransports, GpuStagingTest,
+                         ::testing::Values("tcp", "shm", "fabric_tcp"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 }  // namespace
 }  // namespace ferry::test

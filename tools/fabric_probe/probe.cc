@@ -2,16 +2,15 @@
 // Build: g++ -O2 -std=c++20 probe.cc -o probe -lfabric
 // Two processes (fork): the parent is the initiator, the child the target. They exchange the
 // target's endpoint name, MR address and key over a socketpair; the target drives its own progress
-// (fi_cq_read) whenever it is not told otherwise. Every wait is bounded. tcp is pinned to 127.0.0.1.
-// Usage: see README.md (./probe help).
+// (fi_cq_read) whenever it is not told otherwise. Every wait is bounded. tcp is pinned to
+// 127.0.0.1. Usage: see README.md (./probe help).
+#include <poll.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
-
-#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -33,10 +32,10 @@ namespace {
   std::fprintf(stderr, "[%d] %s: %d (%s)\n", getpid(), what, rc, fi_strerror(-rc));
   std::exit(2);
 }
-#define CK(x)                       \
-  do {                              \
-    int rc_ = (x);                  \
-    if (rc_) die(#x, rc_);          \
+#define CK(x)              \
+  do {                     \
+    int rc_ = (x);         \
+    if (rc_) die(#x, rc_); \
   } while (0)
 
 double now_s() {
@@ -46,7 +45,8 @@ double now_s() {
 }
 
 uint8_t pat(uint32_t seed, uint32_t op, size_t j) {
-  uint64_t x = (uint64_t(seed) * 0x9E3779B1u) ^ (uint64_t(op + 1) * 0x85EBCA6Bu) ^ ((j >> 4) * 0xC2B2AE35u);
+  uint64_t x =
+      (uint64_t(seed) * 0x9E3779B1u) ^ (uint64_t(op + 1) * 0x85EBCA6Bu) ^ ((j >> 4) * 0xC2B2AE35u);
   x ^= x >> 15;
   x *= 0x2545F4914F6CDD1DULL;
   x ^= x >> 29;
@@ -68,7 +68,8 @@ fi_info* make_hints(const char* prov) {
   h->ep_attr->type = FI_EP_RDM;
   h->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
   h->mode = FI_CONTEXT | FI_CONTEXT2;
-  h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  h->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   h->fabric_attr->prov_name = strdup(prov);
   return h;
 }
@@ -76,8 +77,8 @@ fi_info* make_hints(const char* prov) {
 int get_info(const char* prov, fi_info* hints, fi_info** out) {
   bool is_tcp = std::strncmp(prov, "tcp", 3) == 0;
   // tcp: bind the source to loopback; shm needs no network address.
-  return fi_getinfo(FI_VERSION(1, 17), is_tcp ? "127.0.0.1" : nullptr, nullptr, is_tcp ? FI_SOURCE : 0, hints,
-                    out);
+  return fi_getinfo(FI_VERSION(1, 17), is_tcp ? "127.0.0.1" : nullptr, nullptr,
+                    is_tcp ? FI_SOURCE : 0, hints, out);
 }
 
 void open_fab(Fab& f, const char* prov, bool wait_fd = false) {
@@ -214,10 +215,14 @@ int run_target(const char* prov, int sock, uint8_t* buf) {
       r.first_bad_op = -1;
       for (uint32_t i = 0; i < c.n; ++i) {
         int64_t b = 0;
-        for (size_t j = 0; j < c.size; ++j) b += buf[i * rs + roff(c.size, nr, j)] != pat(c.seed, i, j);
+        for (size_t j = 0; j < c.size; ++j)
+          b += buf[i * rs + roff(c.size, nr, j)] != pat(c.seed, i, j);
         if (nr > 1)  // the gaps between remote pieces must stay zero
           for (int k = 0; k < nr; ++k)
-            for (size_t q = 0; q < kRGap; ++q) b += buf[i * rs + roff(c.size, nr, k == nr - 1 ? c.size - 1 : (c.size / nr) * (k + 1) - 1) + 1 + q] != 0;
+            for (size_t q = 0; q < kRGap; ++q)
+              b += buf[i * rs +
+                       roff(c.size, nr, k == nr - 1 ? c.size - 1 : (c.size / nr) * (k + 1) - 1) +
+                       1 + q] != 0;
         if (b) {
           r.bad_ops++;
           if (r.first_bad_op < 0) r.first_bad_op = i;
@@ -235,7 +240,8 @@ int run_target(const char* prov, int sock, uint8_t* buf) {
         for (uint32_t i = 0; i < c.n; ++i) {
           if (landed[i]) continue;
           bool ok = true;
-          for (size_t j = 0; j < c.size && ok; j += 1) ok = buf[i * c.size + j] == pat(c.seed, i, j);
+          for (size_t j = 0; j < c.size && ok; j += 1)
+            ok = buf[i * c.size + j] == pat(c.seed, i, j);
           if (ok) {
             landed[i] = 1;
             ++nland;
@@ -250,7 +256,8 @@ int run_target(const char* prov, int sock, uint8_t* buf) {
       r.bad_bytes = fi_close(&mr->fid);
     } else if (c.op == kRegSub) {
       fi_close(&mr->fid);
-      mr = reg(f, buf + kGuard, kTargetBytes - 2 * kGuard, FI_REMOTE_READ | FI_REMOTE_WRITE, 0x5678);
+      mr =
+          reg(f, buf + kGuard, kTargetBytes - 2 * kGuard, FI_REMOTE_READ | FI_REMOTE_WRITE, 0x5678);
       r.bad_bytes = int64_t(f.virt ? uint64_t(uintptr_t(buf + kGuard)) : 0);
       r.bad_ops = int64_t(fi_mr_key(mr));
     } else if (c.op == kExit) {
@@ -274,8 +281,9 @@ struct Init {
   size_t lbytes = 0;
   fid_mr* lmr = nullptr;
   std::vector<fi_context2> ctx;
-  uint8_t* tbuf = nullptr;  // the target's registered buffer: a MAP_SHARED mapping made before fork,
-                            // so the initiator can look at the target's memory without the provider
+  uint8_t* tbuf =
+      nullptr;  // the target's registered buffer: a MAP_SHARED mapping made before fork,
+                // so the initiator can look at the target's memory without the provider
   long err_entries = 0;
   long eagain = 0;             // -FI_EAGAIN returns from fi_writemsg/fi_readmsg
   bool ignore_eagain = false;  // mimic a program that treats -FI_EAGAIN as posted
@@ -372,7 +380,8 @@ struct OpSpec {
 
 size_t lslot(const OpSpec& s) { return s.size + size_t(s.niov) * s.gap; }
 
-// Posts op i to remote slot (i % slots) from local slot (i % slots). Returns 0 or negative fi error.
+// Posts op i to remote slot (i % slots) from local slot (i % slots). Returns 0 or negative fi
+// error.
 int post(Init& in, const OpSpec& s, uint32_t i, uint32_t slots, uint64_t raddr_off, uint64_t key,
          long* reaped = nullptr) {
   uint32_t slot = i % slots;
@@ -388,7 +397,8 @@ int post(Init& in, const OpSpec& s, uint32_t i, uint32_t slots, uint64_t raddr_o
   fi_rma_iov rma[16]{};
   size_t rpiece = s.size / s.nriov;
   for (int k = 0; k < s.nriov; ++k) {
-    rma[k].addr = in.h.addr + raddr_off + uint64_t(slot) * rstride(s.size, s.nriov) + roff(s.size, s.nriov, k * rpiece);
+    rma[k].addr = in.h.addr + raddr_off + uint64_t(slot) * rstride(s.size, s.nriov) +
+                  roff(s.size, s.nriov, k * rpiece);
     rma[k].len = (k == s.nriov - 1) ? s.size - rpiece * (s.nriov - 1) : rpiece;
     rma[k].key = key;
   }
@@ -458,7 +468,8 @@ void verify_local(Init& in, const OpSpec& s, uint32_t seed, uint32_t n, Resp& r)
   }
 }
 
-// One verification round: n ops, window w, all to distinct addresses. Returns bad bytes (-1: no completion).
+// One verification round: n ops, window w, all to distinct addresses. Returns bad bytes (-1: no
+// completion).
 Resp verify_round(Init& in, const OpSpec& s, uint32_t seed, uint32_t n, uint32_t w, bool flush) {
   Resp r{};
   cmd(in, kClear, 0, s.size, n, s.nriov);
@@ -491,7 +502,7 @@ Resp verify_round(Init& in, const OpSpec& s, uint32_t seed, uint32_t n, uint32_t
     return r;
   }
   r.landed_ops = done + fin;  // completions seen
-  if (flush && s.write) {  // a small read from the first slot, after all writes completed
+  if (flush && s.write) {     // a small read from the first slot, after all writes completed
     OpSpec fr;
     fr.write = false;
     fr.size = 8;
@@ -506,8 +517,7 @@ Resp verify_round(Init& in, const OpSpec& s, uint32_t seed, uint32_t n, uint32_t
     int64_t seen = r.landed_ops;
     r = cmd(in, kVerify, seed, s.size, n, s.nriov);
     r.landed_ops = seen;
-  }
-  else
+  } else
     verify_local(in, s, seed, n, r);
   return r;
 }
@@ -525,7 +535,8 @@ int cmd_verify(int argc, char** argv) {
   if (argc < 8) return 1;
   const char* prov = argv[2];
   std::vector<size_t> sizes;
-  for (char* t = strtok(argv[3], ","); t; t = strtok(nullptr, ",")) sizes.push_back(strtoull(t, nullptr, 0));
+  for (char* t = strtok(argv[3], ","); t; t = strtok(nullptr, ","))
+    sizes.push_back(strtoull(t, nullptr, 0));
   std::vector<std::pair<int, int>> niovs;  // "L" or "LxR": local iovs x remote rma_iovs
   for (char* t = strtok(argv[4], ","); t; t = strtok(nullptr, ",")) {
     const char* x = strchr(t, 'x');
@@ -565,11 +576,13 @@ int cmd_verify(int argc, char** argv) {
             comps += r.landed_ops;
           }
           std::printf(
-              "VERIFY prov=%s cma_disabled=%s %s size=%zu niov=%s inflight=%d flags=%s rounds=%d ops/round=%u -> %s "
+              "VERIFY prov=%s cma_disabled=%s %s size=%zu niov=%s inflight=%d flags=%s rounds=%d "
+              "ops/round=%u -> %s "
               "bad_bytes=%lld bad_ops=%lld errs=%ld completions=%lld eagain=%ld%s\n",
-              prov, env ? env : "unset", wr ? "write" : "read", sz, (std::to_string(ni) + "x" + std::to_string(nri)).c_str(), w, fl.c_str(), rounds, n,
-              (bad == 0 && fails == 0) ? "OK" : "CORRUPT", (long long)bad, (long long)badops, in.err_entries,
-              (long long)comps, in.eagain, fails ? " TIMEOUT" : "");
+              prov, env ? env : "unset", wr ? "write" : "read", sz,
+              (std::to_string(ni) + "x" + std::to_string(nri)).c_str(), w, fl.c_str(), rounds, n,
+              (bad == 0 && fails == 0) ? "OK" : "CORRUPT", (long long)bad, (long long)badops,
+              in.err_entries, (long long)comps, in.eagain, fails ? " TIMEOUT" : "");
           std::fflush(stdout);
           if (fails) {
             kill(in.child, SIGKILL);
@@ -586,7 +599,8 @@ int cmd_bench(int argc, char** argv) {
   const char* prov = argv[2];
   bool wr = std::string(argv[3]) == "write";
   std::vector<size_t> sizes;
-  for (char* t = strtok(argv[4], ","); t; t = strtok(nullptr, ",")) sizes.push_back(strtoull(t, nullptr, 0));
+  for (char* t = strtok(argv[4], ","); t; t = strtok(nullptr, ","))
+    sizes.push_back(strtoull(t, nullptr, 0));
   std::vector<int> ws;
   for (char* t = strtok(argv[5], ","); t; t = strtok(nullptr, ",")) ws.push_back(atoi(t));
   int niov = atoi(argv[6]);  // "L" or "LxR"
@@ -613,13 +627,17 @@ int cmd_bench(int argc, char** argv) {
         uint32_t i = 0;
         double t0 = now_s(), end = t0 + secs;
         while (now_s() < end) {
-          while (outstanding < w && now_s() < end) {  // posts can reap completions (EAGAIN): check time here too
+          while (outstanding < w &&
+                 now_s() < end) {  // posts can reap completions (EAGAIN): check time here too
             long reaped = 0;
             int rc = post(in, s, i++, slots, 0, in.h.key, &reaped);
             if (rc == -FI_ETIMEDOUT) {
-              std::printf("BENCH-STALL prov=%s %s size=%zu inflight=%d: -FI_EAGAIN for 10 s on a post; %ld done, %ld "
-                          "outstanding, %ld EAGAIN\n", prov, wr ? "write" : "read", sz, w, done + reaped, outstanding - reaped,
-                          in.eagain);
+              std::printf(
+                  "BENCH-STALL prov=%s %s size=%zu inflight=%d: -FI_EAGAIN for 10 s on a post; %ld "
+                  "done, %ld "
+                  "outstanding, %ld EAGAIN\n",
+                  prov, wr ? "write" : "read", sz, w, done + reaped, outstanding - reaped,
+                  in.eagain);
               std::fflush(stdout);
               kill(in.child, SIGKILL);
               _exit(5);
@@ -630,8 +648,11 @@ int cmd_bench(int argc, char** argv) {
           }
           long g = outstanding > 0 ? reap(in, 1, 10) : 1;
           if (!g) {
-            std::printf("BENCH-STALL prov=%s %s size=%zu inflight=%d: no completion in 10 s; %ld done, %ld outstanding, "
-                        "%ld EAGAIN\n", prov, wr ? "write" : "read", sz, w, done, outstanding, in.eagain);
+            std::printf(
+                "BENCH-STALL prov=%s %s size=%zu inflight=%d: no completion in 10 s; %ld done, %ld "
+                "outstanding, "
+                "%ld EAGAIN\n",
+                prov, wr ? "write" : "read", sz, w, done, outstanding, in.eagain);
             std::fflush(stdout);
             kill(in.child, SIGKILL);
             _exit(5);
@@ -647,10 +668,11 @@ int cmd_bench(int argc, char** argv) {
       }
       std::sort(gbs.begin(), gbs.end());
       std::printf(
-          "BENCH prov=%s %s size=%zu inflight=%d niov=%s flags=%s median_GBps=%.3f min=%.3f max=%.3f errs=%ld "
+          "BENCH prov=%s %s size=%zu inflight=%d niov=%s flags=%s median_GBps=%.3f min=%.3f "
+          "max=%.3f errs=%ld "
           "eagain=%ld\n",
-          prov, wr ? "write" : "read", sz, w, argv[6], argv[7], gbs[gbs.size() / 2], gbs.front(), gbs.back(),
-          in.err_entries, in.eagain);
+          prov, wr ? "write" : "read", sz, w, argv[6], argv[7], gbs[gbs.size() / 2], gbs.front(),
+          gbs.back(), in.err_entries, in.eagain);
       in.eagain = 0;
       std::fflush(stdout);
     }
@@ -660,7 +682,8 @@ int cmd_bench(int argc, char** argv) {
 
 // order PROV SIZE PAUSE_MS FLAGS N : when a write completes at the initiator, are its bytes already
 // in the target's memory? The target drives no progress for PAUSE_MS (it sleeps), then polls again.
-// The initiator checks the target's memory (a shared mapping) at the moment each completion arrives.
+// The initiator checks the target's memory (a shared mapping) at the moment each completion
+// arrives.
 int cmd_order(int argc, char** argv) {
   if (argc < 7) return 1;
   const char* prov = argv[2];
@@ -712,9 +735,12 @@ int cmd_order(int argc, char** argv) {
   Resp rr{};
   xread(in.sock, &rr, sizeof(rr), 20000);
   std::printf(
-      "ORDER prov=%s size=%zu n=%u flags=%s target_sleeps_ms=%d: completions=%ld (reaped while posting %ld, errors %ld) "
-      "first_at=%.1fms last_at=%.1fms; ops whose bytes were NOT yet in target memory at completion: %ld\n",
-      prov, s.size, n, argv[5], pause_ms, got, reaped, in.err_entries, first * 1e3, last * 1e3, early);
+      "ORDER prov=%s size=%zu n=%u flags=%s target_sleeps_ms=%d: completions=%ld (reaped while "
+      "posting %ld, errors %ld) "
+      "first_at=%.1fms last_at=%.1fms; ops whose bytes were NOT yet in target memory at "
+      "completion: %ld\n",
+      prov, s.size, n, argv[5], pause_ms, got, reaped, in.err_entries, first * 1e3, last * 1e3,
+      early);
   stop(in);
   return 0;
 }
@@ -726,9 +752,11 @@ void print_err(Init& in, const char* what, int post_rc, long got) {
     std::printf("ERR %s: no completion within 5 s\n", what);
   } else if (in.last_err.err) {
     char buf[256] = {};
-    const char* ps = fi_cq_strerror(in.f.cq, in.last_err.prov_errno, in.last_err.err_data, buf, sizeof(buf));
-    std::printf("ERR %s: CQ error entry err=%d (%s) prov_errno=%d prov_str=\"%s\"\n", what, in.last_err.err,
-                fi_strerror(in.last_err.err), in.last_err.prov_errno, ps ? ps : "");
+    const char* ps =
+        fi_cq_strerror(in.f.cq, in.last_err.prov_errno, in.last_err.err_data, buf, sizeof(buf));
+    std::printf("ERR %s: CQ error entry err=%d (%s) prov_errno=%d prov_str=\"%s\"\n", what,
+                in.last_err.err, fi_strerror(in.last_err.err), in.last_err.prov_errno,
+                ps ? ps : "");
   } else {
     std::printf("ERR %s: completed with SUCCESS (no error reported)\n", what);
   }
@@ -736,10 +764,10 @@ void print_err(Init& in, const char* what, int post_rc, long got) {
   std::fflush(stdout);
 }
 
-// errors PROV write|read CASE SIZE FLAGS: one bad RMA on a fresh connection. The target registers its
-// buffer minus 1 MiB guards at both ends, so a spill outside the MR lands in the guards, which the
-// initiator can see (shared mapping). CASE: inside | beyond (half past the end) | below (half before
-// the start) | wrongkey | closed (the target closed the MR before the op).
+// errors PROV write|read CASE SIZE FLAGS: one bad RMA on a fresh connection. The target registers
+// its buffer minus 1 MiB guards at both ends, so a spill outside the MR lands in the guards, which
+// the initiator can see (shared mapping). CASE: inside | beyond (half past the end) | below (half
+// before the start) | wrongkey | closed (the target closed the MR before the op).
 int cmd_errors(int argc, char** argv) {
   if (argc < 7) return 1;
   const char* prov = argv[2];
@@ -774,8 +802,8 @@ int cmd_errors(int argc, char** argv) {
   long got = rc == 0 ? reap(in, 1, 5) : 0;
   double dt = now_s() - t0;
   char what[160];
-  std::snprintf(what, sizeof what, "prov=%s %s %s size=%zu flags=%s (%.1f ms)", prov, argv[3], cs.c_str(), s.size, argv[6],
-                dt * 1e3);
+  std::snprintf(what, sizeof what, "prov=%s %s %s size=%zu flags=%s (%.1f ms)", prov, argv[3],
+                cs.c_str(), s.size, argv[6], dt * 1e3);
   print_err(in, what, rc, got);
   usleep(200000);
   size_t spill = 0, landed = 0;
@@ -797,10 +825,15 @@ int cmd_errors(int argc, char** argv) {
   in.h.addr = uint64_t(sub.bad_bytes);
   int rc2 = cs == "closed" ? -1 : post(in, g, 0, 1, 0, uint64_t(sub.bad_ops));
   long got2 = rc2 == 0 ? reap(in, 1, 5) : 0;
-  if (cs == "closed") std::printf("(not tried)\n");
-  else if (rc2) std::printf("post rc=%d %s\n", rc2, fi_strerror(-rc2));
-  else if (!got2) std::printf("no completion in 5 s\n");
-  else std::printf("%s\n", in.last_err.err ? fi_strerror(in.last_err.err) : "a good write completes OK");
+  if (cs == "closed")
+    std::printf("(not tried)\n");
+  else if (rc2)
+    std::printf("post rc=%d %s\n", rc2, fi_strerror(-rc2));
+  else if (!got2)
+    std::printf("no completion in 5 s\n");
+  else
+    std::printf("%s\n",
+                in.last_err.err ? fi_strerror(in.last_err.err) : "a good write completes OK");
   std::fflush(stdout);
   kill(in.child, SIGKILL);
   return 0;
@@ -840,9 +873,14 @@ int cmd_kill(int argc, char** argv) {
   long ok_before = 0;
   reap(in, n, tmo, &times);
   ok_before = long(times.size()) - in.err_entries;
-  std::printf("KILL prov=%s %s size=%zu flags=%s posted=%u (until EAGAIN): within %.0fs got %zu entries (%ld errors, %ld success)", prov,
-              s.write ? "write" : "read", s.size, argc > 7 ? argv[7] : "none", n, tmo, times.size(), in.err_entries, ok_before);
-  if (!times.empty()) std::printf(" first at %.1fms last at %.1fms", (times.front() - t0) * 1e3, (times.back() - t0) * 1e3);
+  std::printf(
+      "KILL prov=%s %s size=%zu flags=%s posted=%u (until EAGAIN): within %.0fs got %zu entries "
+      "(%ld errors, %ld success)",
+      prov, s.write ? "write" : "read", s.size, argc > 7 ? argv[7] : "none", n, tmo, times.size(),
+      in.err_entries, ok_before);
+  if (!times.empty())
+    std::printf(" first at %.1fms last at %.1fms", (times.front() - t0) * 1e3,
+                (times.back() - t0) * 1e3);
   std::printf("\n");
   if (in.err_entries) print_err(in, "kill: last error", 0, 1);
   // A new op after the death.
@@ -856,22 +894,30 @@ int cmd_kill(int argc, char** argv) {
 
 void print_info_one(const char* prov, fi_info* i) {
   uint64_t m = i->domain_attr->mr_mode;
-  std::printf("INFO prov=%s fabric=%s domain=%s\n", prov, i->fabric_attr->prov_name, i->domain_attr->name);
+  std::printf("INFO prov=%s fabric=%s domain=%s\n", prov, i->fabric_attr->prov_name,
+              i->domain_attr->name);
   std::printf("  mr_mode=0x%llx:%s%s%s%s%s%s%s mr_key_size=%zu\n", (unsigned long long)m,
               m & FI_MR_LOCAL ? " LOCAL" : "", m & FI_MR_VIRT_ADDR ? " VIRT_ADDR" : "",
               m & FI_MR_ALLOCATED ? " ALLOCATED" : "", m & FI_MR_PROV_KEY ? " PROV_KEY" : "",
-              m & FI_MR_ENDPOINT ? " ENDPOINT" : "", m & FI_MR_RAW ? " RAW" : "", m & FI_MR_HMEM ? " HMEM" : "",
-              i->domain_attr->mr_key_size);
-  std::printf("  tx: iov_limit=%zu rma_iov_limit=%zu inject_size=%zu size=%zu op_flags=0x%llx msg_order=0x%llx\n",
-              i->tx_attr->iov_limit, i->tx_attr->rma_iov_limit, i->tx_attr->inject_size, i->tx_attr->size,
-              (unsigned long long)i->tx_attr->op_flags, (unsigned long long)i->tx_attr->msg_order);
-  std::printf("  rx: size=%zu iov_limit=%zu; ep max_msg_size=%zu max_order_raw=%zu max_order_war=%zu max_order_waw=%zu\n",
-              i->rx_attr->size, i->rx_attr->iov_limit, i->ep_attr->max_msg_size, i->ep_attr->max_order_raw_size,
-              i->ep_attr->max_order_war_size, i->ep_attr->max_order_waw_size);
-  std::printf("  cq_data_size=%zu data_progress=%s control_progress=%s threading=%d caps=0x%llx mode=0x%llx\n",
-              i->domain_attr->cq_data_size, fi_tostr(&i->domain_attr->data_progress, FI_TYPE_PROGRESS),
-              fi_tostr(&i->domain_attr->control_progress, FI_TYPE_PROGRESS), i->domain_attr->threading,
-              (unsigned long long)i->caps, (unsigned long long)i->mode);
+              m & FI_MR_ENDPOINT ? " ENDPOINT" : "", m & FI_MR_RAW ? " RAW" : "",
+              m & FI_MR_HMEM ? " HMEM" : "", i->domain_attr->mr_key_size);
+  std::printf(
+      "  tx: iov_limit=%zu rma_iov_limit=%zu inject_size=%zu size=%zu op_flags=0x%llx "
+      "msg_order=0x%llx\n",
+      i->tx_attr->iov_limit, i->tx_attr->rma_iov_limit, i->tx_attr->inject_size, i->tx_attr->size,
+      (unsigned long long)i->tx_attr->op_flags, (unsigned long long)i->tx_attr->msg_order);
+  std::printf(
+      "  rx: size=%zu iov_limit=%zu; ep max_msg_size=%zu max_order_raw=%zu max_order_war=%zu "
+      "max_order_waw=%zu\n",
+      i->rx_attr->size, i->rx_attr->iov_limit, i->ep_attr->max_msg_size,
+      i->ep_attr->max_order_raw_size, i->ep_attr->max_order_war_size,
+      i->ep_attr->max_order_waw_size);
+  std::printf(
+      "  cq_data_size=%zu data_progress=%s control_progress=%s threading=%d caps=0x%llx "
+      "mode=0x%llx\n",
+      i->domain_attr->cq_data_size, fi_tostr(&i->domain_attr->data_progress, FI_TYPE_PROGRESS),
+      fi_tostr(&i->domain_attr->control_progress, FI_TYPE_PROGRESS), i->domain_attr->threading,
+      (unsigned long long)i->caps, (unsigned long long)i->mode);
 }
 
 int cmd_info(int argc, char** argv) {
@@ -889,25 +935,32 @@ int cmd_info(int argc, char** argv) {
   // tx op_flags FI_DELIVERY_COMPLETE in hints.
   h->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
   rc = get_info(prov, h, &out);
-  std::printf("  hints tx_attr->op_flags=FI_DELIVERY_COMPLETE: fi_getinfo rc=%d (%s)%s\n", rc, fi_strerror(-rc),
-              rc == 0 && (out->tx_attr->op_flags & FI_DELIVERY_COMPLETE) ? " returned op_flags has DC" : "");
+  std::printf("  hints tx_attr->op_flags=FI_DELIVERY_COMPLETE: fi_getinfo rc=%d (%s)%s\n", rc,
+              fi_strerror(-rc),
+              rc == 0 && (out->tx_attr->op_flags & FI_DELIVERY_COMPLETE)
+                  ? " returned op_flags has DC"
+                  : "");
   if (!rc) fi_freeinfo(out);
   h->tx_attr->op_flags = 0;
-  for (auto [pg, nm] : {std::pair{FI_PROGRESS_AUTO, "AUTO"}, std::pair{FI_PROGRESS_MANUAL, "MANUAL"}}) {
+  for (auto [pg, nm] :
+       {std::pair{FI_PROGRESS_AUTO, "AUTO"}, std::pair{FI_PROGRESS_MANUAL, "MANUAL"}}) {
     h->domain_attr->data_progress = pg;
     rc = get_info(prov, h, &out);
-    std::printf("  hints data_progress=%s: rc=%d%s\n", nm, rc, rc ? (std::string(" ") + fi_strerror(-rc)).c_str() : "");
+    std::printf("  hints data_progress=%s: rc=%d%s\n", nm, rc,
+                rc ? (std::string(" ") + fi_strerror(-rc)).c_str() : "");
     if (!rc) fi_freeinfo(out);
   }
   h->domain_attr->data_progress = FI_PROGRESS_UNSPEC;
   h->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
   rc = get_info(prov, h, &out);
-  std::printf("  hints mr_mode=VIRT_ADDR|ALLOCATED|PROV_KEY (no LOCAL/ENDPOINT): rc=%d -> mr_mode=0x%llx\n", rc,
-              rc ? 0ull : (unsigned long long)out->domain_attr->mr_mode);
+  std::printf(
+      "  hints mr_mode=VIRT_ADDR|ALLOCATED|PROV_KEY (no LOCAL/ENDPOINT): rc=%d -> mr_mode=0x%llx\n",
+      rc, rc ? 0ull : (unsigned long long)out->domain_attr->mr_mode);
   if (!rc) fi_freeinfo(out);
   h->domain_attr->mr_mode = 0;
   rc = get_info(prov, h, &out);
-  std::printf("  hints mr_mode=0: rc=%d -> mr_mode=0x%llx\n", rc, rc ? 0ull : (unsigned long long)out->domain_attr->mr_mode);
+  std::printf("  hints mr_mode=0: rc=%d -> mr_mode=0x%llx\n", rc,
+              rc ? 0ull : (unsigned long long)out->domain_attr->mr_mode);
   if (!rc) fi_freeinfo(out);
   fi_freeinfo(h);
   // CQ wait objects (for an epoll-based wait).
@@ -960,8 +1013,8 @@ int cmd_info(int argc, char** argv) {
       s.flags = parse_flags(fl);
       int prc = post(in, s, 0, 1, 0, in.h.key);
       long got = prc == 0 ? reap(in, 1, 5) : 0;
-      std::printf("  per-op flags=%s on fi_writemsg: post rc=%d (%s), completion %s\n", fl, prc, fi_strerror(-prc),
-                  got ? (in.last_err.err ? "ERROR" : "ok") : "none");
+      std::printf("  per-op flags=%s on fi_writemsg: post rc=%d (%s), completion %s\n", fl, prc,
+                  fi_strerror(-prc), got ? (in.last_err.err ? "ERROR" : "ok") : "none");
       in.last_err = {};
     }
     stop(in);
@@ -976,19 +1029,28 @@ int main(int argc, char** argv) {
   alarm(900);  // hard bound on any run
   std::string m = argc > 1 ? argv[1] : "help";
   int rc = 1;
-  if (m == "info") rc = cmd_info(argc, argv);
-  else if (m == "verify") rc = cmd_verify(argc, argv);
-  else if (m == "bench") rc = cmd_bench(argc, argv);
-  else if (m == "order") rc = cmd_order(argc, argv);
-  else if (m == "errors") rc = cmd_errors(argc, argv);
-  else if (m == "kill") rc = cmd_kill(argc, argv);
+  if (m == "info")
+    rc = cmd_info(argc, argv);
+  else if (m == "verify")
+    rc = cmd_verify(argc, argv);
+  else if (m == "bench")
+    rc = cmd_bench(argc, argv);
+  else if (m == "order")
+    rc = cmd_order(argc, argv);
+  else if (m == "errors")
+    rc = cmd_errors(argc, argv);
+  else if (m == "kill")
+    rc = cmd_kill(argc, argv);
   if (rc == 1)
     std::fprintf(stderr,
-                 "usage:\n  probe info PROV\n  probe verify PROV SIZES NIOVS INFLIGHTS FLAGS[+flush] ROUNDS\n"
+                 "usage:\n  probe info PROV\n  probe verify PROV SIZES NIOVS INFLIGHTS "
+                 "FLAGS[+flush] ROUNDS\n"
                  "  probe bench PROV write|read SIZES INFLIGHTS NIOV FLAGS SECONDS REPS\n"
-                 "  probe order PROV SIZE TARGET_PAUSE_MS FLAGS N\n  probe errors PROV write|read inside|beyond|below|wrongkey|closed SIZE FLAGS\n"
+                 "  probe order PROV SIZE TARGET_PAUSE_MS FLAGS N\n  probe errors PROV write|read "
+                 "inside|beyond|below|wrongkey|closed SIZE FLAGS\n"
                  "  probe kill PROV write|read SIZE N TIMEOUT_S [FLAGS]\n"
-                 "PROV: tcp | \"tcp;ofi_rxm\" | shm; FLAGS: dc, ic, tc, none (comma-free combos like dc+flush)\n");
+                 "PROV: tcp | \"tcp;ofi_rxm\" | shm; FLAGS: dc, ic, tc, none (comma-free combos "
+                 "like dc+flush)\n");
   std::fflush(stdout);
   _exit(rc);
 }

@@ -48,10 +48,14 @@ std::string SameHostAccess() {
   const int scope = YamaPtraceScope();
   const std::string same_user = "engines of one user reach each other (with CAP_SYS_PTRACE, any)";
   switch (scope) {
-    case -1: return "no Yama: " + same_user;
-    case 0: return "Yama ptrace_scope 0: " + same_user;
-    case 1: return "Yama ptrace_scope 1: only engines with CAP_SYS_PTRACE; others fall back to tcp";
-    default: return "Yama ptrace_scope " + std::to_string(scope) + ": peers fall back to tcp";
+    case -1:
+      return "no Yama: " + same_user;
+    case 0:
+      return "Yama ptrace_scope 0: " + same_user;
+    case 1:
+      return "Yama ptrace_scope 1: only engines with CAP_SYS_PTRACE; others fall back to tcp";
+    default:
+      return "Yama ptrace_scope " + std::to_string(scope) + ": peers fall back to tcp";
   }
 }
 
@@ -164,14 +168,17 @@ std::string FabricLines(const FabricInfo& f, const EngineOptions& o) {
                     "; node " + o.listen_host + "\n";
   if (!f.error.empty()) out += "  " + f.error + "\n";
   for (const auto& d : f.domains) {
-    out += "  " + Pad(d.provider, 16) + Pad("domain " + d.domain, 16) + Pad("fabric " + d.fabric, 24) +
-           (d.hardware ? "hardware" : "emulated (no hardware)") + "\n";
+    out += "  " + Pad(d.provider, 16) + Pad("domain " + d.domain, 16) +
+           Pad("fabric " + d.fabric, 24) + (d.hardware ? "hardware" : "emulated (no hardware)") +
+           "\n";
   }
   if (f.domains.empty() && f.error.empty() && !f.library.empty()) out += "  (no provider listed)\n";
-  out += "  fabric_provider " + (o.fabric_provider.empty() ? std::string("(unset: best hardware)") : o.fabric_provider) +
+  out += "  fabric_provider " +
+         (o.fabric_provider.empty() ? std::string("(unset: best hardware)") : o.fabric_provider) +
          " -> " + (f.chosen.empty() ? "none: " + f.why_none : f.chosen) + "\n";
-  out += "  fabric_nics " + (o.fabric_nics.empty() ? "(unset: one rail at listen_host " + o.listen_host + ")"
-                                                    : o.fabric_nics + " (one rail each, striped)") +
+  out += "  fabric_nics " +
+         (o.fabric_nics.empty() ? "(unset: one rail at listen_host " + o.listen_host + ")"
+                                : o.fabric_nics + " (one rail each, striped)") +
          "\n";
   return out;
 }
@@ -184,14 +191,16 @@ std::string CudaLines(const CudaInfo& c) {
     out += "no driver: " + c.why_unavailable + "\n";
   } else {
     out += c.library + ", CUDA " + std::to_string(c.driver_version / 1000) + "." +
-           std::to_string(c.driver_version % 1000 / 10) + " (" + std::to_string(c.driver_version) + ")" +
-           (c.available ? "" : "; unusable: " + c.why_unavailable) + "\n";
+           std::to_string(c.driver_version % 1000 / 10) + " (" + std::to_string(c.driver_version) +
+           ")" + (c.available ? "" : "; unusable: " + c.why_unavailable) + "\n";
   }
   if (!c.error.empty()) out += "  " + c.error + "\n";
-  for (const auto& d : c.devices) out += "  cuda:" + std::to_string(d.ordinal) + "  " + d.name + "\n";
+  for (const auto& d : c.devices)
+    out += "  cuda:" + std::to_string(d.ordinal) + "  " + d.name + "\n";
   if (c.available && c.devices.empty() && c.error.empty()) out += "  (no device)\n";
   out += std::string("  memory kind cuda:N  ") +
-         (c.data_path ? "registered; same-host peers through cuda_ipc, others staged through host memory"
+         (c.data_path
+              ? "registered; same-host peers through cuda_ipc, others staged through host memory"
           : c.available ? "refused: the driver cannot move GPU memory: " + c.why_no_data_path
                         : std::string("refused: no usable CUDA driver")) +
          "\n";
@@ -282,10 +291,14 @@ Json FabricJson(const FabricInfo& fabric, const EngineOptions& o) {
                        {"domain", d.domain},
                        {"hardware", d.hardware}});
   }
-  return {{"library", fabric.library},         {"node", o.listen_host},
-          {"error", fabric.error},             {"domains", std::move(domains)},
-          {"fabric_provider", o.fabric_provider}, {"fabric_nics", o.fabric_nics},
-          {"chosen", fabric.chosen},           {"why_none", fabric.why_none}};
+  return {{"library", fabric.library},
+          {"node", o.listen_host},
+          {"error", fabric.error},
+          {"domains", std::move(domains)},
+          {"fabric_provider", o.fabric_provider},
+          {"fabric_nics", o.fabric_nics},
+          {"chosen", fabric.chosen},
+          {"why_none", fabric.why_none}};
 }
 
 Json CudaJson(const CudaInfo& cuda) {
@@ -339,8 +352,7 @@ void PrintText(const Probe& p) {
             << "wire versions      " << p.caps.wire_version_min << ".." << p.caps.wire_version_max
             << " (this build: " << kWireVersionMin << ".." << kWireVersionMax << ")\n"
             << "transports         " << Join(p.caps.transports) << "   (preferred first)\n"
-            << RegistryLines(p.registry) << "features           " << Join(p.caps.features)
-            << "\n"
+            << RegistryLines(p.registry) << "features           " << Join(p.caps.features) << "\n"
             << "metadata           " << RedactMetadataUrl(o.metadata) << "   (" << backend_note
             << "; ferry bench takes --metadata URL)\n"
             << MetadataLines(p.backends)

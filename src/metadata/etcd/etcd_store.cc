@@ -55,7 +55,8 @@ using std::chrono::milliseconds;
 constexpr size_t kMaxReply = size_t{64} << 20;  // etcd's own request limit is 1.5 MiB
 constexpr milliseconds kMaxKeepAliveTimeout{2000};
 constexpr milliseconds kWatchRetry{200};
-constexpr milliseconds kClaimReserve{300};  // a claim stops waiting for a dying holder this long before its deadline
+constexpr milliseconds kClaimReserve{
+    300};  // a claim stops waiting for a dying holder this long before its deadline
 constexpr milliseconds kWatchIdleTimeout{60000};  // a silent stream is re-opened after this
 
 // The key right after every key with `prefix` (etcd's range_end).
@@ -123,14 +124,15 @@ StatusOr<std::vector<Endpoint>> ParseEndpoints(std::string_view url) {
     std::string_view item = rest.substr(start, comma - start);
     start = comma + 1;
     if (item.empty()) return bad("an empty endpoint");
-    if (item.find_first_of("/?#@ ") != std::string_view::npos) return bad("endpoint '" + std::string(item) +
-                                                                          "' has a path, query, user or space");
+    if (item.find_first_of("/?#@ ") != std::string_view::npos)
+      return bad("endpoint '" + std::string(item) + "' has a path, query, user or space");
     Endpoint e;
     std::string_view port;
     bool has_port = false;
     if (item.front() == '[') {
       const size_t close = item.find(']');
-      if (close == std::string_view::npos) return bad("unterminated [IPv6 address] in '" + std::string(item) + "'");
+      if (close == std::string_view::npos)
+        return bad("unterminated [IPv6 address] in '" + std::string(item) + "'");
       e.host = std::string(item.substr(1, close - 1));
       std::string_view after = item.substr(close + 1);
       if (!after.empty()) {
@@ -148,13 +150,15 @@ StatusOr<std::vector<Endpoint>> ParseEndpoints(std::string_view url) {
     }
     if (e.host.empty()) return bad("endpoint '" + std::string(item) + "' has no host");
     if (has_port) {
-      const bool digits = !port.empty() && port.size() <= 5 &&
-                          std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+      const bool digits =
+          !port.empty() && port.size() <= 5 &&
+          std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
       const int p = digits ? std::atoi(std::string(port).c_str()) : 0;
       if (p < 1 || p > 65535) return bad("bad port '" + std::string(port) + "'");
       e.port = p;
     }
-    e.text = (e.host.find(':') != std::string::npos ? "[" + e.host + "]" : e.host) + ":" + std::to_string(e.port);
+    e.text = (e.host.find(':') != std::string::npos ? "[" + e.host + "]" : e.host) + ":" +
+             std::to_string(e.port);
     out.push_back(std::move(e));
     if (comma == rest.size()) break;
   }
@@ -196,7 +200,8 @@ class EtcdStore : public MetadataStore {
     }
     // Entries still published (an engine that did not Remove) go now rather
     // than when the lease runs out; bounded, best effort.
-    if (lease != 0) (void)Post("/v3/lease/revoke", Json{{"ID", std::to_string(lease)}}, Deadline(timeout_));
+    if (lease != 0)
+      (void)Post("/v3/lease/revoke", Json{{"ID", std::to_string(lease)}}, Deadline(timeout_));
   }
 
   Status Publish(const wire::PeerDescriptor& self) override {
@@ -224,7 +229,9 @@ class EtcdStore : public MetadataStore {
     auto kv = FirstKv(body);
     if (!kv) return UnavailableError("no segment '" + std::string(name) + "' in " + where_);
     std::optional<std::string> value = Unbase64(Str(*kv, "value"));
-    if (!value) return DataLossError("the value under key '" + key + "' in " + where_ + " is not valid base64");
+    if (!value)
+      return DataLossError("the value under key '" + key + "' in " + where_ +
+                           " is not valid base64");
     return DecodeEntry(name, key, *value, where_);
   }
 
@@ -234,13 +241,15 @@ class EtcdStore : public MetadataStore {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = published_.find(std::string(name));
-      if (it == published_.end()) return NotFoundError("this engine published no segment '" + std::string(name) + "'");
+      if (it == published_.end())
+        return NotFoundError("this engine published no segment '" + std::string(name) + "'");
       bytes = std::move(it->second.bytes);
       published_.erase(it);
     }
     // Deletes the key only while it still holds this engine's value.
     const std::string key = Base64(SegmentKey(cluster_, name));
-    Json txn{{"compare", Json::array({Json{{"target", "VALUE"}, {"key", key}, {"value", Base64(bytes)}}})},
+    Json txn{{"compare",
+              Json::array({Json{{"target", "VALUE"}, {"key", key}, {"value", Base64(bytes)}}})},
              {"success", Json::array({Json{{"request_delete_range", Json{{"key", key}}}}})}};
     FERRY_ASSIGN_OR_RETURN(Json body, Call("/v3/kv/txn", txn, Deadline(timeout_),
                                            "removing segment '" + std::string(name) + "'"));
@@ -267,7 +276,8 @@ class EtcdStore : public MetadataStore {
   static std::optional<Json> FirstKv(const Json& range) {
     if (!range.is_object()) return std::nullopt;
     auto kvs = range.find("kvs");
-    if (kvs == range.end() || !kvs->is_array() || kvs->empty() || !(*kvs)[0].is_object()) return std::nullopt;
+    if (kvs == range.end() || !kvs->is_array() || kvs->empty() || !(*kvs)[0].is_object())
+      return std::nullopt;
     return (*kvs)[0];
   }
 
@@ -285,7 +295,8 @@ class EtcdStore : public MetadataStore {
         break;
       }
       // Leave the endpoints not tried yet their share of the time.
-      const milliseconds share = std::max(left / static_cast<int64_t>(n - attempt), milliseconds(50));
+      const milliseconds share =
+          std::max(left / static_cast<int64_t>(n - attempt), milliseconds(50));
       const size_t index = (first + attempt) % n;
       const Endpoint& ep = endpoints_[index];
       std::string error;
@@ -306,7 +317,8 @@ class EtcdStore : public MetadataStore {
         error = e.what();
       }
       if (error.empty() && reply.size() > kMaxReply) error = "an answer larger than 64 MiB";
-      if (error.empty() && status >= 500) error = "status " + std::to_string(status) + ": " + Brief(reply);
+      if (error.empty() && status >= 500)
+        error = "status " + std::to_string(status) + ": " + Brief(reply);
       if (!error.empty()) {
         errors += (errors.empty() ? "" : "; ") + ep.text + ": " + error;
         continue;
@@ -314,12 +326,14 @@ class EtcdStore : public MetadataStore {
       current_.store(index, std::memory_order_relaxed);
       Json parsed = Json::parse(reply, nullptr, /*allow_exceptions=*/false);
       if (parsed.is_discarded() || !parsed.is_object()) {
-        return {DataLossError(ep.text + " answered " + path + " with something that is not JSON: " + Brief(reply)),
+        return {DataLossError(ep.text + " answered " + path +
+                              " with something that is not JSON: " + Brief(reply)),
                 {}};
       }
       if (status != 200) {
         const std::string message = Str(parsed, "message");
-        return {FailedPreconditionError(ep.text + " refused " + path + " (status " + std::to_string(status) +
+        return {FailedPreconditionError(ep.text + " refused " + path + " (status " +
+                                        std::to_string(status) +
                                         "): " + (message.empty() ? Brief(reply) : message)),
                 {}};
       }
@@ -376,7 +390,9 @@ class EtcdStore : public MetadataStore {
                Clock::time_point deadline) {
     const std::string raw_key = SegmentKey(cluster_, self.engine_name);
     const std::string key = Base64(raw_key);
-    const Json put{{"request_put", Json{{"key", key}, {"value", Base64(bytes)}, {"lease", std::to_string(lease)}}}};
+    const Json put{
+        {"request_put",
+         Json{{"key", key}, {"value", Base64(bytes)}, {"lease", std::to_string(lease)}}}};
     const std::string doing = "claiming segment name '" + self.engine_name + "'";
     Json compare = Json{{"target", "CREATE"}, {"key", key}, {"create_revision", "0"}};
     for (int round = 0; round < 1000; ++round) {
@@ -389,7 +405,8 @@ class EtcdStore : public MetadataStore {
       std::optional<Json> kv;
       if (auto r = body.find("responses"); r != body.end() && r->is_array() && !r->empty()) {
         const Json& first = (*r)[0];
-        if (first.is_object() && first.contains("response_range")) kv = FirstKv(first["response_range"]);
+        if (first.is_object() && first.contains("response_range"))
+          kv = FirstKv(first["response_range"]);
       }
       if (!kv) {  // deleted in between: try to create it again
         compare = Json{{"target", "CREATE"}, {"key", key}, {"create_revision", "0"}};
@@ -397,23 +414,31 @@ class EtcdStore : public MetadataStore {
       }
       std::optional<std::string> existing = Unbase64(Str(*kv, "value"));
       const int64_t holder_lease = Int(*kv, "lease");
-      Status mine = existing ? CheckClaim(self, raw_key, *existing, where_)
-                             : AlreadyExistsError("segment name '" + self.engine_name + "' is taken in " + where_ +
-                                                  " by a value that is not valid base64");
+      Status mine =
+          existing ? CheckClaim(self, raw_key, *existing, where_)
+                   : AlreadyExistsError("segment name '" + self.engine_name + "' is taken in " +
+                                        where_ + " by a value that is not valid base64");
       if (mine.ok()) {  // this instance's older value: replace exactly that revision
-        compare = Json{{"target", "MOD"}, {"key", key}, {"mod_revision", std::to_string(Int(*kv, "mod_revision"))}};
+        compare = Json{{"target", "MOD"},
+                       {"key", key},
+                       {"mod_revision", std::to_string(Int(*kv, "mod_revision"))}};
         continue;
       }
       // Another holder. An entry whose lease runs out within the time left
       // (its engine died moments ago) is waited for; a live one is refused.
       // (-1: expired, its keys about to go; -2: unknown.)
       const int64_t left_s = LeaseSecondsLeft(holder_lease, deadline);
-      const auto time_left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) - kClaimReserve;
-      const bool expiring = holder_lease != 0 && left_s >= -1 && std::chrono::seconds(left_s) < time_left;
+      const auto time_left =
+          std::chrono::duration_cast<milliseconds>(deadline - Clock::now()) - kClaimReserve;
+      const bool expiring =
+          holder_lease != 0 && left_s >= -1 && std::chrono::seconds(left_s) < time_left;
       if (!expiring) {
         std::string hint;
-        if (holder_lease == 0) hint = " (the entry has no lease: delete the key to free the name)";
-        else if (left_s >= -1) hint = "; if that engine is gone, its entry expires within " + std::to_string(std::max<int64_t>(left_s + 1, 1)) + " s";
+        if (holder_lease == 0)
+          hint = " (the entry has no lease: delete the key to free the name)";
+        else if (left_s >= -1)
+          hint = "; if that engine is gone, its entry expires within " +
+                 std::to_string(std::max<int64_t>(left_s + 1, 1)) + " s";
         return existing ? CheckClaim(self, raw_key, *existing, where_, hint) : mine;
       }
       {
@@ -443,8 +468,8 @@ class EtcdStore : public MetadataStore {
     std::unique_lock<std::mutex> lock(mu_);
     bool failing = false;
     while (!stopping_) {
-      const milliseconds interval = std::max(std::chrono::duration_cast<milliseconds>(granted_ttl_) / 3,
-                                             milliseconds(100));
+      const milliseconds interval =
+          std::max(std::chrono::duration_cast<milliseconds>(granted_ttl_) / 3, milliseconds(100));
       cv_.wait_for(lock, interval, [&] { return stopping_; });
       if (stopping_) break;
       const int64_t lease = lease_;
@@ -452,8 +477,9 @@ class EtcdStore : public MetadataStore {
       const milliseconds timeout = std::clamp(interval, milliseconds(100), kMaxKeepAliveTimeout);
       Status s = KeepAlive(lease, Deadline(timeout));
       if (!s.ok() && !failing) {
-        FERRY_LOG(kWarning, "cannot keep this engine's entries alive in " << where_ << ": " << s.message()
-                                                                          << "; they expire unless a refresh gets through");
+        FERRY_LOG(kWarning, "cannot keep this engine's entries alive in "
+                                << where_ << ": " << s.message()
+                                << "; they expire unless a refresh gets through");
       } else if (s.ok() && failing) {
         FERRY_LOG(kInfo, "this engine's entries in " << where_ << " are kept alive again");
       }
@@ -465,8 +491,9 @@ class EtcdStore : public MetadataStore {
   // Refreshes `lease`; when etcd lost it, claims every published name again
   // under a new one.
   Status KeepAlive(int64_t lease, Clock::time_point deadline) {
-    FERRY_ASSIGN_OR_RETURN(Json body, Call("/v3/lease/keepalive", Json{{"ID", std::to_string(lease)}}, deadline,
-                                           "refreshing the lease"));
+    FERRY_ASSIGN_OR_RETURN(
+        Json body, Call("/v3/lease/keepalive", Json{{"ID", std::to_string(lease)}}, deadline,
+                        "refreshing the lease"));
     const Json& result = body.contains("result") ? body["result"] : body;
     if (Int(result, "TTL") > 0) return OkStatus();
     // The lease is gone, and with it this engine's keys.
@@ -478,12 +505,15 @@ class EtcdStore : public MetadataStore {
       lease_ = 0;
       names = published_;
     }
-    FERRY_LOG(kWarning, "the lease of this engine's entries in " << where_ << " expired; publishing them again");
+    FERRY_LOG(kWarning, "the lease of this engine's entries in "
+                            << where_ << " expired; publishing them again");
     const Clock::time_point claim_deadline = Deadline(timeout_);
     FERRY_ASSIGN_OR_RETURN(int64_t fresh, EnsureLease(claim_deadline));
     for (const auto& [name, p] : names) {
       Status s = Claim(p.self, p.bytes, fresh, claim_deadline);
-      if (!s.ok()) FERRY_LOG(kError, "lost segment name '" << name << "' in " << where_ << ": " << s.message());
+      if (!s.ok())
+        FERRY_LOG(kError,
+                  "lost segment name '" << name << "' in " << where_ << ": " << s.message());
     }
     return OkStatus();
   }
@@ -548,7 +578,8 @@ class EtcdStore : public MetadataStore {
   }
 
   // One message of the watch stream. False: stop reading this stream.
-  bool OnWatchMessage(const std::string& line, int64_t* next_revision, bool* created, bool* resync) {
+  bool OnWatchMessage(const std::string& line, int64_t* next_revision, bool* created,
+                      bool* resync) {
     Json msg = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (msg.is_discarded() || !msg.is_object()) return true;  // not ours to judge; keep reading
     const Json& result = msg.contains("result") ? msg["result"] : msg;
@@ -599,29 +630,31 @@ class EtcdStore : public MetadataStore {
   const std::string prefix_;
   const std::string cluster_;
   const int64_t ttl_seconds_;
-  const milliseconds timeout_;  // Publish, Remove: no deadline is given
+  const milliseconds timeout_;      // Publish, Remove: no deadline is given
   std::atomic<size_t> current_{0};  // the endpoint that answered last
 
   std::mutex write_mu_;  // one claim, refresh or removal at a time; taken before mu_
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;                         // guarded by mu_
-  int64_t lease_ = 0;                             // guarded by mu_
-  std::chrono::seconds granted_ttl_{1};           // guarded by mu_
-  std::map<std::string, Published> published_;   // guarded by mu_
-  std::set<std::string> fetched_;                 // names Fetch asked for; guarded by mu_
-  httplib::Client* watch_client_ = nullptr;       // the open watch stream's; guarded by mu_
-  ChangeCallback callback_;                       // set before watcher_ starts
+  bool stopping_ = false;                       // guarded by mu_
+  int64_t lease_ = 0;                           // guarded by mu_
+  std::chrono::seconds granted_ttl_{1};         // guarded by mu_
+  std::map<std::string, Published> published_;  // guarded by mu_
+  std::set<std::string> fetched_;               // names Fetch asked for; guarded by mu_
+  httplib::Client* watch_client_ = nullptr;     // the open watch stream's; guarded by mu_
+  ChangeCallback callback_;                     // set before watcher_ starts
   std::thread keeper_, watcher_;
 };
 
 }  // namespace
 
-StatusOr<std::unique_ptr<MetadataStore>> MakeEtcdStore(std::string_view url, const MetadataContext& ctx) {
+StatusOr<std::unique_ptr<MetadataStore>> MakeEtcdStore(std::string_view url,
+                                                       const MetadataContext& ctx) {
   FERRY_ASSIGN_OR_RETURN(std::vector<Endpoint> endpoints, ParseEndpoints(url));
   std::string shown(url);
   if (shown.substr(0, 7) != "etcd://") shown = "etcd://" + shown;
-  return std::unique_ptr<MetadataStore>(std::make_unique<EtcdStore>(std::move(shown), std::move(endpoints), ctx));
+  return std::unique_ptr<MetadataStore>(
+      std::make_unique<EtcdStore>(std::move(shown), std::move(endpoints), ctx));
 }
 
 std::string_view EtcdStoreLacks() { return ""; }

@@ -45,7 +45,10 @@ const wire::RegionKey* IpcKey(const wire::RegionEntry& r) {
 class CudaIpcLink : public PeerLink {
  public:
   CudaIpcLink(const CudaDriver& driver, std::shared_ptr<const PeerInfo> peer, UniqueFd pidfd)
-      : driver_(driver), label_(peer->Label()), pidfd_(std::move(pidfd)), devices_(CountDevices(driver)) {}
+      : driver_(driver),
+        label_(peer->Label()),
+        pidfd_(std::move(pidfd)),
+        devices_(CountDevices(driver)) {}
   ~CudaIpcLink() override { Retire(); }
 
   // Opens the handle of the peer's first GPU region, so a peer this process
@@ -72,7 +75,9 @@ class CudaIpcLink : public PeerLink {
     const auto& regions = ctx.peer->desc().regions;
     bool landing = false;
     for (const Slice& s : slices) {
-      auto fail = [&](const Status& st) { now.Complete(s.request, 1, st.WithPrefix("peer " + label_)); };
+      auto fail = [&](const Status& st) {
+        now.Complete(s.request, 1, st.WithPrefix("peer " + label_));
+      };
       if (s.remote_region == kNoRegion || s.remote_region >= regions.size()) {
         fail(InvalidArgumentError("remote range " + FormatRange(s.remote, s.length) +
                                   " is in no GPU region the peer published"));
@@ -80,8 +85,8 @@ class CudaIpcLink : public PeerLink {
       }
       const wire::RegionEntry& r = regions[s.remote_region];
       if (s.remote < r.addr || s.length > r.length || s.remote - r.addr > r.length - s.length) {
-        fail(InvalidArgumentError("remote range " + FormatRange(s.remote, s.length) + " is outside region " +
-                                  FormatRange(r.addr, r.length)));
+        fail(InvalidArgumentError("remote range " + FormatRange(s.remote, s.length) +
+                                  " is outside region " + FormatRange(r.addr, r.length)));
         continue;
       }
       auto mapped = MappingOf(r);
@@ -102,7 +107,8 @@ class CudaIpcLink : public PeerLink {
         continue;
       }
       char* remote = static_cast<char*>(mapped->base) + (s.remote - r.addr);
-      auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) { return x.queue == *queue; });
+      auto g = std::find_if(groups.begin(), groups.end(),
+                            [&](const Group& x) { return x.queue == *queue; });
       if (g == groups.end()) g = groups.insert(groups.end(), Group{*queue, {}, {}});
       if (s.opcode == Opcode::kWrite) {
         g->copies.push_back({remote, s.local, s.length});
@@ -133,7 +139,8 @@ class CudaIpcLink : public PeerLink {
   }
 
   Status Notify(const wire::NotifyBody&, Clock::time_point) override {
-    return UnimplementedError("the cuda_ipc transport carries no notifications (they go on the peer's cpu route)");
+    return UnimplementedError(
+        "the cuda_ipc transport carries no notifications (they go on the peer's cpu route)");
   }
 
   Status Flush(Clock::time_point deadline) override {
@@ -208,9 +215,10 @@ class CudaIpcLink : public PeerLink {
   StatusOr<Mapping> MappingOf(const wire::RegionEntry& r) {
     const wire::RegionKey* key = IpcKey(r);
     if (key == nullptr) {
-      return InvalidArgumentError("GPU region " + FormatRange(r.addr, r.length) +
-                                  " has no CUDA IPC handle (it spans several allocations, or the peer's "
-                                  "driver could not export it)");
+      return InvalidArgumentError(
+          "GPU region " + FormatRange(r.addr, r.length) +
+          " has no CUDA IPC handle (it spans several allocations, or the peer's "
+          "driver could not export it)");
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (retired_) return UnavailableError("the cuda_ipc link to peer " + label_ + " was retired");
@@ -223,8 +231,9 @@ class CudaIpcLink : public PeerLink {
       FERRY_RETURN_IF_ERROR(scope.status());
       auto base = driver_.OpenIpcHandle(h);
       if (!base.ok()) {
-        return UnavailableError("cannot map the GPU memory of region " + FormatRange(r.addr, r.length) +
-                                " (" + r.kind + ") the peer shared: " + base.status().message() +
+        return UnavailableError("cannot map the GPU memory of region " +
+                                FormatRange(r.addr, r.length) + " (" + r.kind +
+                                ") the peer shared: " + base.status().message() +
                                 " (another container, or a GPU this process cannot see?)");
       }
       it = mappings_.emplace(key->value, Mapping{*base, device}).first;
@@ -235,7 +244,7 @@ class CudaIpcLink : public PeerLink {
   const CudaDriver& driver_;
   const std::string label_;
   const UniqueFd pidfd_;
-  const int devices_;  // this process's CUDA devices (asked once, not per slice)
+  const int devices_;            // this process's CUDA devices (asked once, not per slice)
   std::shared_mutex retire_mu_;  // shared by posts and flushes, taken whole by Retire
   std::mutex mu_;
   bool retired_ = false;
@@ -261,21 +270,23 @@ class CudaIpcTransport : public Transport {
   }
 
   void Describe(wire::PeerDescriptor* self) const override {
-    if (Driver() != nullptr && !BootId().empty()) self->transports.push_back({"cuda_ipc", Endpoint()});
+    if (Driver() != nullptr && !BootId().empty())
+      self->transports.push_back({"cuda_ipc", Endpoint()});
   }
 
   bool CanReach(const wire::PeerDescriptor& peer) const override {
     const wire::TransportEndpoint* ep = peer.FindTransport("cuda_ipc");
     std::string boot;
     int pid = 0;
-    return ep != nullptr && peer.process_token != ProcessToken() && ParseEndpoint(ep->endpoint, &boot, &pid) &&
-           boot == BootId() && Driver() != nullptr;
+    return ep != nullptr && peer.process_token != ProcessToken() &&
+           ParseEndpoint(ep->endpoint, &boot, &pid) && boot == BootId() && Driver() != nullptr;
   }
 
   StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> peer, uint16_t,
                                               Clock::time_point) override {
     const CudaDriver* d = Driver();
-    if (d == nullptr) return UnavailableError("cuda_ipc: this process has no CUDA driver that can move GPU memory");
+    if (d == nullptr)
+      return UnavailableError("cuda_ipc: this process has no CUDA driver that can move GPU memory");
     const wire::TransportEndpoint* ep = peer->desc().FindTransport("cuda_ipc");
     std::string boot;
     int pid = 0;
@@ -304,11 +315,13 @@ class CudaIpcTransport : public Transport {
     FERRY_ASSIGN_OR_RETURN(CudaDriver::Allocation a, d->AllocationOf(addr));
     if (r.addr < a.base || r.end() > a.base + a.size) {
       // No one handle maps it all: same-host peers stage it instead.
-      FERRY_LOG(kInfo, "GPU region " << FormatRange(r.addr, r.length) << " spans several CUDA allocations; "
+      FERRY_LOG(kInfo, "GPU region " << FormatRange(r.addr, r.length)
+                                     << " spans several CUDA allocations; "
                                      << "same-host peers cannot map it with CUDA IPC");
       return keys;
     }
-    FERRY_ASSIGN_OR_RETURN(CudaDriver::IpcHandle h, d->GetIpcHandle(reinterpret_cast<const void*>(a.base)));
+    FERRY_ASSIGN_OR_RETURN(CudaDriver::IpcHandle h,
+                           d->GetIpcHandle(reinterpret_cast<const void*>(a.base)));
     keys.push_back({std::string(kKeyName), r.addr - a.base, std::string(h.begin(), h.end())});
     return keys;
   }
@@ -340,7 +353,8 @@ std::string CudaIpcAvailability() {
 }
 
 StatusOr<std::unique_ptr<Transport>> MakeCudaIpcTransport(const TransportContext& ctx) {
-  return std::unique_ptr<Transport>(std::make_unique<CudaIpcTransport>(CudaIpcCaps(), ctx.options->testing.cuda_driver));
+  return std::unique_ptr<Transport>(
+      std::make_unique<CudaIpcTransport>(CudaIpcCaps(), ctx.options->testing.cuda_driver));
 }
 
 }  // namespace ferry::internal

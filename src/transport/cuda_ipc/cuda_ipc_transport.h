@@ -14,8 +14,8 @@
 #include <memory>
 #include <string>
 
-#include "transport/context.h"
 #include "base/transport.h"
+#include "transport/context.h"
 
 namespace ferry::internal {
 

@@ -42,10 +42,10 @@
 
 #include "base/memory_registry.h"
 #include "base/target.h"
+#include "base/transport.h"
 #include "ferry/status.h"
 #include "transport/fabric/fabric_common.h"
 #include "transport/fabric/fabric_peer.h"
-#include "base/transport.h"
 #include "wire/frame.h"
 
 namespace ferry::internal::fabric {

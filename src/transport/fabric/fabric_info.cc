@@ -51,8 +51,9 @@ StatusCode CodeOf(int err) {
 bool IsHardwareProvider(std::string_view provider) {
   // The core provider is the first of "core;utility".
   const std::string_view core = provider.substr(0, provider.find(';'));
-  static constexpr std::string_view kEmulated[] = {"tcp", "udp", "sockets", "shm", "sm2", "net", "rxm", "rxd",
-                                                   "ofi_rxm", "ofi_rxd", "mrail", "hook_debug", "hook_noop"};
+  static constexpr std::string_view kEmulated[] = {
+      "tcp", "udp",     "sockets", "shm",   "sm2",        "net",      "rxm",
+      "rxd", "ofi_rxm", "ofi_rxd", "mrail", "hook_debug", "hook_noop"};
   return std::find(std::begin(kEmulated), std::end(kEmulated), core) == std::end(kEmulated) &&
          !core.starts_with("ofi_");
 }
@@ -60,12 +61,18 @@ bool IsHardwareProvider(std::string_view provider) {
 std::string ProviderRefusal(std::string_view provider) {
   const std::string_view core = provider.substr(0, provider.find(';'));
   if (core == "shm" && fi_version() < FI_VERSION(1, 18)) {
-    return "libfabric " + std::to_string(FI_MAJOR(fi_version())) + "." + std::to_string(FI_MINOR(fi_version())) +
-           "'s shm provider is refused: measured here (tools/fabric_probe/README.md), it checks neither "
-           "keys nor bounds (a write out of range lands outside the region, a read out of range returns the "
-           "bytes outside it), gives no completion at all for delivery-complete operations to a killed peer, "
-           "has no completion-queue wait object (an idle engine would poll), and crashed the initiator "
-           "(SIGSEGV in fi_writemsg) writing to a peer endpoint that had closed; on one host Ferry's own "
+    return "libfabric " + std::to_string(FI_MAJOR(fi_version())) + "." +
+           std::to_string(FI_MINOR(fi_version())) +
+           "'s shm provider is refused: measured here (tools/fabric_probe/README.md), it checks "
+           "neither "
+           "keys nor bounds (a write out of range lands outside the region, a read out of range "
+           "returns the "
+           "bytes outside it), gives no completion at all for delivery-complete operations to a "
+           "killed peer, "
+           "has no completion-queue wait object (an idle engine would poll), and crashed the "
+           "initiator "
+           "(SIGSEGV in fi_writemsg) writing to a peer endpoint that had closed; on one host "
+           "Ferry's own "
            "shm transport does this job";
   }
   return "";
@@ -113,10 +120,12 @@ StatusOr<std::vector<FabricDomainInfo>> ListDomains(const std::string& node) {
   return out;
 }
 
-StatusOr<std::string> ResolveProvider(const std::vector<FabricDomainInfo>& domains, std::string_view wanted) {
+StatusOr<std::string> ResolveProvider(const std::vector<FabricDomainInfo>& domains,
+                                      std::string_view wanted) {
   std::string names;
   for (const auto& d : domains) {
-    if (names.find(d.provider) == std::string::npos) names += (names.empty() ? "" : ", ") + d.provider;
+    if (names.find(d.provider) == std::string::npos)
+      names += (names.empty() ? "" : ", ") + d.provider;
   }
   if (names.empty()) names = "none";
   if (wanted.empty()) {
@@ -137,7 +146,8 @@ StatusOr<std::string> ResolveProvider(const std::vector<FabricDomainInfo>& domai
   for (const auto& d : domains) {
     if (d.provider.starts_with(std::string(wanted) + ";")) return checked(d.provider);
   }
-  return NotFoundError("fabric provider '" + std::string(wanted) + "' not found (providers here: " + names + ")");
+  return NotFoundError("fabric provider '" + std::string(wanted) +
+                       "' not found (providers here: " + names + ")");
 }
 
 }  // namespace ferry::internal::fabric

@@ -21,11 +21,11 @@ inline constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
 
 // What every endpoint of the transport needs: reliable datagrams, one-sided
 // reads and writes both ways, and messages (notifications).
-inline constexpr uint64_t kCaps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MSG |
-                                  FI_SEND | FI_RECV;
+inline constexpr uint64_t kCaps =
+    FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MSG | FI_SEND | FI_RECV;
 // The memory-registration modes Ferry honours (docs in fabric_domain.h).
-inline constexpr int kMrModes = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
-                                FI_MR_ENDPOINT;
+inline constexpr int kMrModes =
+    FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
 
 struct InfoDeleter {
   void operator()(fi_info* i) const { fi_freeinfo(i); }
@@ -62,6 +62,7 @@ StatusOr<std::vector<FabricDomainInfo>> ListDomains(const std::string& node);
 // first hardware provider listed; else the provider named `wanted`, or the
 // one whose core provider it is ("tcp" = "tcp;ofi_rxm", since tcp's RMA
 // over reliable datagrams is rxm's). kNotFound, naming what exists, if none.
-StatusOr<std::string> ResolveProvider(const std::vector<FabricDomainInfo>& domains, std::string_view wanted);
+StatusOr<std::string> ResolveProvider(const std::vector<FabricDomainInfo>& domains,
+                                      std::string_view wanted);
 
 }  // namespace ferry::internal::fabric

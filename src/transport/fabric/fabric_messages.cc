@@ -38,30 +38,35 @@ StatusOr<Message> DecodeMessage(std::string_view bytes) {
     return InvalidArgumentError("fabric message of " + std::to_string(bytes.size()) +
                                 " bytes is shorter than its 24-byte header");
   }
-  if (magic != kMessageMagic) return DataLossError("fabric message has a wrong magic " + std::to_string(magic));
+  if (magic != kMessageMagic)
+    return DataLossError("fabric message has a wrong magic " + std::to_string(magic));
   if (version != kMessageVersion) {
-    return FailedPreconditionError("fabric message version " + std::to_string(version) + " (this build reads " +
-                                   std::to_string(kMessageVersion) + ")");
+    return FailedPreconditionError("fabric message version " + std::to_string(version) +
+                                   " (this build reads " + std::to_string(kMessageVersion) + ")");
   }
-  if (type != static_cast<uint8_t>(MessageType::kNotify) && type != static_cast<uint8_t>(MessageType::kAck)) {
+  if (type != static_cast<uint8_t>(MessageType::kNotify) &&
+      type != static_cast<uint8_t>(MessageType::kAck)) {
     return InvalidArgumentError("fabric message of unknown type " + std::to_string(type));
   }
-  if (reserved8 != 0 || reserved16 != 0) return InvalidArgumentError("fabric message has non-zero reserved header bytes");
+  if (reserved8 != 0 || reserved16 != 0)
+    return InvalidArgumentError("fabric message has non-zero reserved header bytes");
   m.type = static_cast<MessageType>(type);
   if (addr_len > kMaxAddress) {
     return InvalidArgumentError("fabric message carries a " + std::to_string(addr_len) +
                                 "-byte address (at most " + std::to_string(kMaxAddress) + ")");
   }
   if (r.remaining() != size_t{addr_len} + body_len) {
-    return InvalidArgumentError("fabric message says " + std::to_string(addr_len) + " address and " +
-                                std::to_string(body_len) + " body bytes follow its header, but " +
+    return InvalidArgumentError("fabric message says " + std::to_string(addr_len) +
+                                " address and " + std::to_string(body_len) +
+                                " body bytes follow its header, but " +
                                 std::to_string(r.remaining()) + " do");
   }
   const std::string_view rest = bytes.substr(kMessageHeader);
   m.reply_to.assign(rest.substr(0, addr_len));
   const std::string_view body = rest.substr(addr_len);
   if (m.type == MessageType::kNotify) {
-    if (m.reply_to.empty()) return InvalidArgumentError("fabric notification without the sender's address");
+    if (m.reply_to.empty())
+      return InvalidArgumentError("fabric notification without the sender's address");
     auto n = wire::DecodeNotify(body);
     if (!n.ok()) return n.status().WithPrefix("fabric notification");
     m.notify = std::move(*n);
@@ -113,11 +118,14 @@ std::string EncodeEndpoint(const FabricEndpoint& a) {
 
 StatusOr<FabricEndpoint> DecodeEndpoint(std::string_view s) {
   const size_t a = s.find('/'), b = a == std::string_view::npos ? a : s.find('/', a + 1);
-  if (b == std::string_view::npos) return InvalidArgumentError("fabric endpoint '" + std::string(s.substr(0, 64)) + "' is not PROVIDER/FORMAT/HEX[,HEX...]");
+  if (b == std::string_view::npos)
+    return InvalidArgumentError("fabric endpoint '" + std::string(s.substr(0, 64)) +
+                                "' is not PROVIDER/FORMAT/HEX[,HEX...]");
   FabricEndpoint out;
   out.provider = std::string(s.substr(0, a));
   const std::string format(s.substr(a + 1, b - a - 1));
-  if (format.empty() || format.size() > 9 || format.find_first_not_of("0123456789") != std::string::npos) {
+  if (format.empty() || format.size() > 9 ||
+      format.find_first_not_of("0123456789") != std::string::npos) {
     return InvalidArgumentError("fabric endpoint has a bad address format '" + format + "'");
   }
   out.format = static_cast<uint32_t>(std::stoul(format));
@@ -125,11 +133,15 @@ StatusOr<FabricEndpoint> DecodeEndpoint(std::string_view s) {
   for (;;) {
     const size_t comma = rest.find(',');
     auto raw = Unhex(rest.substr(0, comma));
-    if (!raw.ok()) return raw.status().WithPrefix("fabric endpoint address " + std::to_string(out.rails.size()));
-    if (raw->empty()) return InvalidArgumentError("fabric endpoint address " + std::to_string(out.rails.size()) + " is empty");
+    if (!raw.ok())
+      return raw.status().WithPrefix("fabric endpoint address " + std::to_string(out.rails.size()));
+    if (raw->empty())
+      return InvalidArgumentError("fabric endpoint address " + std::to_string(out.rails.size()) +
+                                  " is empty");
     out.rails.push_back(std::move(*raw));
     if (out.rails.size() > kMaxRails) {
-      return InvalidArgumentError("fabric endpoint names more than " + std::to_string(kMaxRails) + " rails");
+      return InvalidArgumentError("fabric endpoint names more than " + std::to_string(kMaxRails) +
+                                  " rails");
     }
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);

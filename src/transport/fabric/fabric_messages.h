@@ -27,10 +27,10 @@ enum class MessageType : uint8_t { kNotify = 1, kAck = 2 };
 
 struct Message {
   MessageType type = MessageType::kNotify;
-  uint64_t seq = 0;          // the initiator's number for this notification
-  std::string reply_to;      // kNotify: the sender's endpoint address (raw)
-  wire::NotifyBody notify;   // kNotify
-  Status status;             // kAck: what the target's inbox said
+  uint64_t seq = 0;         // the initiator's number for this notification
+  std::string reply_to;     // kNotify: the sender's endpoint address (raw)
+  wire::NotifyBody notify;  // kNotify
+  Status status;            // kAck: what the target's inbox said
 };
 
 void EncodeMessage(const Message& m, std::string* out);

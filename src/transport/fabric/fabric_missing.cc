@@ -1,12 +1,13 @@
 // Built instead of the fabric transport where libfabric (libfabric-dev) was
 // not found: the transport reports itself unavailable with the reason.
-#include "transport/fabric/fabric_transport.h"
-
 #include "ferry/transports.h"
+#include "transport/fabric/fabric_transport.h"
 
 namespace ferry::internal {
 
-std::string FabricAvailability() { return "this build has no libfabric (install libfabric-dev and rebuild)"; }
+std::string FabricAvailability() {
+  return "this build has no libfabric (install libfabric-dev and rebuild)";
+}
 
 bool FabricEnabled(const EngineOptions& options) { return !options.fabric_provider.empty(); }
 

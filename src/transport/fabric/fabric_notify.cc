@@ -6,8 +6,8 @@
 
 #include <algorithm>
 
-#include "common/log.h"
 #include "base/target.h"
+#include "common/log.h"
 #include "transport/fabric/fabric_domain.h"
 #include "transport/fabric/fabric_info.h"
 #include "transport/fabric/fabric_messages.h"

@@ -33,10 +33,10 @@
 #include <string>
 #include <vector>
 
+#include "base/transport.h"
 #include "ferry/status.h"
 #include "transport/fabric/fabric_common.h"
 #include "transport/fabric/fabric_peer.h"
-#include "base/transport.h"
 #include "wire/frame.h"
 
 namespace ferry::internal::fabric {

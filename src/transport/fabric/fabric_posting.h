@@ -46,9 +46,9 @@
 #include <unordered_set>
 #include <vector>
 
+#include "base/transport.h"
 #include "transport/fabric/fabric_common.h"
 #include "transport/fabric/fabric_peer.h"
-#include "base/transport.h"
 
 namespace ferry::internal::fabric {
 

@@ -25,8 +25,8 @@
 #include <string>
 #include <thread>
 
-#include "transport/fabric/fabric_common.h"
 #include "base/transport.h"
+#include "transport/fabric/fabric_common.h"
 
 namespace ferry::internal::fabric {
 

@@ -44,8 +44,9 @@ StatusOr<std::vector<std::string>> RailNodes(const EngineOptions& o, std::string
     const size_t comma = rest.find(',');
     std::string node(rest.substr(0, comma));
     if (node.empty() || node.find_first_of(" \t/") != std::string::npos) {
-      return InvalidArgumentError("fabric_nics '" + o.fabric_nics + "': entry " + std::to_string(nodes.size()) +
-                                  " ('" + node + "') is not an address");
+      return InvalidArgumentError("fabric_nics '" + o.fabric_nics + "': entry " +
+                                  std::to_string(nodes.size()) + " ('" + node +
+                                  "') is not an address");
     }
     if (std::find(nodes.begin(), nodes.end(), node) != nodes.end()) {
       return InvalidArgumentError("fabric_nics '" + o.fabric_nics + "' names " + node + " twice");
@@ -61,7 +62,9 @@ StatusOr<std::vector<std::string>> RailNodes(const EngineOptions& o, std::string
   return nodes;
 }
 
-std::string RailKeyName(size_t rail) { return rail == 0 ? "fabric" : "fabric." + std::to_string(rail); }
+std::string RailKeyName(size_t rail) {
+  return rail == 0 ? "fabric" : "fabric." + std::to_string(rail);
+}
 
 // One path of a link: a rail of this engine and the peer's rail it posts to.
 struct Path {
@@ -114,7 +117,8 @@ class FabricLink : public PeerLink {
   }
 
   bool Healthy() const override {
-    return std::none_of(paths_.begin(), paths_.end(), [](const Path& p) { return p.peer->broken(); });
+    return std::none_of(paths_.begin(), paths_.end(),
+                        [](const Path& p) { return p.peer->broken(); });
   }
   void Retire() override {
     for (const Path& p : paths_) p.ep->RemovePeer(p.peer);
@@ -127,7 +131,8 @@ class FabricLink : public PeerLink {
 
 class FabricTransport : public Transport {
  public:
-  FabricTransport(TransportCaps caps, std::vector<std::shared_ptr<Endpoint>> rails, std::string hostname)
+  FabricTransport(TransportCaps caps, std::vector<std::shared_ptr<Endpoint>> rails,
+                  std::string hostname)
       : Transport(std::move(caps)), rails_(std::move(rails)), hostname_(std::move(hostname)) {}
   ~FabricTransport() override { Shutdown(); }
 
@@ -148,23 +153,26 @@ class FabricTransport : public Transport {
   StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> info, uint16_t,
                                               Clock::time_point) override {
     const wire::TransportEndpoint* e = info->desc().FindTransport("fabric");
-    if (e == nullptr) return UnimplementedError("peer " + info->Label() + " offers no fabric endpoint");
+    if (e == nullptr)
+      return UnimplementedError("peer " + info->Label() + " offers no fabric endpoint");
     auto a = fabric::DecodeEndpoint(e->endpoint);
     if (!a.ok()) return a.status().WithPrefix("peer " + info->Label());
     if (a->provider != provider()) {
-      return FailedPreconditionError("peer " + info->Label() + " uses fabric provider " + a->provider +
-                                     ", this engine " + provider());
+      return FailedPreconditionError("peer " + info->Label() + " uses fabric provider " +
+                                     a->provider + ", this engine " + provider());
     }
     if (SameHostOnly(provider()) && info->desc().hostname != hostname_) {
-      return FailedPreconditionError("fabric provider " + provider() + " reaches only this host; peer " +
-                                     info->Label() + " is on " + info->desc().hostname);
+      return FailedPreconditionError("fabric provider " + provider() +
+                                     " reaches only this host; peer " + info->Label() + " is on " +
+                                     info->desc().hostname);
     }
     // Rail i posts to the peer's rail i (modulo its count).
     std::vector<Path> paths;
     for (size_t i = 0; i < rails_.size(); ++i) {
       const std::string& to = a->rails[i % a->rails.size()];
       auto p = rails_[i]->AddPeer(info, to);
-      if (!p.ok()) return rails_.size() == 1 ? p.status() : p.status().WithPrefix("rail " + std::to_string(i));
+      if (!p.ok())
+        return rails_.size() == 1 ? p.status() : p.status().WithPrefix("rail " + std::to_string(i));
       paths.push_back({rails_[i], std::move(*p)});
     }
     return std::shared_ptr<PeerLink>(std::make_shared<FabricLink>(std::move(paths)));
@@ -179,7 +187,8 @@ class FabricTransport : public Transport {
       auto key = rails_[i]->Register(r);
       if (!key.ok()) {
         for (size_t k = 0; k < i; ++k) rails_[k]->Unregister(r);
-        return rails_.size() == 1 ? key.status() : key.status().WithPrefix("rail " + std::to_string(i));
+        return rails_.size() == 1 ? key.status()
+                                  : key.status().WithPrefix("rail " + std::to_string(i));
       }
       if (i == 0) {
         keys.push_back({"fabric", *key, {}});
@@ -254,7 +263,8 @@ StatusOr<std::unique_ptr<Transport>> MakeFabricTransport(const TransportContext&
     if (!ep.ok()) {
       for (const auto& r : rails) r->Shutdown();
       if (nodes.size() == 1) return ep.status();
-      return ep.status().WithPrefix("fabric_nics entry " + std::to_string(i) + " (" + nodes[i] + ")");
+      return ep.status().WithPrefix("fabric_nics entry " + std::to_string(i) + " (" + nodes[i] +
+                                    ")");
     }
     max_message = std::min(max_message, (*ep)->max_message());
     rails.push_back(std::shared_ptr<Endpoint>(std::move(*ep)));
@@ -268,7 +278,8 @@ StatusOr<std::unique_ptr<Transport>> MakeFabricTransport(const TransportContext&
     caps.max_slice = std::max<uint32_t>(std::min(caps.max_slice, kMinStripe),
                                         caps.max_slice / static_cast<uint32_t>(rails.size()));
   }
-  return std::unique_ptr<Transport>(std::make_unique<FabricTransport>(std::move(caps), std::move(rails), ThisHost()));
+  return std::unique_ptr<Transport>(
+      std::make_unique<FabricTransport>(std::move(caps), std::move(rails), ThisHost()));
 }
 
 }  // namespace ferry::internal

@@ -19,9 +19,9 @@
 #include <memory>
 #include <string>
 
+#include "base/transport.h"
 #include "ferry/options.h"
 #include "transport/context.h"
-#include "base/transport.h"
 
 namespace ferry::internal {
 

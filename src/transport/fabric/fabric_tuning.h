@@ -43,7 +43,8 @@ inline Tuning TuningFor(std::string_view provider) {
 // one opcode, at most `iov_limit` of them and, once it has one, no more
 // than `max_bytes` in all. A single slice always fits (the core cut it to
 // the transport's max_slice). 0 only when `first` is past the end.
-inline size_t GatherCount(const std::vector<Slice>& slices, size_t first, uint32_t iov_limit, uint64_t max_bytes) {
+inline size_t GatherCount(const std::vector<Slice>& slices, size_t first, uint32_t iov_limit,
+                          uint64_t max_bytes) {
   if (first >= slices.size()) return 0;
   const Opcode opcode = slices[first].opcode;
   uint64_t bytes = slices[first].length;

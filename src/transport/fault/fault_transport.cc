@@ -20,8 +20,10 @@ class Dice {
   Fault Next() {
     std::lock_guard<std::mutex> lock(mu_);
     int x = static_cast<int>(rng_() % 100);
-    const std::pair<int, Fault> cuts[] = {{f_.fail_percent, Fault::kFail},       {f_.drop_percent, Fault::kDrop},
-                                          {f_.delay_percent, Fault::kDelay},     {f_.reorder_percent, Fault::kReorder},
+    const std::pair<int, Fault> cuts[] = {{f_.fail_percent, Fault::kFail},
+                                          {f_.drop_percent, Fault::kDrop},
+                                          {f_.delay_percent, Fault::kDelay},
+                                          {f_.reorder_percent, Fault::kReorder},
                                           {f_.corrupt_percent, Fault::kCorrupt}};
     for (const auto& [pct, fault] : cuts) {
       if (x < pct) return fault;
@@ -57,14 +59,26 @@ class FaultyLink : public PeerLink {
       BatchState::Completer now(*ctx.batch);
       for (const Slice& s : slices) {
         switch (dice_->Next()) {
-          case Fault::kPass: pass.push_back(s); break;
-          case Fault::kFail:
-            now.Complete(s.request, 1, UnavailableError("fault injected on the " + transport_ + " link: request failed"));
+          case Fault::kPass:
+            pass.push_back(s);
             break;
-          case Fault::kDrop: dropped.push_back(s); break;
-          case Fault::kDelay: held.push_back(s), held_faults.push_back(Fault::kDelay); break;
-          case Fault::kReorder: held.push_back(s), held_faults.push_back(Fault::kReorder); break;
-          case Fault::kCorrupt: held.push_back(s), held_faults.push_back(Fault::kCorrupt); break;
+          case Fault::kFail:
+            now.Complete(
+                s.request, 1,
+                UnavailableError("fault injected on the " + transport_ + " link: request failed"));
+            break;
+          case Fault::kDrop:
+            dropped.push_back(s);
+            break;
+          case Fault::kDelay:
+            held.push_back(s), held_faults.push_back(Fault::kDelay);
+            break;
+          case Fault::kReorder:
+            held.push_back(s), held_faults.push_back(Fault::kReorder);
+            break;
+          case Fault::kCorrupt:
+            held.push_back(s), held_faults.push_back(Fault::kCorrupt);
+            break;
         }
       }
     }
@@ -90,7 +104,8 @@ class FaultyLink : public PeerLink {
   // late, out of order, or with a corrupted status.
   void Hold(const PostContext& ctx, std::vector<Slice> held, std::vector<Fault> faults) {
     auto shadow = std::make_shared<BatchState>(held.size());
-    shadow->SetLandingParent(ctx.batch);  // a cancel of the real batch fences the shadow's reads too
+    shadow->SetLandingParent(
+        ctx.batch);  // a cancel of the real batch fences the shadow's reads too
     (void)shadow->Reserve(held.size());
     shadow->BeginRange(0, held.size(), [](size_t) { return 1u; });
     std::vector<Slice> posted = held;
@@ -101,7 +116,8 @@ class FaultyLink : public PeerLink {
     std::shared_ptr<BatchState> batch = ctx.batch;
     const Clock::time_point deadline = ctx.deadline;
     std::string transport = transport_;
-    Spawn([shadow, batch, held = std::move(held), faults = std::move(faults), delay, deadline, transport] {
+    Spawn([shadow, batch, held = std::move(held), faults = std::move(faults), delay, deadline,
+           transport] {
       shadow->WaitIdle(deadline + std::chrono::seconds(5), std::chrono::microseconds(0));
       if (std::find(faults.begin(), faults.end(), Fault::kDelay) != faults.end()) {
         std::this_thread::sleep_for(delay);
@@ -113,9 +129,10 @@ class FaultyLink : public PeerLink {
       }
       for (size_t k : order) {
         TransferStatus got = shadow->Get(k);
-        Status s = got.state == TransferState::kPending
-                       ? DeadlineExceededError("fault injected on the " + transport + " link: no answer")
-                       : got.status;
+        Status s =
+            got.state == TransferState::kPending
+                ? DeadlineExceededError("fault injected on the " + transport + " link: no answer")
+                : got.status;
         if (faults[k] == Fault::kCorrupt && s.ok()) {
           s = DataLossError("fault injected on the " + transport + " link: corrupted status");
         }
@@ -133,9 +150,10 @@ class FaultyLink : public PeerLink {
       std::this_thread::sleep_until(deadline);
       BatchState::Completer done(*batch);
       for (const Slice& s : dropped) {
-        done.Complete(s.request, 1,
-                      DeadlineExceededError("fault injected on the " + transport +
-                                            " link: reply dropped, no answer before the transfer deadline"));
+        done.Complete(
+            s.request, 1,
+            DeadlineExceededError("fault injected on the " + transport +
+                                  " link: reply dropped, no answer before the transfer deadline"));
       }
     });
   }
@@ -153,12 +171,16 @@ class FaultyTransport : public Transport {
       : Transport(inner->caps()), inner_(std::move(inner)), dice_(std::move(dice)) {}
   void Describe(wire::PeerDescriptor* self) const override { inner_->Describe(self); }
   bool CanReach(const wire::PeerDescriptor& peer) const override { return inner_->CanReach(peer); }
-  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> peer, uint16_t version,
+  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> peer,
+                                              uint16_t version,
                                               Clock::time_point deadline) override {
     FERRY_ASSIGN_OR_RETURN(auto link, inner_->Connect(std::move(peer), version, deadline));
-    return std::shared_ptr<PeerLink>(std::make_shared<FaultyLink>(std::move(link), dice_, std::string(Name())));
+    return std::shared_ptr<PeerLink>(
+        std::make_shared<FaultyLink>(std::move(link), dice_, std::string(Name())));
   }
-  StatusOr<std::vector<wire::RegionKey>> RegisterRegion(const Region& r) override { return inner_->RegisterRegion(r); }
+  StatusOr<std::vector<wire::RegionKey>> RegisterRegion(const Region& r) override {
+    return inner_->RegisterRegion(r);
+  }
   void UnregisterRegion(const Region& r) override { inner_->UnregisterRegion(r); }
   void Shutdown() override { inner_->Shutdown(); }
 

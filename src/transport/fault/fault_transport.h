@@ -13,11 +13,12 @@
 
 #include <memory>
 
-#include "ferry/options.h"
 #include "base/transport.h"
+#include "ferry/options.h"
 
 namespace ferry::internal {
 
-std::unique_ptr<Transport> WithFaults(std::unique_ptr<Transport> inner, const EngineOptions::Testing::LinkFaults& f);
+std::unique_ptr<Transport> WithFaults(std::unique_ptr<Transport> inner,
+                                      const EngineOptions::Testing::LinkFaults& f);
 
 }  // namespace ferry::internal

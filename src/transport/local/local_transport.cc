@@ -14,7 +14,8 @@ struct LocalDirectory::Impl {
 LocalDirectory::LocalDirectory() : impl_(std::make_unique<Impl>()) {}
 
 LocalDirectory& LocalDirectory::Get() {
-  static LocalDirectory* dir = new LocalDirectory();  // never destroyed: engines may outlive statics
+  static LocalDirectory* dir =
+      new LocalDirectory();  // never destroyed: engines may outlive statics
   return *dir;
 }
 
@@ -38,7 +39,8 @@ namespace {
 
 class LocalLink : public PeerLink {
  public:
-  LocalLink(std::shared_ptr<EngineTarget> self, std::weak_ptr<EngineTarget> target, std::string peer_id)
+  LocalLink(std::shared_ptr<EngineTarget> self, std::weak_ptr<EngineTarget> target,
+            std::string peer_id)
       : self_(std::move(self)), target_(std::move(target)), peer_id_(std::move(peer_id)) {}
 
   void Post(const PostContext& ctx, std::vector<Slice> slices) override {
@@ -59,7 +61,9 @@ class LocalLink : public PeerLink {
       MemoryKind local_kind;
       if (self_->registry().ever_non_cpu()) {
         MemoryRegistry::Found found;
-        if (self_->registry().Check(reinterpret_cast<uint64_t>(s.local), s.length, "local buffer", &found).ok()) {
+        if (self_->registry()
+                .Check(reinterpret_cast<uint64_t>(s.local), s.length, "local buffer", &found)
+                .ok()) {
           local_kind = found.kind;
         }
       }
@@ -90,7 +94,8 @@ class LocalLink : public PeerLink {
     // Writes complete synchronously in Post, so every earlier write is done.
     std::shared_ptr<EngineTarget> target = target_.lock();
     if (!target) return UnavailableError("peer engine " + peer_id_ + " was shut down");
-    return target->Deliver({body.sender, body.name, body.message}).WithPrefix("peer " + peer_id_ + " refused");
+    return target->Deliver({body.sender, body.name, body.message})
+        .WithPrefix("peer " + peer_id_ + " refused");
   }
 
   bool Healthy() const override { return !target_.expired(); }
@@ -123,7 +128,8 @@ class LocalTransport : public Transport {
     const wire::PeerDescriptor& peer = info->desc();
     std::shared_ptr<EngineTarget> t = LocalDirectory::Get().Find(peer.instance_id);
     if (!t) {
-      return UnavailableError("peer " + peer.peer_id + " is not an engine of this process (local transport)");
+      return UnavailableError("peer " + peer.peer_id +
+                              " is not an engine of this process (local transport)");
     }
     return std::shared_ptr<PeerLink>(std::make_shared<LocalLink>(self_, t, peer.peer_id));
   }

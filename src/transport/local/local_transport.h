@@ -7,8 +7,8 @@
 #include <memory>
 
 #include "base/target.h"
-#include "transport/context.h"
 #include "base/transport.h"
+#include "transport/context.h"
 
 namespace ferry::internal {
 

@@ -34,7 +34,9 @@ StatusOr<std::vector<CopyEntry>> DecodeCopyEntries(std::string_view body) {
 StatusOr<CopyLend> DecodeCopyLend(std::string_view body) {
   CopyLend out;
   wire::ByteReader r(body);
-  if (!r.U64(&out.returned)) return DataLossError("malformed lent read (" + std::to_string(body.size()) + " bytes) from peer");
+  if (!r.U64(&out.returned))
+    return DataLossError("malformed lent read (" + std::to_string(body.size()) +
+                         " bytes) from peer");
   FERRY_ASSIGN_OR_RETURN(out.entries, DecodeCopyEntries(body.substr(8)));
   return out;
 }
@@ -48,7 +50,8 @@ StatusOr<uint64_t> DecodeCopyReturn(std::string_view body) {
   wire::ByteReader r(body);
   uint64_t seq = 0;
   if (!r.U64(&seq) || r.remaining() != 0) {
-    return DataLossError("malformed copy return (" + std::to_string(body.size()) + " bytes) from peer");
+    return DataLossError("malformed copy return (" + std::to_string(body.size()) +
+                         " bytes) from peer");
   }
   return seq;
 }

@@ -21,10 +21,11 @@ constexpr size_t kMaxIov = IOV_MAX < 1024 ? IOV_MAX : 1024;
 // Reads the initiator's probe bytes out of its memory.
 Status ProbePeer(const CopyOpenerConfig& cfg, int pid, const CopyHello& hello) {
   const std::string& self = cfg.policy.target->peer_id();
-  const std::string who = "process " + std::to_string(pid) + " (" + hello.hello.initiator_peer_id + ")";
+  const std::string who =
+      "process " + std::to_string(pid) + " (" + hello.hello.initiator_peer_id + ")";
   if (cfg.refuse) {
-    return FailedPreconditionError("same-host transport: engine " + self + " refuses to copy to or from " + who +
-                                   " (testing option)");
+    return FailedPreconditionError("same-host transport: engine " + self +
+                                   " refuses to copy to or from " + who + " (testing option)");
   }
   std::string seen(hello.probe.size(), '\0');
   iovec local{seen.data(), seen.size()};
@@ -68,8 +69,9 @@ void CopyRun(int pid, bool write, const std::vector<CopyEntry>& entries,
     }
     ssize_t n;
     do {
-      n = write ? ::process_vm_readv(pid, mine.data(), mine.size(), theirs.data(), theirs.size(), 0)
-                : ::process_vm_writev(pid, mine.data(), mine.size(), theirs.data(), theirs.size(), 0);
+      n = write
+              ? ::process_vm_readv(pid, mine.data(), mine.size(), theirs.data(), theirs.size(), 0)
+              : ::process_vm_writev(pid, mine.data(), mine.size(), theirs.data(), theirs.size(), 0);
     } while (n < 0 && errno == EINTR);
     if (n >= 0 && static_cast<uint64_t>(n) == total) return;
     const int err = n < 0 ? errno : EFAULT;
@@ -91,8 +93,8 @@ void CopyRun(int pid, bool write, const std::vector<CopyEntry>& entries,
     char where[32];
     std::snprintf(where, sizeof(where), "0x%llx", static_cast<unsigned long long>(bad.peer_addr));
     failures->push_back({run[k], StatusCode::kInvalidArgument,
-                         std::string(write ? "source" : "destination") + " range at " + where + " (" +
-                             std::to_string(bad.length) + " bytes) of " + peer +
+                         std::string(write ? "source" : "destination") + " range at " + where +
+                             " (" + std::to_string(bad.length) + " bytes) of " + peer +
                              " could not be copied: " + ErrnoString(EFAULT)});
     first = k + 1;
   }
@@ -107,8 +109,8 @@ bool CanReadProcess(int pid) {
   return mem.valid();
 }
 
-std::optional<stream::RequestFrame> LendReadHook::OnReply(const stream::RequestFrame& r, uint64_t seq,
-                                                          std::vector<wire::EntryFailure>* failures) const {
+std::optional<stream::RequestFrame> LendReadHook::OnReply(
+    const stream::RequestFrame& r, uint64_t seq, std::vector<wire::EntryFailure>* failures) const {
   // The entries the target lent: those it did not refuse.
   std::vector<bool> refused(r.slices.size(), false);
   for (const auto& f : *failures) {
@@ -125,17 +127,20 @@ std::optional<stream::RequestFrame> LendReadHook::OnReply(const stream::RequestF
   pollfd exited{pidfd_.get(), POLLIN, 0};
   if (::poll(&exited, 1, 0) != 0) {
     for (uint32_t i : run) {
-      failures->push_back({i, StatusCode::kUnavailable, "process " + std::to_string(pid_) + " of " + peer_ +
-                                                            " has exited; nothing was copied"});
+      failures->push_back(
+          {i, StatusCode::kUnavailable,
+           "process " + std::to_string(pid_) + " of " + peer_ + " has exited; nothing was copied"});
     }
   } else {
     for (size_t first = 0; first < run.size(); first += kMaxIov) {
-      std::vector<uint32_t> part(run.begin() + static_cast<std::ptrdiff_t>(first),
-                                 run.begin() + static_cast<std::ptrdiff_t>(std::min(run.size(), first + kMaxIov)));
+      std::vector<uint32_t> part(
+          run.begin() + static_cast<std::ptrdiff_t>(first),
+          run.begin() + static_cast<std::ptrdiff_t>(std::min(run.size(), first + kMaxIov)));
       // Each copy stores into this engine's memory: not once the batch was
       // cancelled (BatchState::BeginLanding).
       if (r.batch && !r.batch->BeginLanding()) {
-        for (uint32_t i : part) failures->push_back({i, StatusCode::kCancelled, "the request's batch was cancelled"});
+        for (uint32_t i : part)
+          failures->push_back({i, StatusCode::kCancelled, "the request's batch was cancelled"});
         continue;
       }
       CopyRun(pid_, /*from_peer=*/true, entries, part, peer_, failures);
@@ -154,10 +159,11 @@ std::optional<stream::RequestFrame> LendReadHook::OnReply(const stream::RequestF
   return back;
 }
 
-void CopyFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t, uint16_t wire_version,
-                              stream::RequestFrame* r) const {
-  r->type = op == Opcode::kWrite ? wire::FrameType::kCopyWrite
-                                 : (lend_ ? wire::FrameType::kCopyLendRead : wire::FrameType::kCopyRead);
+void CopyFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t,
+                              uint16_t wire_version, stream::RequestFrame* r) const {
+  r->type = op == Opcode::kWrite
+                ? wire::FrameType::kCopyWrite
+                : (lend_ ? wire::FrameType::kCopyLendRead : wire::FrameType::kCopyRead);
   if (op == Opcode::kRead && lend_) r->hook = lend_;
   std::string body;
   body.reserve(8 + CopyEntriesSize(n));
@@ -174,8 +180,8 @@ void CopyFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t
   r->head = wire::BuildFrame(h, body);
 }
 
-Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c, const wire::FrameHeader& h,
-                      std::string_view body) {
+Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c,
+                      const wire::FrameHeader& h, std::string_view body) {
   FERRY_ASSIGN_OR_RETURN(CopyHello hello, DecodeCopyHello(body));
   Status result = stream::CheckHello(cfg.policy, hello.hello);
   const int pid = c.peer_pid();
@@ -193,8 +199,9 @@ Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c, const 
     // (syscall: Debian 12's <sys/pidfd.h> lacks C linkage for C++.)
     pidfd = UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
     if (!pidfd.valid()) {
-      result = FailedPreconditionError("same-host transport: cannot follow process " + std::to_string(pid) +
-                                       " (pidfd_open: " + ErrnoString(errno) + ")");
+      result = FailedPreconditionError("same-host transport: cannot follow process " +
+                                       std::to_string(pid) + " (pidfd_open: " + ErrnoString(errno) +
+                                       ")");
     }
   }
   if (result.ok()) result = ProbePeer(cfg, pid, hello);
@@ -204,8 +211,8 @@ Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c, const 
   if (result.ok()) {
     c.Serve(std::make_shared<CopyStreamService>(cfg.policy.target, pid, std::move(pidfd)),
             hello.hello.wire_version,
-            hello.hello.initiator_peer_id + " (same-host stream " + std::to_string(hello.hello.stream_index) +
-                ", pid " + std::to_string(pid) + ")");
+            hello.hello.initiator_peer_id + " (same-host stream " +
+                std::to_string(hello.hello.stream_index) + ", pid " + std::to_string(pid) + ")");
   }
   return OkStatus();
 }
@@ -216,19 +223,26 @@ bool CopyStreamService::Accepts(wire::FrameType t) const {
          t == wire::FrameType::kNotify;
 }
 
-Status CopyStreamService::OnFrame(stream::Connection& c, const wire::FrameHeader& h, std::string_view body) {
+Status CopyStreamService::OnFrame(stream::Connection& c, const wire::FrameHeader& h,
+                                  std::string_view body) {
   switch (h.type) {
-    case wire::FrameType::kCopyWrite: return ServeCopy(c, h, body, /*write=*/true);
-    case wire::FrameType::kCopyRead: return ServeCopy(c, h, body, /*write=*/false);
-    case wire::FrameType::kCopyLendRead: return ServeCopy(c, h, body, /*write=*/false, /*lend=*/true);
-    case wire::FrameType::kCopyReturn: return ServeReturn(c, h, body);
-    case wire::FrameType::kNotify: return ServeNotify(c, h, body);
-    default: return DataLossError("unexpected frame on a same-host stream from " + c.peer_name());
+    case wire::FrameType::kCopyWrite:
+      return ServeCopy(c, h, body, /*write=*/true);
+    case wire::FrameType::kCopyRead:
+      return ServeCopy(c, h, body, /*write=*/false);
+    case wire::FrameType::kCopyLendRead:
+      return ServeCopy(c, h, body, /*write=*/false, /*lend=*/true);
+    case wire::FrameType::kCopyReturn:
+      return ServeReturn(c, h, body);
+    case wire::FrameType::kNotify:
+      return ServeNotify(c, h, body);
+    default:
+      return DataLossError("unexpected frame on a same-host stream from " + c.peer_name());
   }
 }
 
-Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHeader& h, std::string_view body,
-                                    bool write, bool lend) {
+Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHeader& h,
+                                    std::string_view body, bool write, bool lend) {
   std::vector<CopyEntry> entries;
   if (lend) {
     FERRY_ASSIGN_OR_RETURN(CopyLend l, DecodeCopyLend(body));
@@ -252,7 +266,7 @@ Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHead
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const CopyEntry& e = entries[i];
     if (!PinEntry(e.addr, e.length, i, &last, &pins, &rep.failures).ok()) continue;
-    if (lend) continue;  // the initiator copies
+    if (lend) continue;           // the initiator copies
     if (run.size() == kMaxIov) {  // an entry needs at most one iovec on each side
       CopyRun(pid_, write, entries, run, c.peer_name(), &rep.failures);
       run.clear();
@@ -273,8 +287,9 @@ Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHead
   pins.clear();  // the bytes have moved (or are lent): release what this frame holds
   // Validation and copy failures were collected separately: the initiator
   // expects them in entry order.
-  std::sort(rep.failures.begin(), rep.failures.end(),
-            [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
+  std::sort(
+      rep.failures.begin(), rep.failures.end(),
+      [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
   std::string reply;
   wire::EncodeReply(rep, &reply);
   c.QueueReply(wire::FrameType::kAck, h.seq, std::move(reply));
@@ -287,7 +302,8 @@ void CopyStreamService::ReleaseLent(uint64_t up_to) {
   while (!lent_.empty() && lent_.front().first <= up_to) lent_.pop_front();
 }
 
-Status CopyStreamService::ServeReturn(stream::Connection& c, const wire::FrameHeader& h, std::string_view body) {
+Status CopyStreamService::ServeReturn(stream::Connection& c, const wire::FrameHeader& h,
+                                      std::string_view body) {
   FERRY_ASSIGN_OR_RETURN(uint64_t seq, DecodeCopyReturn(body));
   ReleaseLent(seq);
   std::string reply;

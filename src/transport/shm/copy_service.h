@@ -32,8 +32,9 @@ class LendReadHook : public stream::ReplyHook {
   // recycled pid is never read); `peer`: its name, for errors.
   LendReadHook(int pid, UniqueFd pidfd, std::string peer, uint16_t wire_version)
       : pid_(pid), pidfd_(std::move(pidfd)), peer_(std::move(peer)), wire_version_(wire_version) {}
-  std::optional<stream::RequestFrame> OnReply(const stream::RequestFrame& r, uint64_t seq,
-                                              std::vector<wire::EntryFailure>* failures) const override;
+  std::optional<stream::RequestFrame> OnReply(
+      const stream::RequestFrame& r, uint64_t seq,
+      std::vector<wire::EntryFailure>* failures) const override;
 
  private:
   const int pid_;
@@ -50,7 +51,8 @@ class CopyFrameEncoder : public stream::FrameEncoder {
  public:
   // `lend`: reads as kCopyLendRead with this hook; null: kCopyRead (the
   // target copies).
-  explicit CopyFrameEncoder(std::shared_ptr<const LendReadHook> lend = nullptr) : lend_(std::move(lend)) {}
+  explicit CopyFrameEncoder(std::shared_ptr<const LendReadHook> lend = nullptr)
+      : lend_(std::move(lend)) {}
   void Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes, uint16_t wire_version,
               stream::RequestFrame* r) const override;
 
@@ -68,8 +70,8 @@ struct CopyOpenerConfig {
 // kCopyHello: answers the hello (a refusal says why) and, on success, serves
 // the stream with a CopyStreamService. Refused on a connection whose peer
 // process is unknown (the rpc port, another pid namespace).
-Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c, const wire::FrameHeader& h,
-                      std::string_view body);
+Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c,
+                      const wire::FrameHeader& h, std::string_view body);
 
 // The frames of an accepted same-host stream: kCopyWrite, kCopyRead,
 // kCopyLendRead + kCopyReturn, kNotify.
@@ -86,8 +88,8 @@ class CopyStreamService : public stream::TargetService {
  private:
   // write: kCopyWrite; else kCopyRead, or with `lend` kCopyLendRead (pin
   // and answer; the pins are kept until kCopyReturn or the stream closes).
-  Status ServeCopy(stream::Connection& c, const wire::FrameHeader& h, std::string_view body, bool write,
-                   bool lend = false);
+  Status ServeCopy(stream::Connection& c, const wire::FrameHeader& h, std::string_view body,
+                   bool write, bool lend = false);
   Status ServeReturn(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
   void ReleaseLent(uint64_t up_to);
 

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <array>
+#include <cstdio>
 #include <random>
 
 #include "common/log.h"
@@ -80,7 +80,8 @@ class ShmTransport : public Transport {
     cfg.hello_timeout = ctx.streams->hello_timeout();
     cfg.on_accept = [](int fd) { return PeerPid(fd); };
     cfg.admission = ctx.streams->admission();
-    FERRY_ASSIGN_OR_RETURN(listener_, stream::Listener::Serve(std::move(fd), std::move(cfg), *pool_));
+    FERRY_ASSIGN_OR_RETURN(listener_,
+                           stream::Listener::Serve(std::move(fd), std::move(cfg), *pool_));
     return OkStatus();
   }
 
@@ -96,7 +97,8 @@ class ShmTransport : public Transport {
     return ep != nullptr && ParseEndpoint(ep->endpoint, &boot, &name) && boot == BootId();
   }
 
-  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> info, uint16_t version,
+  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> info,
+                                              uint16_t version,
                                               Clock::time_point deadline) override {
     const wire::PeerDescriptor& peer = info->desc();
     const wire::TransportEndpoint* ep = peer.FindTransport("shm");
@@ -105,29 +107,32 @@ class ShmTransport : public Transport {
       return UnimplementedError("peer " + peer.peer_id + " offers no valid shm endpoint");
     }
     if (boot != BootId()) {
-      return UnavailableError("peer " + peer.peer_id + " runs on another host (boot id " + boot + ")");
+      return UnavailableError("peer " + peer.peer_id + " runs on another host (boot id " + boot +
+                              ")");
     }
     std::vector<std::shared_ptr<Connection>> streams;
     int target_pid = 0;
     for (int i = 0; i < std::max(1, streams_); ++i) {
       auto ctx = [&](const Status& s) {
-        return s.WithPrefix("opening same-host stream " + std::to_string(i) + " to " + peer.peer_id);
+        return s.WithPrefix("opening same-host stream " + std::to_string(i) + " to " +
+                            peer.peer_id);
       };
       auto fd = ConnectUnix(name, deadline);
       if (!fd.ok()) return ctx(fd.status());
       if (i == 0) target_pid = PeerPid(fd->get());
       shm::CopyHello hello;
-      hello.hello = {local_instance_, peer.instance_id, version, static_cast<uint16_t>(i), local_peer_id_};
+      hello.hello = {local_instance_, peer.instance_id, version, static_cast<uint16_t>(i),
+                     local_peer_id_};
       hello.probe_addr = reinterpret_cast<uint64_t>(probe_.data());
       hello.probe.assign(probe_.data(), probe_.size());
       std::string body;
       shm::EncodeCopyHello(hello, &body);
-      Status hi = stream::SayHello(fd->get(), credentials_, peer.peer_id, wire::FrameType::kCopyHello, body,
-                                   deadline);
+      Status hi = stream::SayHello(fd->get(), credentials_, peer.peer_id,
+                                   wire::FrameType::kCopyHello, body, deadline);
       if (!hi.ok()) return ctx(hi);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd->get(), true));
-      streams.push_back(std::make_shared<Connection>(pool_->loop(static_cast<size_t>(i)), std::move(*fd),
-                                                     info->Label(), version));
+      streams.push_back(std::make_shared<Connection>(pool_->loop(static_cast<size_t>(i)),
+                                                     std::move(*fd), info->Label(), version));
     }
     // Reads: the initiator copies them itself (docs/reliability.md, "Failed
     // and timed-out requests"), so this process must be able to read the
@@ -142,17 +147,20 @@ class ShmTransport : public Transport {
       }
       if (!pidfd.valid()) {
         return FailedPreconditionError(
-            "same-host transport: this process cannot read the memory of process " + std::to_string(target_pid) +
-            " (" + info->Label() +
-            "), which it needs to copy reads itself (so that a failed read never lands later); it needs "
-            "ptrace access to that process: the same user with Yama ptrace_scope 0, or CAP_SYS_PTRACE");
+            "same-host transport: this process cannot read the memory of process " +
+            std::to_string(target_pid) + " (" + info->Label() +
+            "), which it needs to copy reads itself (so that a failed read never lands later); it "
+            "needs "
+            "ptrace access to that process: the same user with Yama ptrace_scope 0, or "
+            "CAP_SYS_PTRACE");
       }
-      cfg.encoder = std::make_shared<shm::CopyFrameEncoder>(
-          std::make_shared<shm::LendReadHook>(target_pid, std::move(pidfd), info->Label(), version));
+      cfg.encoder = std::make_shared<shm::CopyFrameEncoder>(std::make_shared<shm::LendReadHook>(
+          target_pid, std::move(pidfd), info->Label(), version));
     } else {
-      FERRY_LOG(kInfo, "same-host reads from " << info->Label()
-                                               << " are copied by the peer (an older build that does not lend "
-                                                  "its ranges): a read that fails may still be written later");
+      FERRY_LOG(kInfo, "same-host reads from "
+                           << info->Label()
+                           << " are copied by the peer (an older build that does not lend "
+                              "its ranges): a read that fails may still be written later");
     }
     return stream::StreamLink::Open(cfg, info->Label(), version, std::move(streams));
   }

@@ -19,8 +19,8 @@
 #include <memory>
 #include <string>
 
-#include "transport/context.h"
 #include "base/transport.h"
+#include "transport/context.h"
 
 namespace ferry::internal {
 

@@ -14,16 +14,18 @@ void Admission::Ticket::Opened() {
   owner_->Opened(source_);
 }
 
-std::unique_ptr<Admission::Ticket> Admission::Admit(const std::string& source, const std::string& listener) {
+std::unique_ptr<Admission::Ticket> Admission::Admit(const std::string& source,
+                                                    const std::string& listener) {
   std::lock_guard<std::mutex> lock(mu_);
   Counts& c = by_source_[source];
   if (c.open >= max_open_ || c.pending >= max_pending_) {
     if (refused_.insert(source).second) {
-      FERRY_LOG(kWarning, listener << ": refusing connections from " << source << ": it holds " << c.open
-                                   << " connections (limit max_connections_per_source = " << max_open_
-                                   << "), " << c.pending
-                                   << " of them still in their hello (limit max_handshakes_per_source = "
-                                   << max_pending_ << "); further refusals of this source are not logged");
+      FERRY_LOG(kWarning,
+                listener << ": refusing connections from " << source << ": it holds " << c.open
+                         << " connections (limit max_connections_per_source = " << max_open_
+                         << "), " << c.pending
+                         << " of them still in their hello (limit max_handshakes_per_source = "
+                         << max_pending_ << "); further refusals of this source are not logged");
     }
     if (c.open == 0) by_source_.erase(source);
     return nullptr;

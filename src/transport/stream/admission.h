@@ -19,7 +19,8 @@ namespace ferry::internal::stream {
 
 class Admission : public std::enable_shared_from_this<Admission> {
  public:
-  Admission(uint32_t max_pending, uint32_t max_open) : max_pending_(max_pending), max_open_(max_open) {}
+  Admission(uint32_t max_pending, uint32_t max_open)
+      : max_pending_(max_pending), max_open_(max_open) {}
 
   // One admitted connection; gives its places back when destroyed.
   class Ticket {

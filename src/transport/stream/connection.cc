@@ -41,7 +41,8 @@ Connection::Connection(EventLoop* loop, UniqueFd fd, std::string peer_name, uint
       wire_version_(wire_version) {}
 
 Connection::Connection(EventLoop* loop, UniqueFd fd, std::string peer_name,
-                       std::shared_ptr<const FirstFrames> openers, std::chrono::milliseconds hello_timeout)
+                       std::shared_ptr<const FirstFrames> openers,
+                       std::chrono::milliseconds hello_timeout)
     : loop_(loop),
       fd_(std::move(fd)),
       role_(Role::kAccepted),
@@ -61,7 +62,8 @@ Status Connection::Attach() {
   return loop_->Add(fd_.get(), EPOLLIN | EPOLLRDHUP, shared_from_this());
 }
 
-void Connection::Serve(std::shared_ptr<FrameService> service, uint16_t wire_version, std::string peer_name) {
+void Connection::Serve(std::shared_ptr<FrameService> service, uint16_t wire_version,
+                       std::string peer_name) {
   role_ = Role::kServed;
   if (admission_) admission_->Opened();
   service_ = std::move(service);
@@ -244,8 +246,8 @@ void Connection::OnTick(Clock::time_point now) {
   if (!inflight_.empty() && inflight_.front().req.deadline < now) {
     // The stream is stuck (or the peer is gone without a reset): fail what is
     // late with kDeadlineExceeded, the rest of the stream with kUnavailable.
-    Status late = DeadlineExceededError("no reply from peer " + peer_name_ +
-                                        " before the transfer deadline");
+    Status late =
+        DeadlineExceededError("no reply from peer " + peer_name_ + " before the transfer deadline");
     while (!inflight_.empty() && inflight_.front().req.deadline < now) {
       FailFrame(inflight_.front().req, late);
       inflight_.pop_front();
@@ -277,7 +279,8 @@ void Connection::OnEvents(uint32_t events) {
 
 bool Connection::ReplyQueueFull() const {
   if (role_ != Role::kServed) return false;
-  if (read_paused_) return out_bytes_ > kReplyQueueHighBytes / 2 || out_.size() > kReplyQueueHighFrames / 2;
+  if (read_paused_)
+    return out_bytes_ > kReplyQueueHighBytes / 2 || out_.size() > kReplyQueueHighFrames / 2;
   return out_bytes_ > kReplyQueueHighBytes || out_.size() > kReplyQueueHighFrames;
 }
 
@@ -324,7 +327,8 @@ void Connection::Flush(bool from_caller) {
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) break;
-      Status failed = UnavailableError("sending to " + peer_name_ + " failed: " + ErrnoString(errno));
+      Status failed =
+          UnavailableError("sending to " + peer_name_ + " failed: " + ErrnoString(errno));
       if (from_caller) {
         CloseAsync(failed);  // closing unregisters from the loop: the loop does it
       } else {
@@ -385,7 +389,8 @@ void Connection::ReadSome() {
         held.clear();
       }
     } release{landing_};
-    if (role_ == Role::kInitiator && reader_.InPayload() && !inflight_.empty() && inflight_.front().req.batch) {
+    if (role_ == Role::kInitiator && reader_.InPayload() && !inflight_.empty() &&
+        inflight_.front().req.batch) {
       const std::shared_ptr<BatchState>& b = inflight_.front().req.batch;
       if (b->BeginLanding()) {
         landing_.push_back(b);
@@ -446,8 +451,8 @@ Status Connection::OnHeader(const wire::FrameHeader& h) {
   bool allowed = false;
   switch (role_) {
     case Role::kAccepted:
-      allowed = openers_ != nullptr && (openers_->Find(t) != nullptr || t == FrameType::kAuthHello ||
-                                        t == FrameType::kAuthProof);
+      allowed = openers_ != nullptr && (openers_->Find(t) != nullptr ||
+                                        t == FrameType::kAuthHello || t == FrameType::kAuthProof);
       break;
     case Role::kServed:
       allowed = service_ != nullptr && service_->Accepts(t);
@@ -461,8 +466,9 @@ Status Connection::OnHeader(const wire::FrameHeader& h) {
                          peer_name_);
   }
   if (role_ != Role::kAccepted && h.version != wire_version_) {
-    return DataLossError("frame of wire version " + std::to_string(h.version) + " from " + peer_name_ +
-                         " on a stream that negotiated version " + std::to_string(wire_version_));
+    return DataLossError("frame of wire version " + std::to_string(h.version) + " from " +
+                         peer_name_ + " on a stream that negotiated version " +
+                         std::to_string(wire_version_));
   }
   return OkStatus();
 }
@@ -480,7 +486,8 @@ Status Connection::OnFrame(const wire::FrameHeader& h, std::string_view body) {
     case Role::kServed:
       if (!service_) break;
       return service_->OnFrame(*this, h, body);
-    case Role::kInitiator: return OnReply(h, body);
+    case Role::kInitiator:
+      return OnReply(h, body);
   }
   return CancelledError("connection to " + peer_name_ + " closed");
 }
@@ -496,7 +503,8 @@ Status Connection::OnPayload(const wire::FrameHeader& h) {
       CompleteFront(failures, OkStatus());
       return OkStatus();
     }
-    case Role::kAccepted: break;
+    case Role::kAccepted:
+      break;
   }
   return InternalError("payload on a connection that expects none");
 }
@@ -529,7 +537,9 @@ Status Connection::OnReply(const wire::FrameHeader& h, std::string_view body) {
       next = req.hook->OnReply(req, h.seq, &rep.failures);
       if (rep.failures.size() != target_failures) {
         std::stable_sort(rep.failures.begin(), rep.failures.end(),
-                         [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
+                         [](const wire::EntryFailure& a, const wire::EntryFailure& b) {
+                           return a.index < b.index;
+                         });
       }
     }
     CompleteFront(rep.failures, rep.status);
@@ -561,18 +571,20 @@ Status Connection::OnReply(const wire::FrameHeader& h, std::string_view body) {
     expect += req.slices[i].length;
   }
   if (expect != h.payload_len) {
-    return DataLossError("read reply from " + peer_name_ + " carries " + std::to_string(h.payload_len) +
-                         " bytes, expected " + std::to_string(expect));
+    return DataLossError("read reply from " + peer_name_ + " carries " +
+                         std::to_string(h.payload_len) + " bytes, expected " +
+                         std::to_string(expect));
   }
   reply_failures_ = std::move(rep.failures);
   return OkStatus();
 }
 
-void Connection::CompleteFront(const std::vector<wire::EntryFailure>& failures, const Status& frame_status) {
+void Connection::CompleteFront(const std::vector<wire::EntryFailure>& failures,
+                               const Status& frame_status) {
   RequestFrame req = std::move(inflight_.front().req);
   inflight_.pop_front();
   queued_bytes_.fetch_sub(std::min(req.bytes, queued_bytes_.load(std::memory_order_relaxed)),
-                         std::memory_order_relaxed);
+                          std::memory_order_relaxed);
   if (req.notify) req.notify->Set(frame_status);
   if (req.batch) {
     BatchState::Completer done(*req.batch);

@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "common/net.h"
 #include "base/memory_registry.h"
+#include "common/net.h"
 #include "transport/stream/admission.h"
 #include "transport/stream/event_loop.h"
 #include "transport/stream/frame_reader.h"
@@ -94,8 +94,9 @@ class Connection : public EventLoop::Handler,
   void Serve(std::shared_ptr<FrameService> service, uint16_t wire_version, std::string peer_name);
   // Queues a reply frame; `pins` are kept until its payload is sent.
   // `keep` too (host copies of GPU memory the payload points into).
-  void QueueReply(wire::FrameType type, uint64_t seq, std::string body, std::vector<iovec> payload = {},
-                  std::vector<RegionPin> pins = {}, std::shared_ptr<const void> keep = nullptr);
+  void QueueReply(wire::FrameType type, uint64_t seq, std::string body,
+                  std::vector<iovec> payload = {}, std::vector<RegionPin> pins = {},
+                  std::shared_ptr<const void> keep = nullptr);
   // Refuses an accepted connection: sends what is queued (the refusal, if
   // the frame has an answer) as far as the socket takes it now, and closes
   // with `why`. The frame handler then returns an error.
@@ -120,7 +121,7 @@ class Connection : public EventLoop::Handler,
   struct OutFrame {
     std::string head;
     std::vector<iovec> payload;
-    std::vector<RegionPin> pins;  // kept until the bytes are sent
+    std::vector<RegionPin> pins;       // kept until the bytes are sent
     std::shared_ptr<const void> keep;  // likewise
     size_t sent = 0;
     size_t total = 0;  // head + payload bytes
@@ -154,9 +155,9 @@ class Connection : public EventLoop::Handler,
   const std::shared_ptr<const FirstFrames> openers_;  // kAccepted
   std::shared_ptr<FrameService> service_;             // kServed
   Clock::time_point hello_deadline_;
-  int peer_pid_ = 0;  // accepted unix connections: the peer process
-  std::string remote_;  // accepted connections: where from (logs)
-  AuthSession auth_;    // kAccepted: where the authentication stands
+  int peer_pid_ = 0;                              // accepted unix connections: the peer process
+  std::string remote_;                            // accepted connections: where from (logs)
+  AuthSession auth_;                              // kAccepted: where the authentication stands
   std::unique_ptr<Admission::Ticket> admission_;  // accepted connections; loop thread
 
   std::atomic<bool> broken_{false};
@@ -167,8 +168,8 @@ class Connection : public EventLoop::Handler,
   // Submissions from other threads.
   std::mutex submit_mu_;
   std::vector<RequestFrame> submitted_;  // guarded by submit_mu_
-  bool drain_scheduled_ = false;    // guarded by submit_mu_
-  bool closed_ = false;             // guarded by submit_mu_ (written on the loop thread)
+  bool drain_scheduled_ = false;         // guarded by submit_mu_
+  bool closed_ = false;                  // guarded by submit_mu_ (written on the loop thread)
 
   // Below: the loop's state, guarded by io_mu_. The loop holds it while it
   // handles this connection's events, ticks and tasks; a caller holds it
@@ -176,7 +177,7 @@ class Connection : public EventLoop::Handler,
   mutable std::mutex io_mu_;
   uint64_t next_seq_ = 1;
   std::deque<OutFrame> out_;
-  uint64_t out_bytes_ = 0;    // unsent bytes of out_ (kServed: the pause rule)
+  uint64_t out_bytes_ = 0;  // unsent bytes of out_ (kServed: the pause rule)
   bool want_write_ = false;
   bool read_paused_ = false;  // EPOLLIN off: see ReplyQueueFull
   std::deque<Inflight> inflight_;

@@ -1,11 +1,10 @@
 #include "transport/stream/event_loop.h"
 
-#include <algorithm>
-
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "common/log.h"

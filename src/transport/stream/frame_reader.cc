@@ -40,7 +40,8 @@ Status FrameReader::Consume(const char* p, size_t n) {
 }
 
 Status FrameReader::Advance(size_t n) {
-  if (phase_ != Phase::kPayload) return InternalError("payload advanced while none is being received");
+  if (phase_ != Phase::kPayload)
+    return InternalError("payload advanced while none is being received");
   if (n > payload_left_) return InternalError("payload advanced past its end");
   payload_left_ -= n;
   while (n > 0) {

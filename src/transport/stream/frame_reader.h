@@ -77,10 +77,10 @@ class FrameReader {
   size_t got_ = 0;
   wire::FrameHeader header_;
   std::string body_;
-  bool expecting_ = false;          // ExpectPayload called for the current frame
+  bool expecting_ = false;  // ExpectPayload called for the current frame
   std::vector<iovec> recv_iov_;
   size_t recv_index_ = 0;
-  size_t payload_left_ = 0;         // bytes of recv_iov_ not yet filled
+  size_t payload_left_ = 0;          // bytes of recv_iov_ not yet filled
   std::unique_ptr<char[]> scratch_;  // discard target, allocated on first use
 };
 

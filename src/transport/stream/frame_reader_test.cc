@@ -82,7 +82,8 @@ class RecordingSink : public FrameReader::Sink {
 };
 
 // Header + body + payload, as a peer sends them.
-std::string Frame(FrameType type, uint64_t seq, std::string_view body, std::string_view payload = {}) {
+std::string Frame(FrameType type, uint64_t seq, std::string_view body,
+                  std::string_view payload = {}) {
   FrameHeader h;
   h.version = 1;
   h.type = type;
@@ -124,8 +125,8 @@ class TwoFrames : public ::testing::Test {
  protected:
   static constexpr std::string_view kPayload = "0123456789";
   std::string Stream() const {
-    return Frame(FrameType::kWrite, 1, "write-body", kPayload) + Frame(FrameType::kNotify, 2, "notify-body") +
-           Frame(FrameType::kAck, 3, "");
+    return Frame(FrameType::kWrite, 1, "write-body", kPayload) +
+           Frame(FrameType::kNotify, 2, "notify-body") + Frame(FrameType::kAck, 3, "");
   }
   void Arm(Harness& h, char* dest) {
     h.sink.plan = [dest](const FrameHeader& fh, std::string_view) {
@@ -134,8 +135,8 @@ class TwoFrames : public ::testing::Test {
     };
   }
   const std::vector<std::string> kEvents = {
-      "header 10 seq=1", "frame 10 seq=1 body=write-body", "payload 10 seq=1",
-      "header 12 seq=2", "frame 12 seq=2 body=notify-body", "header 20 seq=3",
+      "header 10 seq=1",      "frame 10 seq=1 body=write-body",  "payload 10 seq=1",
+      "header 12 seq=2",      "frame 12 seq=2 body=notify-body", "header 20 seq=3",
       "frame 20 seq=3 body=",
   };
 };
@@ -158,7 +159,8 @@ TEST_F(TwoFrames, ByteByByteGivesTheSameEventsAsOneCall) {
   Arm(bytes, dest_bytes);
   const std::string s = Stream();
   ASSERT_THAT(one.reader.Consume(s.data(), s.size()), IsOk());
-  for (size_t i = 0; i < s.size(); ++i) ASSERT_THAT(bytes.reader.Consume(s.data() + i, 1), IsOk()) << i;
+  for (size_t i = 0; i < s.size(); ++i)
+    ASSERT_THAT(bytes.reader.Consume(s.data() + i, 1), IsOk()) << i;
   EXPECT_EQ(bytes.sink.events, one.sink.events);
   EXPECT_EQ(bytes.sink.events, kEvents);
   EXPECT_EQ(std::string_view(dest_bytes, 10), std::string_view(dest_one, 10));
@@ -225,7 +227,8 @@ TEST_F(Placement, WritePayloadLandsInTheDestinationsAndDiscardsLandNowhere) {
   h.sink.plan = [&](const FrameHeader&, std::string_view) { return MakePlan(); };
   const std::string s = Frame(FrameType::kWrite, 1, "entries", kPayload);
   ASSERT_THAT(h.reader.Consume(s.data(), s.size()), IsOk());
-  EXPECT_THAT(h.sink.events, ElementsAre("header 10 seq=1", "frame 10 seq=1 body=entries", "payload 10 seq=1"));
+  EXPECT_THAT(h.sink.events,
+              ElementsAre("header 10 seq=1", "frame 10 seq=1 body=entries", "payload 10 seq=1"));
   ExpectLanded();
 }
 
@@ -258,7 +261,8 @@ TEST_F(Placement, PayloadThroughPayloadIovAndAdvanceEqualsConsume) {
   while (h.reader.InPayload()) {
     const size_t want = std::min<size_t>(3, s.size() - off);
     ASSERT_GT(want, 0u);
-    const size_t got = FillIov(h.reader.PayloadIov(), h.reader.PayloadIovCount(), s.data() + off, want);
+    const size_t got =
+        FillIov(h.reader.PayloadIov(), h.reader.PayloadIovCount(), s.data() + off, want);
     ASSERT_EQ(got, want);
     const size_t left = h.reader.PayloadLeft();
     ASSERT_THAT(h.reader.Advance(got), IsOk());
@@ -293,18 +297,21 @@ TEST(FrameReader, DiscardLargerThanTheScratchBufferIsDrained) {
     return Plan{true, {{before, 4}, {nullptr, kDrop}, {after, 4}}};
   };
   const std::string payload = "head" + std::string(kDrop, 'x') + "tail";
-  const std::string s = Frame(FrameType::kWrite, 1, "e", payload) + Frame(FrameType::kAck, 2, "next");
+  const std::string s =
+      Frame(FrameType::kWrite, 1, "e", payload) + Frame(FrameType::kAck, 2, "next");
   ASSERT_THAT(h.reader.Consume(s.data(), s.size()), IsOk());
   EXPECT_EQ(std::string_view(before, 4), "head");
   EXPECT_EQ(std::string_view(after, 4), "tail");
-  EXPECT_THAT(h.sink.events, ElementsAre("header 10 seq=1", "frame 10 seq=1 body=e", "payload 10 seq=1",
-                                         "header 20 seq=2", "frame 20 seq=2 body=next"));
+  EXPECT_THAT(h.sink.events,
+              ElementsAre("header 10 seq=1", "frame 10 seq=1 body=e", "payload 10 seq=1",
+                          "header 20 seq=2", "frame 20 seq=2 body=next"));
 }
 
 TEST(FrameReader, PayloadNobodyExpectsIsDataLossNamingPayload) {
   Harness h;  // no plan: the sink never calls ExpectPayload
   const std::string s = Frame(FrameType::kWrite, 1, "e", "12345");
-  EXPECT_THAT(h.reader.Consume(s.data(), s.size()), StatusIs(StatusCode::kDataLoss, HasSubstr("payload")));
+  EXPECT_THAT(h.reader.Consume(s.data(), s.size()),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("payload")));
   EXPECT_THAT(h.sink.events, ElementsAre("header 10 seq=1", "frame 10 seq=1 body=e"));
 }
 
@@ -313,7 +320,8 @@ TEST(FrameReader, SinkPlacingFewerBytesThanAnnouncedIsDataLoss) {
   char dest[16] = {};
   h.sink.plan = [&](const FrameHeader&, std::string_view) { return Plan{true, {{dest, 5}}}; };
   const std::string s = Frame(FrameType::kWrite, 1, "e", "0123456789");
-  EXPECT_THAT(h.reader.Consume(s.data(), s.size()), StatusIs(StatusCode::kDataLoss, HasSubstr("payload")));
+  EXPECT_THAT(h.reader.Consume(s.data(), s.size()),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("payload")));
   EXPECT_THAT(h.sink.events, ElementsAre("header 10 seq=1", "frame 10 seq=1 body=e"));
   EXPECT_EQ(std::string(dest, 16), std::string(16, '\0'));  // nothing landed
 }
@@ -321,9 +329,12 @@ TEST(FrameReader, SinkPlacingFewerBytesThanAnnouncedIsDataLoss) {
 TEST(FrameReader, SinkPlacingMoreBytesThanAnnouncedIsDataLoss) {
   Harness h;
   char dest[16] = {};
-  h.sink.plan = [&](const FrameHeader&, std::string_view) { return Plan{true, {{dest, 8}, {nullptr, 4}}}; };
+  h.sink.plan = [&](const FrameHeader&, std::string_view) {
+    return Plan{true, {{dest, 8}, {nullptr, 4}}};
+  };
   const std::string s = Frame(FrameType::kWrite, 1, "e", "0123456789");
-  EXPECT_THAT(h.reader.Consume(s.data(), s.size()), StatusIs(StatusCode::kDataLoss, HasSubstr("payload")));
+  EXPECT_THAT(h.reader.Consume(s.data(), s.size()),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("payload")));
   EXPECT_EQ(h.sink.events.size(), 2u);
 }
 
@@ -349,7 +360,8 @@ TEST(FrameReader, HeaderRefusedBySinkStopsTheReaderEvenWithAnEmptyBody) {
   Harness h;
   h.sink.header_answer = DataLossError("unexpected ack");
   const std::string s = Frame(FrameType::kAck, 1, "");
-  EXPECT_THAT(h.reader.Consume(s.data(), s.size()), StatusIs(StatusCode::kDataLoss, HasSubstr("unexpected ack")));
+  EXPECT_THAT(h.reader.Consume(s.data(), s.size()),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("unexpected ack")));
   EXPECT_THAT(h.sink.events, ElementsAre("header 20 seq=1"));
 }
 
@@ -409,7 +421,8 @@ TEST(FrameReader, ZeroLengthPayloadExpectedCallsOnPayloadAtOnce) {
   };
   const std::string s = Frame(FrameType::kReadData, 4, "reply");
   ASSERT_THAT(h.reader.Consume(s.data(), s.size()), IsOk());
-  EXPECT_THAT(h.sink.events, ElementsAre("header 21 seq=4", "frame 21 seq=4 body=reply", "payload 21 seq=4"));
+  EXPECT_THAT(h.sink.events,
+              ElementsAre("header 21 seq=4", "frame 21 seq=4 body=reply", "payload 21 seq=4"));
   EXPECT_FALSE(h.reader.InPayload());
   // And the reader goes on with the next frame.
   const std::string next = Frame(FrameType::kAck, 5, "n");

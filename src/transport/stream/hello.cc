@@ -6,8 +6,9 @@ namespace ferry::internal::stream {
 
 Status SayHello(int fd, const Credentials& cred, std::string_view peer, wire::FrameType type,
                 const std::string& body, Clock::time_point deadline) {
-  FERRY_ASSIGN_OR_RETURN(std::string ack, AuthenticatedExchange(fd, cred, peer, type, body,
-                                                                wire::FrameType::kStreamHelloAck, deadline));
+  FERRY_ASSIGN_OR_RETURN(std::string ack,
+                         AuthenticatedExchange(fd, cred, peer, type, body,
+                                               wire::FrameType::kStreamHelloAck, deadline));
   Status remote;
   FERRY_RETURN_IF_ERROR(wire::DecodeStatus(ack, &remote));
   return ExplainRefusal(remote, cred, peer);
@@ -16,15 +17,15 @@ Status SayHello(int fd, const Credentials& cred, std::string_view peer, wire::Fr
 Status CheckHello(const HelloPolicy& policy, const wire::StreamHello& hello) {
   const EngineTarget& t = *policy.target;
   if (hello.target_instance != t.instance_id()) {
-    return FailedPreconditionError("engine " + t.peer_id() + " is instance " + std::to_string(t.instance_id()) +
-                                   ", not " + std::to_string(hello.target_instance) +
-                                   " (it restarted): handshake again");
+    return FailedPreconditionError(
+        "engine " + t.peer_id() + " is instance " + std::to_string(t.instance_id()) + ", not " +
+        std::to_string(hello.target_instance) + " (it restarted): handshake again");
   }
   if (hello.wire_version < policy.wire_min || hello.wire_version > policy.wire_max) {
     return FailedPreconditionError("wire version " + std::to_string(hello.wire_version) +
                                    " is not spoken by " + t.peer_id() + " (speaks " +
-                                   std::to_string(policy.wire_min) + ".." + std::to_string(policy.wire_max) +
-                                   ")");
+                                   std::to_string(policy.wire_min) + ".." +
+                                   std::to_string(policy.wire_max) + ")");
   }
   return OkStatus();
 }

@@ -7,9 +7,9 @@
 #include <string>
 
 #include "base/target.h"
-#include "transport/stream/auth.h"
-#include "ferry/status.h"
 #include "base/transport.h"
+#include "ferry/status.h"
+#include "transport/stream/auth.h"
 #include "wire/frame.h"
 
 namespace ferry::internal::stream {

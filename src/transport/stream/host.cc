@@ -10,8 +10,8 @@ StatusOr<std::unique_ptr<StreamHost>> StreamHost::Create(const StreamHostOptions
   host->peer_id_ = FormatPeerId(options.listen_host, bound.second);
   FERRY_ASSIGN_OR_RETURN(host->loops_, LoopPool::Start(options.io_threads, options.spin));
   host->SetSecret(nullptr);
-  host->admission_ =
-      std::make_shared<Admission>(options.max_handshakes_per_source, options.max_connections_per_source);
+  host->admission_ = std::make_shared<Admission>(options.max_handshakes_per_source,
+                                                 options.max_connections_per_source);
   return host;
 }
 
@@ -28,7 +28,8 @@ Status StreamHost::Serve() {
   cfg.hello_timeout = options_.hello_timeout;
   cfg.on_accept = rpc_on_accept_;
   cfg.admission = admission_;
-  FERRY_ASSIGN_OR_RETURN(rpc_listener_, Listener::Serve(std::move(rpc_fd_), std::move(cfg), *loops_));
+  FERRY_ASSIGN_OR_RETURN(rpc_listener_,
+                         Listener::Serve(std::move(rpc_fd_), std::move(cfg), *loops_));
   return OkStatus();
 }
 

@@ -1,11 +1,10 @@
 #include "transport/stream/listener.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
-
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -51,7 +50,8 @@ std::string SourceOf(const sockaddr_storage& ss, int fd) {
   if (ss.ss_family == AF_UNIX) {
     ucred cred{};
     socklen_t len = sizeof(cred);
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) return "uid " + std::to_string(cred.uid);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+      return "uid " + std::to_string(cred.uid);
   }
   return "unknown source";
 }
@@ -64,14 +64,14 @@ Listener::Listener(UniqueFd fd, ListenerConfig cfg, std::vector<EventLoop*> loop
       loops_(std::move(loops)),
       spare_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
 
-StatusOr<std::shared_ptr<Listener>> Listener::Serve(UniqueFd fd, ListenerConfig cfg, const LoopPool& pool) {
+StatusOr<std::shared_ptr<Listener>> Listener::Serve(UniqueFd fd, ListenerConfig cfg,
+                                                    const LoopPool& pool) {
   auto listener = std::make_shared<Listener>(std::move(fd), std::move(cfg), pool.loops());
   EventLoop* loop = pool.loop(0);
   std::promise<Status> added;
   std::future<Status> result = added.get_future();
-  loop->RunInLoop([loop, listener, &added] {
-    added.set_value(loop->Add(listener->fd(), EPOLLIN, listener));
-  });
+  loop->RunInLoop(
+      [loop, listener, &added] { added.set_value(loop->Add(listener->fd(), EPOLLIN, listener)); });
   Status s = result.get();
   if (!s.ok()) return s.WithPrefix("cannot serve " + listener->cfg_.name);
   return listener;
@@ -81,7 +81,8 @@ void Listener::OnEvents(uint32_t) {
   while (true) {
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
-    int c = ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int c =
+        ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (c < 0) {
       if (errno == EINTR) continue;
       if ((errno == EMFILE || errno == ENFILE) && spare_.valid()) {
@@ -110,9 +111,9 @@ void Listener::OnEvents(uint32_t) {
     }
     const int pid = cfg_.on_accept ? cfg_.on_accept(c) : 0;
     EventLoop* loop = loops_[next_++ % loops_.size()];
-    auto conn = std::make_shared<Connection>(loop, std::move(accepted),
-                                             "accepted connection " + std::to_string(c) + " on " + cfg_.name,
-                                             cfg_.openers, cfg_.hello_timeout);
+    auto conn = std::make_shared<Connection>(
+        loop, std::move(accepted), "accepted connection " + std::to_string(c) + " on " + cfg_.name,
+        cfg_.openers, cfg_.hello_timeout);
     if (pid != 0) conn->SetPeerProcess(pid);
     conn->SetAdmission(std::move(ticket));
     conn->SetRemote(RemoteOf(ss, pid));

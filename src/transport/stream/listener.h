@@ -34,7 +34,8 @@ class Listener : public EventLoop::Handler {
   // Serves `fd` (bound, listening, non-blocking) from the pool's first loop,
   // spreading accepted connections over all of them. Returns once the loop
   // watches the socket, or why it cannot (then nothing listens).
-  static StatusOr<std::shared_ptr<Listener>> Serve(UniqueFd fd, ListenerConfig cfg, const LoopPool& pool);
+  static StatusOr<std::shared_ptr<Listener>> Serve(UniqueFd fd, ListenerConfig cfg,
+                                                   const LoopPool& pool);
 
   Listener(UniqueFd fd, ListenerConfig cfg, std::vector<EventLoop*> loops);
   int fd() const { return fd_.get(); }

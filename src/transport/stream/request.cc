@@ -67,9 +67,9 @@ void PeerBudget::Release(uint64_t slices, uint64_t bytes) {
 
 std::string PeerBudget::Describe() const {
   return "limits peer_max_requests = " + std::to_string(max_slices_) + " slices (" +
-         std::to_string(slices_.load(std::memory_order_relaxed)) + " outstanding), peer_max_bytes = " +
-         std::to_string(max_bytes_) + " bytes (" + std::to_string(bytes_.load(std::memory_order_relaxed)) +
-         " outstanding)";
+         std::to_string(slices_.load(std::memory_order_relaxed)) +
+         " outstanding), peer_max_bytes = " + std::to_string(max_bytes_) + " bytes (" +
+         std::to_string(bytes_.load(std::memory_order_relaxed)) + " outstanding)";
 }
 
 void NotifyWaiter::Set(Status s) {
@@ -93,7 +93,8 @@ void AppendRange(std::vector<iovec>* iov, void* addr, size_t length) {
     iovec& last = iov->back();
     // Integer arithmetic: `addr` may come from a peer (anything, up to the
     // top of the address space), where pointer arithmetic would be undefined.
-    if (reinterpret_cast<uintptr_t>(last.iov_base) + last.iov_len == reinterpret_cast<uintptr_t>(addr)) {
+    if (reinterpret_cast<uintptr_t>(last.iov_base) + last.iov_len ==
+        reinterpret_cast<uintptr_t>(addr)) {
       last.iov_len += length;
       return;
     }

@@ -44,7 +44,8 @@ class WriteTracker {
 // or failed). Thread-safe; the fast path is two atomic additions.
 class PeerBudget {
  public:
-  PeerBudget(uint64_t max_slices, uint64_t max_bytes) : max_slices_(max_slices), max_bytes_(max_bytes) {}
+  PeerBudget(uint64_t max_slices, uint64_t max_bytes)
+      : max_slices_(max_slices), max_bytes_(max_bytes) {}
   // Takes room for a frame, waiting for earlier frames to complete until
   // `deadline`; false if there was none by then. A frame always fits when
   // nothing else is outstanding (a limit below one frame only serialises).
@@ -103,15 +104,15 @@ class ReplyHook {
 // BatchState slot holds one request's state.)
 struct RequestFrame {
   wire::FrameType type = wire::FrameType::kWrite;
-  bool write = false;           // carries a write ticket (kWrite, kCopyWrite)
-  std::string head;             // header + body; the seq is filled in when queued
-  std::vector<iovec> payload;   // kWrite: local source ranges
+  bool write = false;          // carries a write ticket (kWrite, kCopyWrite)
+  std::string head;            // header + body; the seq is filled in when queued
+  std::vector<iovec> payload;  // kWrite: local source ranges
   std::shared_ptr<BatchState> batch;
-  std::vector<Slice> slices;    // one per entry, in order
+  std::vector<Slice> slices;  // one per entry, in order
   std::shared_ptr<NotifyWaiter> notify;
   std::shared_ptr<WriteTracker> tracker;
-  uint64_t ticket = 0;          // writes only
-  std::shared_ptr<PeerBudget> budget;  // given back (slices.size(), bytes) on completion
+  uint64_t ticket = 0;                    // writes only
+  std::shared_ptr<PeerBudget> budget;     // given back (slices.size(), bytes) on completion
   std::shared_ptr<const ReplyHook> hook;  // runs on the reply, before completion
   uint64_t bytes = 0;
   Clock::time_point deadline;

@@ -39,7 +39,8 @@ class FrameService {
 // the connection into a served stream (Connection::Serve); otherwise the
 // connection stays waiting for a first frame (a handshake is answered and the
 // peer closes).
-using Opener = std::function<Status(Connection& stream, const wire::FrameHeader& h, std::string_view body)>;
+using Opener =
+    std::function<Status(Connection& stream, const wire::FrameHeader& h, std::string_view body)>;
 
 // The openers of one listening socket, by frame type, and the authentication
 // every first frame passes before its opener sees it (auth.h). Filled before

@@ -14,9 +14,11 @@ StreamLink::StreamLink(const StreamLinkConfig& cfg, std::string peer_id, uint16_
       version_(version),
       streams_(std::move(streams)),
       tracker_(std::make_shared<WriteTracker>()),
-      budget_(std::make_shared<PeerBudget>(cfg.max_outstanding_slices, cfg.max_outstanding_bytes)) {}
+      budget_(std::make_shared<PeerBudget>(cfg.max_outstanding_slices, cfg.max_outstanding_bytes)) {
+}
 
-std::shared_ptr<PeerLink> StreamLink::Open(const StreamLinkConfig& cfg, std::string peer_id, uint16_t version,
+std::shared_ptr<PeerLink> StreamLink::Open(const StreamLinkConfig& cfg, std::string peer_id,
+                                           uint16_t version,
                                            std::vector<std::shared_ptr<Connection>> streams) {
   auto link = std::make_shared<StreamLink>(cfg, std::move(peer_id), version, streams);
   link->WireStreams();
@@ -73,9 +75,10 @@ void StreamLink::Post(const PostContext& ctx, std::vector<Slice> slices) {
       exhausted = !budget_->Acquire(r.slices.size(), bytes, ctx.deadline);
     }
     if (exhausted) {
-      FailFrame(r, ResourceExhaustedError("peer " + peer_id_ +
-                                          " had no room for more requests before the transfer deadline (" +
-                                          budget_->Describe() + ")"));
+      FailFrame(r, ResourceExhaustedError(
+                       "peer " + peer_id_ +
+                       " had no room for more requests before the transfer deadline (" +
+                       budget_->Describe() + ")"));
       continue;
     }
     r.budget = budget_;
@@ -148,9 +151,8 @@ void StreamLink::Feed(bool ignore_window) {
       backlog_.pop_front();
     }
     if (late) {
-      FailFrame(
-          r, DeadlineExceededError("no stream to peer " + peer_id_ +
-                                   " had room for the request before the transfer deadline"));
+      FailFrame(r, DeadlineExceededError("no stream to peer " + peer_id_ +
+                                         " had room for the request before the transfer deadline"));
     } else {
       to->Send(std::move(r));
     }

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "base/transport.h"
 #include "transport/stream/connection.h"
 #include "transport/stream/event_loop.h"
 #include "transport/stream/request.h"
-#include "base/transport.h"
 
 namespace ferry::internal::stream {
 
@@ -25,8 +25,8 @@ class FrameEncoder {
   virtual ~FrameEncoder() = default;
   // Fills r->type, r->head (header + body; its seq is set when the frame is
   // queued) and, for frames that carry payload, r->payload.
-  virtual void Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes, uint16_t wire_version,
-                      RequestFrame* r) const = 0;
+  virtual void Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes,
+                      uint16_t wire_version, RequestFrame* r) const = 0;
 };
 
 struct StreamLinkConfig {
@@ -61,7 +61,8 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
 
   // A link over `streams` (connected, hello answered, not attached yet):
   // wires them to it and attaches each to its loop.
-  static std::shared_ptr<PeerLink> Open(const StreamLinkConfig& cfg, std::string peer_id, uint16_t version,
+  static std::shared_ptr<PeerLink> Open(const StreamLinkConfig& cfg, std::string peer_id,
+                                        uint16_t version,
                                         std::vector<std::shared_ptr<Connection>> streams);
 
   // Waits (back-pressure) while the peer has peer_max_requests slices or

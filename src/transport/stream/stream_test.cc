@@ -1,8 +1,8 @@
 // The stream layer end to end without the engine: an initiator StreamLink
 // and a served stream (the tcp transport's service) over socketpairs, with a
 // FaultLink (tests/testing/fault_link.h) relaying between them.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/socket.h>
 
 #include <cstring>
@@ -77,8 +77,8 @@ class StreamTest : public ::testing::Test {
     });
     UniqueFd served_fd(to_target[1]);
     ASSERT_TRUE(SetNonBlocking(served_fd.get(), true).ok());
-    auto served = std::make_shared<Connection>(pool_->loop(0), std::move(served_fd), "served", openers,
-                                               std::chrono::milliseconds(5000));
+    auto served = std::make_shared<Connection>(pool_->loop(0), std::move(served_fd), "served",
+                                               openers, std::chrono::milliseconds(5000));
     pool_->loop(0)->RunInLoop([served] { ASSERT_TRUE(served->Attach().ok()); });
     // The initiator: hello (blocking), then a link over the stream.
     UniqueFd fd(to_init[0]);
@@ -93,8 +93,9 @@ class StreamTest : public ::testing::Test {
     cfg.encoder = std::make_shared<tcp::TcpFrameEncoder>();
     cfg.max_frame_entries = 4;
     if (tune) tune(cfg);
-    link_ = StreamLink::Open(cfg, "target:1", 1,
-                             {std::make_shared<Connection>(pool_->loop(0), std::move(fd), "target:1", 1)});
+    link_ = StreamLink::Open(
+        cfg, "target:1", 1,
+        {std::make_shared<Connection>(pool_->loop(0), std::move(fd), "target:1", 1)});
   }
 
   // Posts `n` frames of 4 writes each (entry k of frame f: 1 KiB at
@@ -110,23 +111,31 @@ class StreamTest : public ::testing::Test {
     for (size_t i = 0; i < n; ++i) {
       for (size_t j = 0; j < 1024; ++j) local_[i * 1024 + j] = static_cast<char>(i * 7 + j);
       uint64_t remote = reinterpret_cast<uint64_t>(remote_.data()) + i * 1024;
-      if (std::find(bad.begin(), bad.end(), i) != bad.end()) remote = 0x1000 + i * 1024;  // unregistered
-      slices.push_back({.opcode = Opcode::kWrite, .local = local_.data() + i * 1024, .remote = remote,
-                        .length = 1024, .request = static_cast<uint32_t>(i)});
+      if (std::find(bad.begin(), bad.end(), i) != bad.end())
+        remote = 0x1000 + i * 1024;  // unregistered
+      slices.push_back({.opcode = Opcode::kWrite,
+                        .local = local_.data() + i * 1024,
+                        .remote = remote,
+                        .length = 1024,
+                        .request = static_cast<uint32_t>(i)});
     }
     link_->Post({batch, Clock::now() + deadline, nullptr}, std::move(slices));
-    EXPECT_TRUE(batch->WaitIdle(Clock::now() + std::chrono::seconds(60), std::chrono::microseconds(0)));
+    EXPECT_TRUE(
+        batch->WaitIdle(Clock::now() + std::chrono::seconds(60), std::chrono::microseconds(0)));
     return batch;
   }
 
   // The stream closes right after it failed its late frames (on the loop
   // thread, just after the completions): wait for it, bounded.
   bool EventuallyBroken() const {
-    for (int i = 0; i < 5000 && link_->Healthy(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (int i = 0; i < 5000 && link_->Healthy(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return !link_->Healthy();
   }
 
-  bool Landed(size_t i) const { return std::memcmp(&remote_[i * 1024], &local_[i * 1024], 1024) == 0; }
+  bool Landed(size_t i) const {
+    return std::memcmp(&remote_[i * 1024], &local_[i * 1024], 1024) == 0;
+  }
 
   std::shared_ptr<LoopPool> pool_;
   std::shared_ptr<EngineTarget> target_;
@@ -285,7 +294,8 @@ TEST_F(StreamTest, ServedStreamStopsReadingFromAPeerThatReadsNoReplies) {
   UniqueFd client(sv[0]);
   auto service = std::make_shared<tcp::TcpStreamService>(target_);
   auto served = std::make_shared<Connection>(pool_->loop(0), UniqueFd(sv[1]), "served",
-                                             std::make_shared<FirstFrames>(), std::chrono::milliseconds(60000));
+                                             std::make_shared<FirstFrames>(),
+                                             std::chrono::milliseconds(60000));
   ASSERT_TRUE(SetNonBlocking(sv[1], true).ok());
   pool_->loop(0)->RunInLoop([served, service] {
     served->Serve(service, 1, "reader");
@@ -293,8 +303,11 @@ TEST_F(StreamTest, ServedStreamStopsReadingFromAPeerThatReadsNoReplies) {
   });
   // One read request frame of one 4 KiB entry, sent again and again.
   tcp::TcpFrameEncoder enc;
-  Slice one{.opcode = Opcode::kRead, .local = local_.data(),
-            .remote = reinterpret_cast<uint64_t>(remote_.data()), .length = 4096, .request = 0};
+  Slice one{.opcode = Opcode::kRead,
+            .local = local_.data(),
+            .remote = reinterpret_cast<uint64_t>(remote_.data()),
+            .length = 4096,
+            .request = 0};
   RequestFrame r;
   enc.Encode(Opcode::kRead, &one, 1, 4096, 1, &r);
   ASSERT_TRUE(SetNonBlocking(client.get(), true).ok());
@@ -304,7 +317,8 @@ TEST_F(StreamTest, ServedStreamStopsReadingFromAPeerThatReadsNoReplies) {
   std::string pending = r.head;
   size_t off = 0;
   while (sent < kCap && Clock::now() - stalled_since < std::chrono::seconds(2)) {
-    ssize_t w = ::send(client.get(), pending.data() + off, pending.size() - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t w = ::send(client.get(), pending.data() + off, pending.size() - off,
+                       MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w > 0) {
       off += static_cast<size_t>(w);
       if (off == pending.size()) {

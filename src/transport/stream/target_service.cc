@@ -9,17 +9,19 @@ Status TargetService::PinEntry(uint64_t addr, uint32_t length, uint32_t index, c
   const Region* r = *last;
   if (length == 0) {
     s = InvalidArgumentError("zero-length entry");
-  } else if (r != nullptr && addr >= r->addr && length <= r->length && addr - r->addr <= r->length - length) {
+  } else if (r != nullptr && addr >= r->addr && length <= r->length &&
+             addr - r->addr <= r->length - length) {
     return OkStatus();  // inside the region pinned for an earlier entry
   } else {
     auto pin = target_->registry().PinExported(addr, length, "remote range");
-    const bool reachable = pin.ok() && (pin->region()->kind.cpu_accessible() ||
-                                        (allow_gpu && pin->region()->kind.type() == MemoryKind::Type::kCuda &&
-                                         target_->cuda_driver() != nullptr));
+    const bool reachable =
+        pin.ok() && (pin->region()->kind.cpu_accessible() ||
+                     (allow_gpu && pin->region()->kind.type() == MemoryKind::Type::kCuda &&
+                      target_->cuda_driver() != nullptr));
     if (pin.ok() && !reachable) {
       s = InvalidArgumentError("remote range " + FormatRange(addr, length) + " is in " +
-                               pin->region()->kind.Name() + " memory, which transport " + transport_ +
-                               " cannot reach");
+                               pin->region()->kind.Name() + " memory, which transport " +
+                               transport_ + " cannot reach");
     } else if (pin.ok()) {
       *last = pin->region();
       pins->push_back(std::move(*pin));
@@ -33,9 +35,11 @@ Status TargetService::PinEntry(uint64_t addr, uint32_t length, uint32_t index, c
   return s;
 }
 
-Status TargetService::ServeNotify(Connection& stream, const wire::FrameHeader& h, std::string_view body) const {
+Status TargetService::ServeNotify(Connection& stream, const wire::FrameHeader& h,
+                                  std::string_view body) const {
   FERRY_ASSIGN_OR_RETURN(wire::NotifyBody n, wire::DecodeNotify(body));
-  Status delivered = target_->Deliver({std::move(n.sender), std::move(n.name), std::move(n.message)});
+  Status delivered =
+      target_->Deliver({std::move(n.sender), std::move(n.name), std::move(n.message)});
   std::string reply;
   wire::EncodeReply({delivered.WithPrefix("peer " + target_->peer_id() + " refused"), {}}, &reply);
   stream.QueueReply(wire::FrameType::kAck, h.seq, std::move(reply));

@@ -4,8 +4,8 @@
 
 namespace ferry::internal::tcp {
 
-void TcpFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes, uint16_t wire_version,
-                             stream::RequestFrame* r) const {
+void TcpFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes,
+                             uint16_t wire_version, stream::RequestFrame* r) const {
   r->type = op == Opcode::kWrite ? wire::FrameType::kWrite : wire::FrameType::kRead;
   std::string body;
   body.reserve(wire::EntriesSize(n));
@@ -18,30 +18,39 @@ void TcpFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t 
   if (op == Opcode::kWrite) {
     h.payload_len = static_cast<uint32_t>(bytes);
     r->payload.reserve(n);
-    for (size_t k = 0; k < n; ++k) stream::AppendRange(&r->payload, slices[k].local, slices[k].length);
+    for (size_t k = 0; k < n; ++k)
+      stream::AppendRange(&r->payload, slices[k].local, slices[k].length);
   }
   r->head = wire::BuildFrame(h, body);
 }
 
 bool TcpStreamService::Accepts(wire::FrameType t) const {
-  return t == wire::FrameType::kWrite || t == wire::FrameType::kRead || t == wire::FrameType::kNotify;
+  return t == wire::FrameType::kWrite || t == wire::FrameType::kRead ||
+         t == wire::FrameType::kNotify;
 }
 
-Status TcpStreamService::OnFrame(stream::Connection& c, const wire::FrameHeader& h, std::string_view body) {
+Status TcpStreamService::OnFrame(stream::Connection& c, const wire::FrameHeader& h,
+                                 std::string_view body) {
   switch (h.type) {
-    case wire::FrameType::kWrite: return ServeWrite(c, h, body);
-    case wire::FrameType::kRead: return ServeRead(c, h, body);
-    case wire::FrameType::kNotify: return ServeNotify(c, h, body);
-    default: return DataLossError("unexpected frame on a tcp stream from " + c.peer_name());
+    case wire::FrameType::kWrite:
+      return ServeWrite(c, h, body);
+    case wire::FrameType::kRead:
+      return ServeRead(c, h, body);
+    case wire::FrameType::kNotify:
+      return ServeNotify(c, h, body);
+    default:
+      return DataLossError("unexpected frame on a tcp stream from " + c.peer_name());
   }
 }
 
-Status TcpStreamService::ServeWrite(stream::Connection& c, const wire::FrameHeader& h, std::string_view body) {
+Status TcpStreamService::ServeWrite(stream::Connection& c, const wire::FrameHeader& h,
+                                    std::string_view body) {
   FERRY_ASSIGN_OR_RETURN(std::vector<wire::Entry> entries, wire::DecodeEntries(body));
   uint64_t total = 0;
   for (const auto& e : entries) total += e.length;
   if (total != h.payload_len) {
-    return DataLossError("write frame from " + c.peer_name() + " announces " + std::to_string(h.payload_len) +
+    return DataLossError("write frame from " + c.peer_name() + " announces " +
+                         std::to_string(h.payload_len) +
                          " payload bytes but its entries add up to " + std::to_string(total));
   }
   failures_.clear();
@@ -56,9 +65,11 @@ Status TcpStreamService::ServeWrite(stream::Connection& c, const wire::FrameHead
   const Region* last = nullptr;  // entries of a frame mostly share a region
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
-    if (!PinEntry(e.addr, e.length, i, &last, &pins_, &failures_, /*allow_gpu=*/true).ok()) continue;
+    if (!PinEntry(e.addr, e.length, i, &last, &pins_, &failures_, /*allow_gpu=*/true).ok())
+      continue;
     if (last->kind.type() == MemoryKind::Type::kCuda) {
-      gpu_.push_back({i, reinterpret_cast<char*>(e.addr), last->kind.device(), gpu_bytes, e.length});
+      gpu_.push_back(
+          {i, reinterpret_cast<char*>(e.addr), last->kind.device(), gpu_bytes, e.length});
       gpu_bytes += e.length;
       placed[i] = 2;
     } else {
@@ -92,14 +103,15 @@ Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeade
     Status s = Copies().Copy(e.ordinal, e.device, gpu_bytes_.data() + e.offset, e.length);
     if (!s.ok()) {
       s = s.WithPrefix("peer " + target().peer_id() + ": copying the bytes of " +
-                       FormatRange(reinterpret_cast<uintptr_t>(e.device), e.length) + " to cuda:" +
-                       std::to_string(e.ordinal));
+                       FormatRange(reinterpret_cast<uintptr_t>(e.device), e.length) +
+                       " to cuda:" + std::to_string(e.ordinal));
       failures_.push_back({e.index, s.code(), std::string(s.message())});
     }
   }
   gpu_.clear();
-  std::sort(failures_.begin(), failures_.end(),
-            [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
+  std::sort(
+      failures_.begin(), failures_.end(),
+      [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
   pins_.clear();
   wire::Reply rep;
   rep.failures = std::move(failures_);
@@ -110,7 +122,8 @@ Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeade
   return OkStatus();
 }
 
-Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeader& h, std::string_view body) {
+Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeader& h,
+                                   std::string_view body) {
   FERRY_ASSIGN_OR_RETURN(std::vector<wire::Entry> entries, wire::DecodeEntries(body));
   wire::Reply rep;
   std::vector<iovec> payload;
@@ -121,7 +134,8 @@ Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeade
   const Region* last = nullptr;
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
-    if (!PinEntry(e.addr, e.length, i, &last, &pins, &rep.failures, /*allow_gpu=*/true).ok()) continue;
+    if (!PinEntry(e.addr, e.length, i, &last, &pins, &rep.failures, /*allow_gpu=*/true).ok())
+      continue;
     if (last->kind.type() != MemoryKind::Type::kCuda) {
       stream::AppendRange(&payload, reinterpret_cast<void*>(e.addr), e.length);
       continue;
@@ -133,9 +147,11 @@ Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeade
     }
     char* at = host->data() + host_used;
     host_used += e.length;
-    Status s = Copies().Copy(last->kind.device(), at, reinterpret_cast<const void*>(e.addr), e.length);
+    Status s =
+        Copies().Copy(last->kind.device(), at, reinterpret_cast<const void*>(e.addr), e.length);
     if (!s.ok()) {
-      s = s.WithPrefix("peer " + target().peer_id() + ": copying the bytes of " + FormatRange(e.addr, e.length) +
+      s = s.WithPrefix("peer " + target().peer_id() + ": copying the bytes of " +
+                       FormatRange(e.addr, e.length) +
                        " off cuda:" + std::to_string(last->kind.device()));
       rep.failures.push_back({i, s.code(), std::string(s.message())});
       continue;
@@ -144,8 +160,8 @@ Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeade
   }
   std::string reply;
   wire::EncodeReply(rep, &reply);
-  c.QueueReply(wire::FrameType::kReadData, h.seq, std::move(reply), std::move(payload), std::move(pins),
-               std::move(host));
+  c.QueueReply(wire::FrameType::kReadData, h.seq, std::move(reply), std::move(payload),
+               std::move(pins), std::move(host));
   return OkStatus();
 }
 

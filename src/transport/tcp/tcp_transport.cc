@@ -90,11 +90,13 @@ class TcpTransport : public Transport {
     return peer.FindTransport("tcp") != nullptr;
   }
 
-  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> info, uint16_t version,
+  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> info,
+                                              uint16_t version,
                                               Clock::time_point deadline) override {
     const wire::PeerDescriptor& peer = info->desc();
     const wire::TransportEndpoint* ep = peer.FindTransport("tcp");
-    if (ep == nullptr) return UnimplementedError("peer " + peer.peer_id + " offers no tcp endpoint");
+    if (ep == nullptr)
+      return UnimplementedError("peer " + peer.peer_id + " offers no tcp endpoint");
     FERRY_ASSIGN_OR_RETURN(HostPort hp, ParsePeerId(ep->endpoint));
     std::vector<std::shared_ptr<Connection>> streams;
     for (int i = 0; i < std::max(1, streams_); ++i) {
@@ -105,12 +107,13 @@ class TcpTransport : public Transport {
                               local_peer_id_};
       std::string body;
       wire::EncodeStreamHello(hello, &body);
-      Status hi = stream::SayHello(fd.get(), credentials_, peer.peer_id, wire::FrameType::kStreamHello, body,
-                                   deadline);
-      if (!hi.ok()) return hi.WithPrefix("opening stream " + std::to_string(i) + " to " + peer.peer_id);
+      Status hi = stream::SayHello(fd.get(), credentials_, peer.peer_id,
+                                   wire::FrameType::kStreamHello, body, deadline);
+      if (!hi.ok())
+        return hi.WithPrefix("opening stream " + std::to_string(i) + " to " + peer.peer_id);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd.get(), true));
-      streams.push_back(std::make_shared<Connection>(loops_->loop(static_cast<size_t>(i)), std::move(fd),
-                                                     info->Label(), version));
+      streams.push_back(std::make_shared<Connection>(loops_->loop(static_cast<size_t>(i)),
+                                                     std::move(fd), info->Label(), version));
     }
     return stream::StreamLink::Open(link_cfg_, info->Label(), version, std::move(streams));
   }
@@ -157,10 +160,11 @@ StatusOr<std::unique_ptr<Transport>> MakeTcpTransport(const TransportContext& ct
   TransportCaps caps = TcpCaps();
   caps.max_slice = ctx.options->slice_size;
   const stream::HelloPolicy policy = ctx.hello_policy();
-  ctx.streams->rpc_openers().Add(wire::FrameType::kStreamHello,
-                                 [policy](Connection& c, const wire::FrameHeader& h, std::string_view body) {
-                                   return OpenTcpStream(policy, c, h, body);
-                                 });
+  ctx.streams->rpc_openers().Add(
+      wire::FrameType::kStreamHello,
+      [policy](Connection& c, const wire::FrameHeader& h, std::string_view body) {
+        return OpenTcpStream(policy, c, h, body);
+      });
   // The served streams carry read replies: a small send buffer keeps the
   // bytes the reader copies in its cache (EngineOptions::tcp_send_buffer).
   const uint32_t send_buffer = ctx.options->tcp_send_buffer;

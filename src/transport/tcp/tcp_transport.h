@@ -6,8 +6,8 @@
 
 #include <memory>
 
-#include "transport/context.h"
 #include "base/transport.h"
+#include "transport/context.h"
 
 namespace ferry::internal {
 
