@@ -12,7 +12,7 @@ PACKAGES=(
   python3 python3-dev pybind11-dev python3-pytest python3-numpy
   python3-torch python3-matplotlib
   iproute2 procps
-  clang libclang-rt-14-dev iperf3 nftables
+  clang clang-format libclang-rt-14-dev iperf3 nftables
   ccache stress-ng
 )
 

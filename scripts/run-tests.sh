@@ -8,7 +8,9 @@
 #                                  unit and conformance suites over local, shm
 #                                  and tcp, and the single-process pytest cases
 #
-# The full tier, each suite once (ctest picks suites by label):
+# Both tiers first check that every C/C++ file is formatted as .clang-format
+# says (scripts/check-format.sh). The full tier, each suite once (ctest
+# picks suites by label):
 #  1. the release build (GCC -O2) and what only it runs: the soak, the
 #     network-namespace fault tests (as root), the command line, the examples,
 #     the fuzz replay's long mutation run (beside step 2's build);
@@ -33,7 +35,7 @@ for arg in "$@"; do
     --quick) tier=quick ;;
     --full) tier=full ;;
     -h | --help)
-      sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -122,6 +124,11 @@ print_recap() {
     phase "done; everything before pytest passed"
   fi
 }
+
+# Formatting first (seconds): an unformatted file fails the run, after the
+# tests, with the list of files and the command that fixes them.
+bash scripts/check-format.sh >format.log 2>&1 || fail "the format check (scripts/check-format.sh)" format.log
+tail -n 1 format.log
 
 if [ "$tier" = quick ]; then
   configure_release
