@@ -55,7 +55,7 @@ void Posting::Post(const std::shared_ptr<RemotePeer>& peer, const PostContext& c
   // A single slice goes out from the caller, without a hand-off, which
   // costs a small slice more than posting it here; so does everything when
   // the progress thread sleeps, as it would first have to wake up
-  // (docs/benchmarks.md, fabric).
+  // (docs/benchmarks-history.md, fabric).
   const bool asleep = wakeup_.asleep();
   const uint32_t post_here = asleep ? UINT32_MAX : c->slices.size() == 1 ? 1 : 0;
   std::vector<Failure> failed;

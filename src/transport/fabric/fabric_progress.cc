@@ -47,7 +47,7 @@ void Progress::Run() {
     // polling, as sleeping between two completions costs a wake-up each. A
     // single operation does not: its caller is likely spinning in its
     // wait, and on a machine with few cores a third spinning thread starves
-    // the peer's (docs/benchmarks.md, fabric).
+    // the peer's (docs/benchmarks-history.md, fabric).
     if (now - active < cfg_.spin_in_flight && posting_.InFlight() >= 2) continue;
     Sleep(gen, e, &active);
   }

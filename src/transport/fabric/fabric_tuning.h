@@ -13,7 +13,7 @@
 
 namespace ferry::internal::fabric {
 
-// What measurement chose per provider (docs/benchmarks.md, "fabric"):
+// What measurement chose per provider (docs/benchmarks-history.md, "fabric"):
 // the largest slice (one operation's bytes), the bytes of one operation
 // gathered from several slices, and the operations in flight.
 struct Tuning {
@@ -23,17 +23,15 @@ struct Tuning {
 };
 inline Tuning TuningFor(std::string_view provider) {
   const std::string_view core = provider.substr(0, provider.find(';'));
-  // tcp;ofi_rxm (docs/benchmarks.md, 2026-12-03):
+  // tcp;ofi_rxm (docs/benchmarks-history.md, 2026-12-03, session 15):
   // - 512 KiB slices: 1 MiB reads and writes ran fastest with them, against
-  //   96 KiB, 256 KiB and 1 MiB (3 interleaved rounds through Ferry: reads
-  //   2.98-5.11 GB/s, 1 MiB 2.46-3.42; writes 3.07-3.57, 1 MiB 2.66-3.01).
-  // - Gathers of small slices stop at 96 KiB: an operation of 64 or 128 KiB
-  //   often runs 2-4x slower on this provider than one of 96 KiB (the
-  //   llama3-8b KV preset, 32 KiB pages: 4 per operation 1.3-1.6 GB/s,
-  //   2 per operation 0.9, 3 per operation 2.6-3.3, 1 per operation
-  //   1.5-2.3). In the plain libfabric loop (tools/fabric_probe) the slow
-  //   sizes depend on what the connection carried before, so this is a
-  //   measured choice, not a law: other sizes are not known to be safe.
+  //   96 KiB, 256 KiB and 1 MiB (interleaved rounds through Ferry).
+  // - Gathers of small slices stop at 96 KiB: on this provider an operation
+  //   of 64 or 128 KiB often runs several times slower than one of 96 KiB
+  //   (the llama3-8b KV preset, 32 KiB pages, by pages per operation). In
+  //   the plain libfabric loop (tools/fabric_probe) the slow sizes depend on
+  //   what the connection carried before, so this is a measured choice, not
+  //   a law: other sizes are not known to be safe.
   if (core == "tcp") return {512u << 10, 96u << 10, 256};
   if (core == "shm") return {1u << 20, 1u << 20, 64};
   return {1u << 20, 1u << 20, 256};

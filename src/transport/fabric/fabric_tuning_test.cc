@@ -53,7 +53,7 @@ TEST(FabricTuningTest, AnOperationCarriesOneOpcode) {
   EXPECT_EQ(GatherCount({}, 0, 4, 1u << 20), 0u);
 }
 
-// The measured choices (docs/benchmarks.md, 2026-12-03) as the posting loop
+// The measured choices (docs/benchmarks-history.md, 2026-12-03) as the posting loop
 // applies them: on tcp;ofi_rxm the llama3-8b KV preset's 32 KiB pages go
 // three to an operation (96 KiB, not 64 or 128), and a 1 MiB request is two
 // 512 KiB slices. Other providers keep 1 MiB.

@@ -26,7 +26,7 @@ using stream::Connection;
 // dry once the batch's other frames are done. The timeout still follows
 // the path (srtt + 4 rttvar) above the floor, so long paths are unchanged.
 // Measured between two network namespaces with 2 % loss (tools/bench_loss.sh;
-// the figures: docs/benchmarks.md).
+// the figures: docs/benchmarks-history.md).
 void SetRetransmitFloor(int fd) {
 #ifdef TCP_RTO_MIN_US
   constexpr int kOption = TCP_RTO_MIN_US;
