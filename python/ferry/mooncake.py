@@ -4,14 +4,15 @@
     import ferry.mooncake; ferry.mooncake.install()
     from mooncake.engine import TransferEngine
 
-Reproduces the Python surface SGLang, vLLM and LMCache use (method names,
-argument names, defaults and integer return conventions). Differences that
+Reproduces every method of Mooncake 0.3.12.post1's ``TransferEngine`` (CUDA
+build: method names, argument names, defaults and return conventions) and the
+module's other names, less its RPC messaging classes and SharedSegment. Differences that
 callers can observe, all on the side of reporting more:
 
 * Every failure that Mooncake reduces to an integer is logged once on the
   ``ferry.mooncake`` logger and kept: :meth:`TransferEngine.last_error`.
 * Protocols other than "tcp" (e.g. "rdma") run over Ferry's best available
-  transport; ``device_name`` and ``transport_hint`` are accepted and ignored.
+  transport; ``device_name`` is accepted and ignored.
 * A sync call's deadline is ``MC_TRANSFER_TIMEOUT`` per request (Mooncake adds
   one nanosecond per byte on top).
 * Metadata strings other than "P2PHANDSHAKE" ("etcd://h:p[,h:p]" or a bare
@@ -26,8 +27,19 @@ callers can observe, all on the side of reporting more:
 * The MC_* variables are read once, in initialize(). Ferry's own FERRY_*
   variables set the engine's other defaults; what MC_* variables decide
   (transport, timeout, addresses) wins over them.
-* ``get_engine()`` returns the ferry.Engine; ``get_engine_ptr()`` (a raw C++
-  pointer for Mooncake Store) does not exist.
+* ``get_engine()`` returns the ferry.Engine (the module's
+  ``InnerTransferEngine`` is ferry.Engine); ``get_engine_ptr()`` returns a
+  stable, non-zero opaque handle of it, not a Mooncake ``TransferEngine*``:
+  Mooncake Store, which dereferences it, is not part of this drop-in.
+* ``transport_hint`` is accepted by every method that takes it and ignored,
+  as in Mooncake's CUDA wheel (built without TENT, where it is a no-op):
+  Ferry chooses the transport per peer.
+* The ``*_on_cuda`` methods order a transfer after the work queued so far on
+  a CUDA stream and hold back what is queued after it (Mooncake's semantics),
+  with the CUDA driver the engine uses; where there is no usable driver or
+  GPU they raise RuntimeError naming why (as Mooncake does when it cannot
+  schedule the transfer on the stream). See
+  :meth:`TransferEngine.batch_transfer_write_on_cuda`.
 * ``close()`` (not in Mooncake) closes the engine without waiting for the
   garbage collector.
 * ``register_memory`` / ``batch_register_memory`` take Mooncake's location
@@ -51,12 +63,14 @@ callers can observe, all on the side of reporting more:
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import functools
 import importlib.abc
 import importlib.metadata
 import importlib.util
 import ipaddress
+import itertools
 import json
 import logging
 import os
@@ -86,6 +100,34 @@ log = logging.getLogger("ferry.mooncake")
 
 #: The Mooncake release whose Python surface this module reproduces.
 MOONCAKE_VERSION = "0.3.12"
+
+# ---- mooncake.engine's build flags, answered for Ferry's build --------------------
+# In Mooncake each is a compile-time switch (USE_CUDA, USE_EFA, ...); Mooncake's
+# x86_64 CUDA wheel has SUPPORT_CUDA and SUPPORT_INTRA_NVLINK on, the rest off.
+# Here each says whether Ferry has what callers that test it go on to use.
+
+#: Ferry's CUDA path (GPU memory registration, cuda_ipc, staging, the *_on_cuda
+#: methods) is always built: it loads the CUDA driver (libcuda.so.1) at run time
+#: and needs no CUDA to build. Whether this machine has a GPU is a run-time matter:
+#: a "cuda:N" registration or an *_on_cuda call without one fails, naming why.
+SUPPORT_CUDA = True
+#: No: Ferry has no EFA transport of its own (protocol "efa" runs on Ferry's best
+#: transport; warmup_efa_segment only opens the segment).
+SUPPORT_EFA = False
+#: No: Ferry has no ROCm/HIP path.
+SUPPORT_HIP = False
+#: No: Ferry has no multi-node NVLink (fabric memory) transport or allocator.
+SUPPORT_MNNVL = False
+#: No: Ferry has no Moore Threads MUSA path.
+SUPPORT_MUSA = False
+#: No: Ferry has no intra-node NVLink transport by that name, nor Mooncake's
+#: NVLink allocator for managed buffers (they are host memory here). A peer's GPU
+#: memory on the same host is reached through Ferry's cuda_ipc transport under
+#: any protocol, which the driver routes over NVLink where the GPUs have it.
+SUPPORT_INTRA_NVLINK = False
+
+#: What ``TransferEngine.get_engine()`` returns (Mooncake: its C++ engine).
+InnerTransferEngine = Engine
 
 
 class TransferOpcode(enum.IntEnum):
@@ -306,6 +348,111 @@ def _redis_url(url: str, settings: Settings) -> str:
     return f"redis://{authority}{slash}{db}"
 
 
+# ---- CUDA streams: what the *_on_cuda methods call --------------------------------
+# The driver is loaded with ctypes from the library the engine itself loads
+# (libcuda.so.1, or its testing_cuda_driver), so both see the same devices.
+_CUDA_DRIVER = "libcuda.so.1"
+_HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # CUhostFn: void (*)(void *userData)
+
+
+class _StreamDriver:
+    """The few CUDA driver calls that order a transfer on a stream."""
+
+    def __init__(self, library: str):
+        self.library = library
+        try:
+            lib = ctypes.CDLL(library)
+        except OSError as e:
+            raise FailedPrecondition(f"no GPU here: the CUDA driver {library} cannot be "
+                                     f"loaded ({e})") from None
+        try:
+            init, count, sync = lib.cuInit, lib.cuDeviceGetCount, lib.cuStreamSynchronize
+        except AttributeError as e:
+            raise FailedPrecondition(f"{library} is not a CUDA driver ({e})") from None
+        self._error_name = getattr(lib, "cuGetErrorName", None)
+        if self._error_name is not None:
+            self._error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        init.argtypes, count.argtypes = [ctypes.c_uint], [ctypes.POINTER(ctypes.c_int)]
+        sync.argtypes = [ctypes.c_void_p]
+        result = init(0)
+        if result != 0:
+            raise FailedPrecondition(f"no GPU here: cuInit of {library} failed: "
+                                     f"{self.error_text(result)}")
+        devices = ctypes.c_int(0)
+        result = count(ctypes.byref(devices))
+        if result != 0 or devices.value <= 0:
+            raise FailedPrecondition(f"no GPU here: the CUDA driver {library} lists no device"
+                                     + (f" ({self.error_text(result)})" if result else ""))
+        self._synchronize = sync
+        # cuLaunchHostFunc (CUDA 10+). A driver without it (the tests' fake) gets
+        # the stream synchronized and the transfer made before the call returns.
+        self.launch_host_func = getattr(lib, "cuLaunchHostFunc", None)
+        if self.launch_host_func is not None:
+            self.launch_host_func.argtypes = [ctypes.c_void_p, _HOST_FN, ctypes.c_void_p]
+
+    def error_text(self, result: int) -> str:
+        name = ctypes.c_char_p()
+        if self._error_name is not None and self._error_name(result, ctypes.byref(name)) == 0 \
+                and name.value:
+            return f"{name.value.decode()} ({result})"
+        return f"CUresult {result}"
+
+    def _check(self, result: int, call: str, stream: int) -> None:
+        if result != 0:
+            raise FailedPrecondition(f"{call} on CUDA stream {stream:#x} failed: "
+                                     f"{self.error_text(result)}")
+
+    def synchronize(self, stream: int) -> None:
+        self._check(self._synchronize(ctypes.c_void_p(stream or None)), "cuStreamSynchronize",
+                    stream)
+
+    def launch(self, stream: int, job) -> None:
+        """Queues ``job()`` on the stream: it runs on a driver thread once the
+        work queued before it is done, and the stream's later work waits for it."""
+        key = next(_job_keys)
+        with _jobs_lock:
+            _jobs[key] = job
+        result = self.launch_host_func(ctypes.c_void_p(stream or None), _host_func,
+                                       ctypes.c_void_p(key))
+        if result != 0:
+            with _jobs_lock:
+                _jobs.pop(key, None)
+            self._check(result, "cuLaunchHostFunc", stream)
+
+
+_drivers: dict[str, _StreamDriver] = {}  # library -> driver (a failure is not kept)
+_drivers_lock = threading.Lock()
+_jobs: dict = {}  # key (the host function's userData) -> job, until it runs
+_jobs_lock = threading.Lock()
+_job_keys = itertools.count(1)
+
+
+def _stream_driver(library: str) -> _StreamDriver:
+    with _drivers_lock:
+        driver = _drivers.get(library)
+        if driver is None:
+            driver = _drivers[library] = _StreamDriver(library)
+        return driver
+
+
+@_HOST_FN
+def _host_func(key):
+    """The host function every *_on_cuda call queues; runs its job."""
+    with _jobs_lock:
+        job = _jobs.pop(key or 0, None)
+    if job is not None:
+        job()
+
+
+def _abort_process() -> None:
+    """What a failed transfer queued on a stream does (as in Mooncake): nothing
+    can be returned to the caller any more, and the stream's later work would
+    read wrong data."""
+    for handler in logging.getLogger().handlers + log.handlers:
+        handler.flush()
+    os._exit(1)
+
+
 class TransferEngine:
     """Mooncake's ``TransferEngine``: construct, ``initialize()``, then call.
 
@@ -431,6 +578,15 @@ class TransferEngine:
         """The underlying ferry.Engine (None before initialize())."""
         return self._engine
 
+    def get_engine_ptr(self) -> int:
+        """A non-zero int naming the underlying engine, the same for as long as
+        it lives (0 before initialize(), as Mooncake's null pointer). Mooncake
+        returns its C++ ``TransferEngine*`` for Mooncake Store; this is an
+        opaque handle (the address of the Python object wrapping Ferry's C++
+        engine), never to be dereferenced as a Mooncake engine."""
+        engine = self._engine
+        return 0 if engine is None else id(engine._native)
+
     def close(self) -> None:
         """Not in Mooncake: closes the engine now instead of at garbage collection."""
         with self._lock:
@@ -523,6 +679,15 @@ class TransferEngine:
         regions = self._require().query_segment(self._segment(segment_name)).regions
         return regions[0].addr if regions else 0
 
+    @_returns(-1)
+    def warmup_efa_segment(self, segment_name: str) -> int:
+        """Mooncake (EFA builds) connects to the peer ahead of the first
+        transfer; here the peer's segment is opened (handshake and route,
+        cached for the transfers). 0, or -1 if the peer cannot be reached
+        (last_error() says why)."""
+        self._segment(segment_name)
+        return 0
+
     def get_local_topology(self, device_name: str | None = None) -> str:
         """{"cpu:<numa node>": [[preferred NICs], [other NICs]]}; no RDMA NICs here."""
         nodes = sorted(int(m.group(1)) for p in Path("/sys/devices/system/node").glob("node*")
@@ -584,6 +749,102 @@ class TransferEngine:
         return self._sync(target_hostname, self._opcode(opcode), buffers, peer_buffer_addresses,
                           lengths, notify)
 
+    # ---- Transfers ordered on a CUDA stream ---------------------------------------
+    def transfer_write_on_cuda(self, target_hostname: str, buffer: int,
+                               peer_buffer_address: int, length: int, stream_ptr: int = 0,
+                               transport_hint: str = "") -> None:
+        """Writes once the work queued so far on ``stream_ptr`` is done; see
+        :meth:`batch_transfer_write_on_cuda`."""
+        self._on_cuda("transfer_write_on_cuda", target_hostname, Opcode.WRITE, [buffer],
+                      [peer_buffer_address], [length], stream_ptr)
+
+    def transfer_read_on_cuda(self, target_hostname: str, buffer: int,
+                              peer_buffer_address: int, length: int, stream_ptr: int = 0,
+                              transport_hint: str = "") -> None:
+        """Reads once the work queued so far on ``stream_ptr`` is done; see
+        :meth:`batch_transfer_write_on_cuda`."""
+        self._on_cuda("transfer_read_on_cuda", target_hostname, Opcode.READ, [buffer],
+                      [peer_buffer_address], [length], stream_ptr)
+
+    def batch_transfer_write_on_cuda(self, target_hostname: str, buffers,
+                                     peer_buffer_addresses, lengths, stream_ptr: int = 0,
+                                     transport_hint: str = "") -> None:
+        """Queues the writes on the CUDA stream ``stream_ptr`` (a ``cudaStream_t``
+        as an int, e.g. ``torch.cuda.Stream().cuda_stream``; 0 the default
+        stream) and returns: they run once the work queued before them is done,
+        and the work queued after them waits for them to complete. None; raises
+        RuntimeError (logged, last_error()) when they cannot be queued: the
+        peer cannot be opened, the lists differ in length, no usable CUDA
+        driver or GPU, or the driver refuses the stream. As in Mooncake, a
+        transfer that fails once queued ends the process (exit status 1, the
+        reason logged first): the stream's later work would read wrong data.
+
+        The driver runs the transfer from its own thread, which takes the GIL
+        to start it: a thread that holds the GIL while it waits for the stream
+        would deadlock (PyTorch's synchronizing calls release it). A driver
+        without cuLaunchHostFunc gets the stream synchronized and the transfer
+        made before the call returns."""
+        self._on_cuda("batch_transfer_write_on_cuda", target_hostname, Opcode.WRITE, buffers,
+                      peer_buffer_addresses, lengths, stream_ptr)
+
+    def batch_transfer_read_on_cuda(self, target_hostname: str, buffers,
+                                    peer_buffer_addresses, lengths, stream_ptr: int = 0,
+                                    transport_hint: str = "") -> None:
+        """Reads ordered on the CUDA stream ``stream_ptr``; see
+        :meth:`batch_transfer_write_on_cuda`."""
+        self._on_cuda("batch_transfer_read_on_cuda", target_hostname, Opcode.READ, buffers,
+                      peer_buffer_addresses, lengths, stream_ptr)
+
+    def _on_cuda(self, method, target_hostname, opcode, buffers, peer_buffer_addresses, lengths,
+                 stream_ptr) -> None:
+        try:
+            engine = self._require()
+            if not len(buffers) == len(peer_buffer_addresses) == len(lengths):
+                raise InvalidArgument(f"{len(buffers)} buffers, {len(peer_buffer_addresses)} "
+                                      f"peer addresses and {len(lengths)} lengths")
+            requests = ([int(a) for a in buffers], [int(a) for a in peer_buffer_addresses],
+                        [int(n) for n in lengths])
+            stream = int(stream_ptr or 0)
+            segment = self._segment(target_hostname)
+            driver = _stream_driver(engine.options["testing_cuda_driver"] or _CUDA_DRIVER)
+
+            def transfer():
+                if requests[0]:
+                    move = engine.write_many if opcode == Opcode.WRITE else engine.read_many
+                    move(segment, *requests)
+
+            if driver.launch_host_func is None:
+                driver.synchronize(stream)
+                transfer()
+            else:
+                driver.launch(stream, functools.partial(self._stream_job, method, stream,
+                                                        transfer))
+        except FerryError as e:
+            self._failed(method, e, None)
+            raise RuntimeError(f"{method}: {e}") from None
+
+    def _stream_job(self, method, stream, transfer) -> None:
+        """Runs on the driver's thread, which must make no CUDA call itself:
+        the transfer (which may) runs on a thread of its own meanwhile."""
+        failure = []
+
+        def work():
+            try:
+                transfer()
+            except FerryError as e:
+                failure.append(e)
+            except Exception as e:  # noqa: BLE001 - reported, then fatal like a FerryError
+                failure.append(FerryError(f"{type(e).__name__}: {e}"))
+
+        worker = threading.Thread(target=work, name="ferry-mooncake-on-cuda", daemon=True)
+        worker.start()
+        worker.join()
+        if failure:
+            self._failed(method, failure[0], None)
+            log.critical("%s: the transfer queued on CUDA stream %#x failed; ending the process "
+                         "as Mooncake does", method, stream)
+            _abort_process()
+
     # ---- Asynchronous transfers -------------------------------------------------
     def _async(self, target_hostname, opcode, buffers, peer_buffer_addresses, lengths) -> int:
         engine = self._require()
@@ -617,7 +878,7 @@ class TransferEngine:
 
     @_returns(0)
     def transfer_submit_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
-                              length: int) -> int:
+                              length: int, transport_hint: str = "") -> int:
         return self._async(target_hostname, Opcode.WRITE, [buffer], [peer_buffer_address],
                            [length])
 
@@ -682,7 +943,9 @@ class TransferEngine:
 # ---- `import mooncake.engine` -> this module ----------------------------------------
 _MODULE_NAMES = ("mooncake", "mooncake.engine")
 _DISTRIBUTION = "mooncake-transfer-engine"
-_EXPORTS = ("TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write")
+_EXPORTS = ("TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write",
+            "InnerTransferEngine", "SUPPORT_CUDA", "SUPPORT_EFA", "SUPPORT_HIP",
+            "SUPPORT_MNNVL", "SUPPORT_MUSA", "SUPPORT_INTRA_NVLINK")
 
 
 class _Distribution(importlib.metadata.Distribution):

@@ -110,7 +110,8 @@ SURFACE = {
     "batch_transfer_async": "target_hostname, buffers, peer_buffer_addresses, lengths, opcode, "
                             "transport_hint=''",
     "get_batch_transfer_status": "batch_ids",
-    "transfer_submit_write": "target_hostname, buffer, peer_buffer_address, length",
+    "transfer_submit_write": "target_hostname, buffer, peer_buffer_address, length, "
+                             "transport_hint=''",
     "transfer_check_status": "batch_id",
     "allocate_managed_buffer": "length",
     "free_managed_buffer": "buffer_addr, length",
@@ -121,7 +122,25 @@ SURFACE = {
     "get_notifies": "",
     "send_probe": "peer_server_name",
     "get_engine": "",
+    "get_engine_ptr": "",
+    "warmup_efa_segment": "segment_name",
+    "transfer_write_on_cuda": "target_hostname, buffer, peer_buffer_address, length, "
+                              "stream_ptr=0, transport_hint=''",
+    "transfer_read_on_cuda": "target_hostname, buffer, peer_buffer_address, length, "
+                             "stream_ptr=0, transport_hint=''",
+    "batch_transfer_write_on_cuda": "target_hostname, buffers, peer_buffer_addresses, lengths, "
+                                    "stream_ptr=0, transport_hint=''",
+    "batch_transfer_read_on_cuda": "target_hostname, buffers, peer_buffer_addresses, lengths, "
+                                   "stream_ptr=0, transport_hint=''",
 }
+# Ferry's additions to the class (documented in the module docstring).
+FERRY_EXTRAS = {"close", "last_error", "ferry_options"}
+# mooncake.engine's module attributes in a CUDA build of Mooncake 0.3.12.post1, less
+# what is out of scope (RpcInterface, CoroRPCInterface, ReceivedData, ReceivedTensor,
+# their factory functions, SharedSegment).
+MODULE_SURFACE = {"TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write",
+                  "InnerTransferEngine", "SUPPORT_CUDA", "SUPPORT_EFA", "SUPPORT_HIP",
+                  "SUPPORT_MNNVL", "SUPPORT_MUSA", "SUPPORT_INTRA_NVLINK"}
 
 
 @pytest.mark.parametrize("name", sorted(SURFACE))
@@ -130,6 +149,90 @@ def test_method_signatures(name):
     text = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
                      for p in params)
     assert text == SURFACE[name]
+
+
+def test_the_class_has_mooncakes_methods_and_only_ferrys_few_extras():
+    public = {n for n in dir(mc.TransferEngine) if not n.startswith("_")} - {"TransferOpcode"}
+    public |= {n for n in vars(mc.TransferEngine()) if not n.startswith("_")}
+    assert public == set(SURFACE) | FERRY_EXTRAS
+
+
+def test_the_module_surface_and_its_build_flags():
+    try:
+        module = mc.install()
+        assert MODULE_SURFACE <= set(vars(module))
+        # Ferry's CUDA path is always built (the driver is loaded at run time); the
+        # rest are transports and allocators Ferry does not have.
+        flags = {n: getattr(module, n) for n in MODULE_SURFACE if n.startswith("SUPPORT_")}
+        assert flags == {"SUPPORT_CUDA": True, "SUPPORT_EFA": False, "SUPPORT_HIP": False,
+                         "SUPPORT_MNNVL": False, "SUPPORT_MUSA": False,
+                         "SUPPORT_INTRA_NVLINK": False}
+        assert all(type(v) is bool for v in flags.values())
+        assert module.InnerTransferEngine is ferry.Engine
+    finally:
+        mc.uninstall()
+
+
+def test_get_engine_ptr_is_a_stable_nonzero_handle_of_the_engine():
+    e = mc.TransferEngine()
+    assert e.get_engine_ptr() == 0  # not initialized: Mooncake's null pointer
+    e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
+    other = new_engine()
+    try:
+        ptr = e.get_engine_ptr()
+        assert isinstance(ptr, int) and ptr != 0
+        assert all(e.get_engine_ptr() == ptr for _ in range(3))
+        assert other.get_engine_ptr() not in (0, ptr)
+        assert isinstance(e.get_engine(), mc.InnerTransferEngine)
+    finally:
+        e.close()
+        other.close()
+    assert e.get_engine_ptr() == 0
+
+
+def test_warmup_efa_segment_opens_the_peer(engine):
+    peer = new_engine()
+    try:
+        name = f"127.0.0.1:{peer.get_rpc_port()}"
+        assert name not in engine._segments
+        assert engine.warmup_efa_segment(name) == 0
+        assert name in engine._segments  # opened once, reused by the transfers
+        assert engine.warmup_efa_segment(segment_name=name) == 0
+    finally:
+        peer.close()
+    port = free_port()
+    assert engine.warmup_efa_segment(f"127.0.0.1:{port}") == -1
+    assert engine.last_error().startswith("warmup_efa_segment: UNAVAILABLE")
+    assert str(port) in engine.last_error()
+
+
+@pytest.mark.parametrize("hint", ["", "tcp", "rdma", "nvlink", "unspec", "no-such-transport"])
+def test_transport_hint_is_accepted_and_changes_nothing(engine, hint):
+    """As in Mooncake's CUDA wheel (no TENT) a hint is ignored: every method that
+    takes one moves the same bytes over the transport Ferry chose for the peer."""
+    peer = new_engine()
+    try:
+        name = f"127.0.0.1:{peer.get_rpc_port()}"
+        src = pattern(7, 4096)
+        dst = peer.allocate_managed_buffer(4096)
+        local = engine.allocate_managed_buffer(4096)
+        engine.write_bytes_to_buffer(local, src.tobytes(), 4096)
+        assert engine.transfer_sync_write(name, local, dst, 1024, transport_hint=hint) == 0
+        assert engine.batch_transfer_sync_write(name, [local + 1024], [dst + 1024], [1024],
+                                                hint) == 0
+        assert engine.transfer_sync(name, local + 2048, dst + 2048, 512, mc.Write, None,
+                                    hint) == 0
+        batch = engine.batch_transfer_async_write(name, [local + 2560], [dst + 2560], [512], hint)
+        assert batch != 0 and engine.get_batch_transfer_status([batch]) == 0
+        batch = engine.transfer_submit_write(name, local + 3072, dst + 3072, 1024, hint)
+        assert batch != 0 and settle(engine, batch) == 1
+        assert peer.read_bytes_from_buffer(dst, 4096) == src.tobytes()
+        assert engine._segments[name].info().transport == "tcp"  # protocol "tcp", hint or not
+        back = engine.allocate_managed_buffer(4096)
+        assert engine.transfer_sync_read(name, back, dst, 4096, transport_hint=hint) == 0
+        assert engine.read_bytes_from_buffer(back, 4096) == src.tobytes()
+    finally:
+        peer.close()
 
 
 # ---- initialize and the environment -------------------------------------------------------
