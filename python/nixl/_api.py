@@ -1,21 +1,21 @@
-"""nixl._api: NVIDIA NIXL's agent API (``nixl_agent``, ``nixl_agent_config``)
-on Ferry, for vLLM's NixlConnector and SGLang's nixl backend.
+"""nixl._api: NVIDIA NIXL's agent API (``nixl_agent``, ``nixl_agent_config``, the
+handle classes, ``nixl_thread_sync_t``) on Ferry, built on ``nixl._bindings``
+the way upstream's is on its native module.
 
-One ``ferry.Engine`` per agent (its local name is the agent's name; it
-listens on 127.0.0.1 unless FERRY_* settings or ``listen_port`` say
-otherwise). Backends ``UCX``, ``LIBFABRIC`` and ``FERRY`` all map onto Ferry's
-transport ``auto``: per peer, the first of ``local`` (within a process),
-``cuda_ipc`` (a peer's GPU memory on the same host), ``shm`` (the same host),
-``fabric`` (libfabric RMA, where a hardware provider such as verbs, efa or cxi
-is found or FERRY_FABRIC_PROVIDER names one) and ``tcp`` that reaches the peer
-and both memory kinds (``ferry info`` lists them in this order).
+One ``ferry.Engine`` per agent (``nixl._agent``): backends ``UCX``,
+``LIBFABRIC``, ``FERRY`` and ``MOCK_DRAM`` all map onto Ferry's transport
+``auto``: per peer, the first of ``local`` (within a process), ``cuda_ipc``
+(a peer's GPU memory on the same host), ``shm`` (the same host), ``fabric``
+(libfabric RMA, where a hardware provider such as verbs, efa or cxi is found
+or FERRY_FABRIC_PROVIDER names one) and ``tcp`` that reaches the peer and both
+memory kinds (``ferry info`` lists them in this order). ``POSIX`` answers
+``query_memory`` for files.
 
-Memory: ``DRAM`` (alias ``cpu``) and ``VRAM`` (aliases ``CUDA``, ``GPU``):
-each row of a VRAM registration list is registered as Ferry location
-``cuda:{dev_id}`` (its third column; CUDA tensors give their device index),
-checked against the CUDA driver (no driver, or a range that is not that
-device's memory, fails the whole list). Transfers take VRAM lists like DRAM
-ones; the path follows from the registrations of both sides:
+Memory: ``DRAM`` (alias ``cpu``) and ``VRAM`` (alias ``cuda``): each row of a
+VRAM registration list is registered as Ferry location ``cuda:{dev_id}`` (its
+third column; CUDA tensors give their device index), checked against the CUDA
+driver (no driver, or a range that is not that device's memory, fails the
+whole list). The path follows from the registrations of both sides:
 - the peer's VRAM, same host (another process): ``cuda_ipc`` (CUDA IPC
   handles, from local DRAM or VRAM), else ``tcp`` (the peer's side stages
   its GPU memory through host buffers). ``shm`` and ``fabric`` do not reach
@@ -26,15 +26,16 @@ ones; the path follows from the registrations of both sides:
 - two agents of one process: the ``local`` transport moves host memory only
   and CUDA IPC does not open a process's own handles, so GPU memory between
   them takes shm (local VRAM only) or tcp.
-BLK, OBJ and FILE raise nixlNotSupportedError.
+``BLOCK``, ``OBJ`` and ``FILE`` lists can be made; registering or moving them
+raises nixlNotSupportedError (``query_memory`` takes FILE lists).
 
-Differences from upstream NIXL 1.5 (none that vLLM or SGLang rely on):
+NIXL 1.5's strided rows: ``get_xfer_descs`` / ``prep_xfer_dlist`` take an
+(N, 5) integer array (addr, len, dev, stride, count) with a ``mem_type``;
+each row stands for ``count`` entries ``stride`` bytes apart.
+
+Differences from upstream NIXL (none that vLLM or SGLang rely on):
 - Metadata bytes are Ferry's (``get_agent_metadata``): they load into this
-  drop-in only, not into upstream NIXL agents.
-- Adjacent entries are always merged; ``skip_desc_merge`` is accepted and
-  ignored (``descCount`` counts merged requests).
-- A transfer list's ``mem_type`` is not matched against the registrations:
-  each entry's memory kind is the one its region was registered with.
+  drop-in only, not into upstream NIXL agents (nor theirs into this one).
 - A prepared remote list is bound to the peer instance it was checked
   against: after the peer restarted (same address, new process), using it
   raises nixlNotFoundError saying so -- load the new metadata and prepare
@@ -42,143 +43,176 @@ Differences from upstream NIXL 1.5 (none that vLLM or SGLang rely on):
   UNAVAILABLE); a transfer that timed out while the peer is still reachable
   raises nixlBackendError (DEADLINE_EXCEEDED).
 - ``transfer`` / ``check_xfer_state`` never return "ERR": failures are
-  exceptions (callers that check for "ERR" handle exceptions too).
+  exceptions (as NIXL's native calls raise them).
 - Releasing a transfer in flight cancels it: once ``release_xfer_handle``
   returns, none of its bytes land in local memory any more.
+- A backend name that was not created, an unknown operation or memory type
+  raise ``KeyError`` as upstream does -- as NIXL exception classes that are
+  also ``KeyError`` (nixlNotFoundError / nixlInvalidParamError).
+- ``prep_mem_view`` raises nixlNotSupportedError (no UCX GPU device API);
+  ``estimate_xfer_cost`` raises nixlNotSupportedError (no cost model).
 """
 
 from __future__ import annotations
 
-import logging
-import numbers
-import struct
-import threading
-from contextlib import contextmanager
-from typing import Any, Iterator
+import pickle
+import sys
+from enum import Enum
+from typing import Any, Optional, Union
 
 import numpy as np
 
-import ferry
+from . import _bindings as nixlBind
+from .logging import get_logger
+from ._bindings import (DEFAULT_COMM_PORT, NIXL_INIT_AGENT, nixlInvalidParamError,  # noqa: F401
+                        nixlNotFoundError, nixlRegDList, nixlRemoteDList, nixlXferDList)
 
-from . import _bindings as nixlBind  # noqa: F401  (callers import nixl._api.nixlBind)
-from ._bindings import (DEFAULT_COMM_PORT, NIXL_INIT_AGENT, nixlBackendError, nixlCancelledError,
-                        nixlInvalidParamError, nixlMismatchError, nixlNoTelemetryError,
-                        nixlNotFoundError, nixlNotPostedError, nixlNotSupportedError,
-                        nixlRemoteDisconnectError, nixlRepostActiveError, nixlXferTelemetry)
-
-log = logging.getLogger("nixl")
-
-# Backend names accepted (all run on Ferry's transport "auto").
-PLUGINS = ("UCX", "LIBFABRIC", "FERRY")
-_HOST_MEM = {"DRAM": "DRAM", "CPU": "DRAM"}
-_GPU_MEM = {"VRAM": "VRAM", "CUDA": "VRAM", "GPU": "VRAM"}
-_OTHER_MEM = {"BLK", "OBJ", "FILE"}
-MEM_TYPES = ["DRAM", "VRAM"]  # what every backend serves
-
-# Metadata envelope: magic, then u32-length-prefixed agent name and peer id,
-# then Ferry's exported metadata.
-_MAGIC = b"FERRY-NIXL\x01"
+logger = get_logger(__name__)
 
 
-def _mem_type(mem_type: str | None, default: str = "DRAM") -> str:
-    """The canonical memory type ("DRAM", "VRAM"), or raises for what is not served."""
-    if mem_type is None:
-        return default
-    name = str(mem_type).upper()
-    if name in _HOST_MEM:
-        return _HOST_MEM[name]
-    if name in _GPU_MEM:
-        return _GPU_MEM[name]
-    if name in _OTHER_MEM:
-        raise nixlNotSupportedError(f"memory type {mem_type!r} is not supported; DRAM or VRAM")
-    raise nixlInvalidParamError(f"unknown memory type {mem_type!r}: DRAM (or cpu), VRAM (or "
-                                "cuda, gpu), BLK, OBJ, FILE")
+class nixlUnknownBackendError(nixlNotFoundError, KeyError):
+    """A backend name that was not created on the agent (a KeyError, as upstream)."""
+
+    __str__ = nixlNotFoundError.__str__
 
 
-def _locations(dlist: "nixlRegDList") -> list:
-    """Ferry's location of each row of a registration list: "cpu" for DRAM,
-    "cuda:{dev_id}" for VRAM."""
-    if dlist.mem_type == "VRAM":
-        return [f"cuda:{int(dev)}" for dev in dlist.rows[:, 2]]
-    return ["cpu"] * len(dlist)
+class nixlUnknownNameError(nixlInvalidParamError, KeyError):
+    """An unknown operation or memory type name (a KeyError, as upstream)."""
+
+    __str__ = nixlInvalidParamError.__str__
 
 
-def _translate(error: ferry.FerryError) -> Exception:
-    """The NIXL exception for a Ferry error (Ferry's message kept)."""
-    text = str(error)
-    name = error.code_name
-    if name == "NOT_FOUND":
-        cls = nixlNotFoundError
-    elif name == "INVALID_ARGUMENT":
-        cls = nixlInvalidParamError
-    elif name == "UNAVAILABLE":
-        cls = nixlRemoteDisconnectError
-    elif name == "CANCELLED":
-        cls = nixlCancelledError
-    elif name == "UNIMPLEMENTED":
-        cls = nixlNotSupportedError
-    elif name == "FAILED_PRECONDITION":
-        lowered = text.lower()
-        if "still in flight" in lowered:
-            cls = nixlRepostActiveError
-        elif "restarted" in lowered or "was closed" in lowered:
-            cls = nixlNotFoundError  # load the peer's (new) metadata and prepare again
-        elif "never posted" in lowered:
-            cls = nixlNotPostedError
-        elif ("wire protocol version" in lowered or "descriptor format" in lowered
-              or "capability" in lowered or "takes notification messages" in lowered):
-            cls = nixlMismatchError  # the peer's build cannot serve this
-        else:
-            cls = nixlBackendError
-    else:  # DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ALREADY_EXISTS, INTERNAL, ...
-        cls = nixlBackendError
-    exc = cls(text)
-    exc.__cause__ = error
-    return exc
+class _Table(dict):
+    """A dict whose missing keys raise `error` naming what exists."""
+
+    def __init__(self, items, error: type, what: str):
+        super().__init__(items)
+        self._error = error
+        self._what = what
+
+    def __missing__(self, key):
+        raise self._error(f"unknown {self._what} {key!r}; known: {', '.join(map(str, self))}")
 
 
-def _name(agent: Any) -> str:
-    """An agent name given as str or bytes (add_remote_agent returns bytes)."""
-    if isinstance(agent, (bytes, bytearray, memoryview)):
-        return bytes(agent).decode("utf-8", "surrogateescape")
-    if isinstance(agent, str):
-        return agent
-    raise nixlInvalidParamError(f"an agent name is str or bytes, not {type(agent).__name__}")
+def _is_tensor(obj: Any) -> bool:
+    """A torch tensor (without importing torch) or a tensor-like object with
+    data_ptr(), numel() and element_size()."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return True
+    return callable(getattr(obj, "data_ptr", None)) and callable(getattr(obj, "numel", None))
 
 
-def _message(msg: Any) -> bytes:
-    if isinstance(msg, str):
-        return msg.encode()
-    if isinstance(msg, (bytes, bytearray, memoryview)):
-        return bytes(msg)
-    raise nixlInvalidParamError(f"a notification message is bytes or str, not {type(msg).__name__}")
+def _tensor_row(t: Any) -> tuple:
+    """(addr, nbytes, dev) and mem type of a contiguous tensor; None if not contiguous."""
+    contiguous = getattr(t, "is_contiguous", None)
+    if callable(contiguous) and not contiguous():
+        return None, None
+    device = getattr(t, "device", None)
+    kind = getattr(device, "type", str(device)) if device is not None else "cpu"
+    nbytes = int(t.numel()) * int(t.element_size())
+    if kind == "cuda":
+        index = getattr(device, "index", None)
+        return (int(t.data_ptr()), nbytes, 0 if index is None else int(index)), "VRAM"
+    return (int(t.data_ptr()), nbytes, 0), "DRAM" if kind == "cpu" else kind
+
+
+class nixl_prepped_dlist_handle:
+    """A prepared descriptor list (prep_xfer_dlist). ``release()`` frees it;
+    so does collecting it."""
+
+    __slots__ = ("_handle", "_agent", "_released")
+
+    def __init__(self, agent, value: int):
+        self._handle = int(value)
+        self._agent = agent
+        self._released = False
+
+    def __repr__(self) -> str:
+        return f"nixl_prepped_dlist_handle(0x{self._handle:x}, released={self._released})"
+
+    def release(self):
+        if not self._released:
+            self._agent.releasedDlistH(self._handle)
+            self._released = True
+
+    def __del__(self):
+        if not getattr(self, "_released", True):
+            try:
+                self._agent.releasedDlistH(self._handle)
+            except Exception:
+                pass  # the agent went first; its engine freed the list
+
+
+class nixl_xfer_handle:
+    """A transfer (make_prepped_xfer / initialize_xfer). ``release()`` frees
+    it, cancelling it if in flight; so does collecting it."""
+
+    __slots__ = ("_handle", "_agent", "_released")
+
+    def __init__(self, agent, value: int):
+        self._handle = int(value)
+        self._agent = agent
+        self._released = False
+
+    def __repr__(self) -> str:
+        return f"nixl_xfer_handle(0x{self._handle:x}, released={self._released})"
+
+    def release(self):
+        if not self._released:
+            self._agent.releaseXferReq(self._handle)
+            self._released = True
+
+    def __del__(self):
+        if not getattr(self, "_released", True):
+            try:
+                self._agent.releaseXferReq(self._handle)
+            except Exception:
+                pass  # the agent went first; its engine cancelled the transfer
+
+
+# Backends are named by opaque ints, as upstream.
+nixl_backend_handle = int
+
+
+class nixl_thread_sync_t(Enum):
+    """Thread synchronization modes (Ferry's agents are always thread-safe)."""
+
+    NIXL_THREAD_SYNC_NONE = nixlBind.NIXL_THREAD_SYNC_NONE
+    NIXL_THREAD_SYNC_STRICT = nixlBind.NIXL_THREAD_SYNC_STRICT
+    NIXL_THREAD_SYNC_RW = nixlBind.NIXL_THREAD_SYNC_RW
+    NIXL_THREAD_SYNC_DEFAULT = nixlBind.NIXL_THREAD_SYNC_DEFAULT
 
 
 class nixl_agent_config:
     """Agent settings, with NIXL's argument names and defaults.
 
-    ``backends`` are instantiated when the agent is made (each must be one of
-    UCX, LIBFABRIC, FERRY). ``enable_listen_thread=True`` makes the agent's
-    engine listen on ``listen_port`` (else any free port). ``num_threads``,
-    ``enable_prog_thread`` and ``sync_mode`` are accepted and ignored (Ferry's
-    engine runs its own threads; FERRY_IO_THREADS sets them).
-    ``capture_telemetry=True`` enables get_xfer_telemetry.
+    ``backends`` are instantiated when the agent is made (names that are not
+    plugins here are skipped with a warning, as upstream).
+    ``enable_listen_thread=True`` serves this agent's metadata on
+    ``listen_port`` (0: any free port) for peers' ``fetch_remote_metadata`` /
+    ``send_local_metadata``. ``num_threads``, ``enable_prog_thread`` and
+    ``sync_mode`` are kept and passed on; Ferry's engine runs its own threads
+    (FERRY_IO_THREADS sets them) and is always thread-safe.
 
     Ferry extension (not in upstream NIXL): ``conf.ferry_options = {...}``
     passes ferry.Engine options (e.g. ``{"transfer_timeout": 2.0}``) to the
-    agent's engine; they win over FERRY_* settings, which Ferry reads once per
-    process.
+    agent's engine; they win over FERRY_* settings.
     """
 
     def __init__(self, enable_prog_thread: bool = True, enable_listen_thread: bool = False,
                  listen_port: int = DEFAULT_COMM_PORT, capture_telemetry: bool = False,
-                 num_threads: int = 0, backends: list | None = None, sync_mode=None):
-        self.enable_pthread = bool(enable_prog_thread)
-        self.enable_listen = bool(enable_listen_thread)
-        self.port = int(listen_port)
-        self.capture_telemetry = bool(capture_telemetry)
-        self.num_threads = int(num_threads)
-        self.backends = ["UCX"] if backends is None else list(backends)
+                 num_threads: int = 0, backends: list[str] = ["UCX"],
+                 sync_mode: Optional[nixl_thread_sync_t] = None):
+        if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
+            raise TypeError(
+                f"sync_mode must be a nixl_thread_sync_t (got {type(sync_mode).__name__!r})")
+        self.backends = list(backends)
+        self.enable_pthread = enable_prog_thread
+        self.enable_listen = enable_listen_thread
+        self.port = listen_port
+        self.capture_telemetry = capture_telemetry
+        self.num_threads = num_threads
         self.sync_mode = sync_mode
         self.ferry_options: dict = {}
 
@@ -187,691 +221,456 @@ class nixl_agent_config:
                 f"{self.capture_telemetry}, listen={self.enable_listen}:{self.port})")
 
 
-class nixlRegDList:
-    """A registration descriptor list (get_reg_descs): rows (addr, len, dev),
-    a memory type and per-row meta strings. Picklable, always truthy."""
-
-    __slots__ = ("rows", "mem_type", "metas")
-
-    def __init__(self, rows: np.ndarray, mem_type: str, metas: list | None = None):
-        self.rows = rows  # (N, 3) uint64, C-contiguous
-        self.mem_type = mem_type
-        self.metas = metas
-
-    def __len__(self) -> int:
-        return int(self.rows.shape[0])
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __getstate__(self):
-        return (self.rows, self.mem_type, self.metas)
-
-    def __setstate__(self, state):
-        self.rows, self.mem_type, self.metas = state
-
-    def __repr__(self):
-        return f"<nixlRegDList {self.mem_type} rows={len(self)}>"
-
-
-class nixlXferDList:
-    """A transfer descriptor list (get_xfer_descs): (N, 3) rows (addr, len,
-    dev) or (N, 5) rows (addr, len, dev, stride, count). Picklable, truthy."""
-
-    __slots__ = ("rows", "mem_type")
-
-    def __init__(self, rows: np.ndarray, mem_type: str):
-        self.rows = rows
-        self.mem_type = mem_type
-
-    def __len__(self) -> int:
-        return int(self.rows.shape[0])
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __getstate__(self):
-        return (self.rows, self.mem_type)
-
-    def __setstate__(self, state):
-        self.rows, self.mem_type = state
-
-    def __repr__(self):
-        return f"<nixlXferDList {self.mem_type} rows={len(self)} columns={self.rows.shape[1]}>"
-
-
-class _Remote:
-    """A loaded remote agent: its Ferry segment and whether it is still usable."""
-
-    __slots__ = ("name", "peer_id", "segment", "removed", "disconnected")
-
-    def __init__(self, name: str, peer_id: str, segment: ferry.Segment):
-        self.name = name
-        self.peer_id = peer_id
-        self.segment = segment
-        self.removed = False
-        self.disconnected = False
-
-
-class nixlPrepDlistHandle:
-    """A prepared descriptor list (prep_xfer_dlist). Opaque, truthy, hashable
-    by identity."""
-
-    __slots__ = ("dlist", "remote", "agent_name", "__weakref__")
-
-    def __init__(self, dlist: ferry.DescList, remote: _Remote | None, agent_name: str):
-        self.dlist = dlist
-        self.remote = remote  # None: local
-        self.agent_name = agent_name
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __len__(self) -> int:
-        return len(self.dlist)
-
-    def __repr__(self):
-        return f"<nixlPrepDlistHandle {self.agent_name or 'local'} entries={len(self.dlist)}>"
-
-
-class nixlXferHandle:
-    """A transfer (make_prepped_xfer / initialize_xfer). Opaque, truthy,
-    hashable by identity; dropping it unreleased is safe (it is cancelled
-    and released when collected)."""
-
-    __slots__ = ("transfer", "remote", "op", "posted", "__weakref__")
-
-    def __init__(self, transfer: ferry.Transfer, remote: _Remote, op: str):
-        self.transfer = transfer
-        self.remote = remote
-        self.op = op
-        self.posted = False
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __repr__(self):
-        return f"<nixlXferHandle {self.op} {self.remote.name}>"
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _tensor_row(t: Any) -> tuple[tuple, str]:
-    """((addr, nbytes, dev), mem type) of a tensor-like object: host memory
-    is DRAM (dev 0), a CUDA tensor VRAM with its device index."""
-    device = getattr(t, "device", None)
-    kind = getattr(device, "type", str(device)) if device is not None else "cpu"
-    if kind not in ("cpu", "cuda"):
-        raise nixlNotSupportedError(f"a tensor on {device}: only host (DRAM) and CUDA (VRAM) "
-                                    "memory are supported")
-    is_contiguous = getattr(t, "is_contiguous", None)
-    if callable(is_contiguous) and not is_contiguous():
-        raise nixlInvalidParamError("a tensor that is not contiguous")
-    nbytes = int(t.numel()) * int(t.element_size())
-    if kind == "cuda":
-        index = getattr(device, "index", None)
-        return (int(t.data_ptr()), nbytes, 0 if index is None else int(index)), "VRAM"
-    return (int(t.data_ptr()), nbytes, 0), "DRAM"
-
-
-def _tensor_rows(tensors) -> tuple[list, str]:
-    """Rows and the one memory type of a list of tensors (mixing host and
-    CUDA tensors in one list is refused)."""
-    rows = [_tensor_row(t) for t in tensors]
-    kinds = {k for _r, k in rows}
-    if len(kinds) > 1:
-        raise nixlInvalidParamError("a list of tensors in both host (DRAM) and CUDA (VRAM) "
-                                    "memory: make one list per memory type")
-    return [r for r, _k in rows], rows[0][1]
-
-
-def _rows_from_array(descs: np.ndarray, columns: tuple) -> np.ndarray:
-    """A C-contiguous uint64 copy/view of an integer row array, checked."""
-    if descs.ndim != 2 or descs.shape[1] not in columns:
-        raise nixlInvalidParamError(
-            f"an array of shape {descs.shape}: expected (N, {' or '.join(map(str, columns))})")
-    if descs.dtype.kind not in "iu":
-        raise nixlInvalidParamError(f"an array of dtype {descs.dtype}: expected integers")
-    if descs.dtype.kind == "i" and descs.size and int(descs.min()) < 0:
-        raise nixlInvalidParamError("an array with negative values")
-    if descs.dtype.itemsize == 8 and descs.flags.c_contiguous:
-        rows = descs  # int64 / uint64 as they are: Ferry reads both (no copy)
-    else:
-        rows = np.ascontiguousarray(descs, dtype=np.uint64)
-    if rows.shape[0] and not rows[:, 1].all():
-        bad = int(np.flatnonzero(rows[:, 1] == 0)[0])
-        raise nixlInvalidParamError(f"row {bad} has length 0")
-    if rows.shape[1] == 5 and rows.shape[0] and not rows[:, 4].all():
-        bad = int(np.flatnonzero(rows[:, 4] == 0)[0])
-        raise nixlInvalidParamError(f"row {bad} has count 0")
-    return rows
-
-
-def _rows_from_tuples(descs: list, columns: tuple) -> np.ndarray:
-    """Rows of a list of int tuples, converted by numpy in one pass (no
-    Python loop per row); anything but equally long rows of ints is refused."""
-    expected = " or ".join(map(str, columns))
-    try:
-        arr = np.array(descs)
-    except (ValueError, TypeError, OverflowError):  # ragged rows, huge ints
-        arr = None
-    if arr is None or arr.ndim != 2 or arr.dtype.kind not in "iu" or arr.shape[1] not in columns:
-        for i, row in enumerate(descs):  # name the first bad row
-            if (not isinstance(row, (tuple, list)) or len(row) not in columns
-                    or not all(_is_int(v) for v in row)):
-                raise nixlInvalidParamError(f"row {i} is {row!r}: expected a tuple of {expected} "
-                                            "non-negative ints")
-        try:  # ints, but numpy did not find one type for them (e.g. >= 2^63)
-            arr = np.array(descs, dtype=np.uint64)
-        except (ValueError, TypeError, OverflowError):
-            raise nixlInvalidParamError(
-                f"rows must be tuples of {expected} non-negative ints below 2^64") from None
-    return _rows_from_array(arr, columns)
-
-
 class nixl_agent:
-    """A NIXL agent on a Ferry engine; see the module docstring.
+    """A NIXL agent on a Ferry engine; see the module docstring. Every method
+    is thread-safe; calls that wait or move data release the GIL."""
 
-    Every method is thread-safe; calls that wait or move data release the GIL.
-    """
-
-    def __init__(self, agent_name: str, nixl_conf: nixl_agent_config | None = None,
+    def __init__(self, agent_name: str, nixl_conf: Optional[nixl_agent_config] = None,
                  instantiate_all: bool = False):
-        if not isinstance(agent_name, str) or not agent_name:
-            raise nixlInvalidParamError("agent_name must be a non-empty str")
-        conf = nixl_conf if nixl_conf is not None else nixl_agent_config()
-        for backend in conf.backends:
-            self._check_plugin(backend)
+        if nixl_conf and instantiate_all:
+            instantiate_all = False
+            logger.warning("Ignoring instantiate_all based on the provided config in agent creation.")
+        if not nixl_conf:
+            nixl_conf = nixl_agent_config()
+        default_sync = (nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT if nixl_conf.enable_listen
+                        else nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE)
+        config = nixlBind.nixlAgentConfig()
+        config.useProgThread = nixl_conf.enable_pthread
+        config.useListenThread = nixl_conf.enable_listen
+        config.listenPort = nixl_conf.port
+        config.syncMode = (nixl_conf.sync_mode or default_sync).value
+        config.pthrDelay = 0
+        config.lthrDelay = 100000
+        config.captureTelemetry = nixl_conf.capture_telemetry
+        config.ferryOptions = dict(getattr(nixl_conf, "ferry_options", None) or {})
+        self.agent = nixlBind.nixlAgent(agent_name, config)
+
         self.name = agent_name
-        self.conf = conf
-        self.plugin_list = list(PLUGINS)
-        self.backends: dict[str, Any] = {}
-        self.backend_mems: dict[str, list] = {}
-        self.notifs: dict[str, list] = {}
-        self._capture_telemetry = conf.capture_telemetry
-        self._lock = threading.Lock()
-        self._remotes: dict[str, _Remote] = {}
-        self._registered: dict[int, int] = {}  # addr -> length
-        options: dict[str, Any] = {"local_name": agent_name}
-        if conf.enable_listen:
-            options["listen_port"] = conf.port
-        options.update(getattr(conf, "ferry_options", None) or {})
-        try:
-            self._engine = ferry.Engine(**options)
-        except ferry.FerryError as e:
-            raise _translate(e) from e
-        for backend in (PLUGINS if instantiate_all else conf.backends):
-            self.create_backend(backend)
+        self.conf = nixl_conf
+        self._leaked_xfer_handles: list[int] = []
+        self.notifs: dict[str, list[bytes]] = {}
+        self.backends: dict[str, nixl_backend_handle] = _Table(
+            {}, nixlUnknownBackendError, f"backend of agent {agent_name!r}")
+        self.backend_mems: dict[str, list[str]] = {}
+        self.backend_options: dict[str, dict[str, str]] = {}
+        self.plugin_list = self.agent.getAvailPlugins()
+        self.plugin_b_options: dict[str, dict[str, str]] = {}
+        self.plugin_mem_types: dict[str, list[str]] = {}
+        for backend in (self.plugin_list if instantiate_all else nixl_conf.backends):
+            if backend not in self.plugin_list:
+                logger.warning("Skipping backend registration %s due to the missing plugin "
+                            "(plugins here: %s).", backend, ", ".join(self.plugin_list))
+                continue
+            init: dict[str, str] = {}
+            if nixl_conf.num_threads > 0:
+                init["num_threads"] = str(nixl_conf.num_threads)
+            self.create_backend(backend, init)
+        self.nixl_mems = _Table({"DRAM": nixlBind.DRAM_SEG, "VRAM": nixlBind.VRAM_SEG,
+                                 "FILE": nixlBind.FILE_SEG, "BLOCK": nixlBind.BLK_SEG,
+                                 "BLK": nixlBind.BLK_SEG, "OBJ": nixlBind.OBJ_SEG,
+                                 "cpu": nixlBind.DRAM_SEG, "cuda": nixlBind.VRAM_SEG},
+                                nixlUnknownNameError, "memory type")
+        self.nixl_ops = _Table({"WRITE": nixlBind.NIXL_WRITE, "READ": nixlBind.NIXL_READ},
+                               nixlUnknownNameError, "operation")
+        logger.info("Initialized NIXL agent: %s", agent_name)
 
-    # ---- Backends -----------------------------------------------------------------
-    @staticmethod
-    def _check_plugin(name: str) -> None:
-        if name not in PLUGINS:
-            raise nixlNotFoundError(f"backend {name!r} does not exist here; available: "
-                                    f"{', '.join(PLUGINS)} (all run on Ferry's transports)")
+    def __del__(self):
+        for h in list(getattr(self, "_leaked_xfer_handles", ())):
+            try:
+                self.agent.releaseXferReq(h)
+            except Exception:
+                pass
+        if getattr(self, "_leaked_xfer_handles", None):
+            self._leaked_xfer_handles.clear()
 
-    def get_plugin_list(self) -> list:
-        return list(PLUGINS)
+    def _handles(self, backends) -> list:
+        return [self.backends[name] for name in backends or ()]
 
-    def get_plugin_mem_types(self, backend: str) -> list:
-        self._check_plugin(backend)
-        return list(MEM_TYPES)
+    # ---- plugins and backends -------------------------------------------------------
+    def _load_plugin_params(self, plugin: str) -> None:
+        if plugin not in self.plugin_list:
+            return
+        params, mems = self.agent.getPluginParams(plugin)
+        self.plugin_b_options[plugin] = params
+        self.plugin_mem_types[plugin] = mems
 
-    def get_plugin_params(self, backend: str) -> dict:
-        self._check_plugin(backend)
+    def get_plugin_list(self) -> list[str]:
+        return self.plugin_list
+
+    def get_plugin_mem_types(self, backend: str) -> list[str]:
+        """Memory types a plugin serves ([] with a warning for an unknown one)."""
+        if backend not in self.plugin_mem_types:
+            self._load_plugin_params(backend)
+        if backend not in self.plugin_mem_types:
+            logger.warning("Plugin %s is not available to get its supported mem types.", backend)
+            return []
+        return self.plugin_mem_types[backend]
+
+    def get_plugin_params(self, backend: str) -> dict[str, str]:
+        """A plugin's parameters ({} with a warning for an unknown one)."""
+        if backend not in self.plugin_b_options:
+            self._load_plugin_params(backend)
+        if backend not in self.plugin_b_options:
+            logger.warning("Plugin %s is not available to get its parameters.", backend)
+            return {}
+        return self.plugin_b_options[backend]
+
+    def get_backend_mem_types(self, backend: str) -> list[str]:
+        if backend in self.backend_mems:
+            return self.backend_mems[backend]
+        logger.warning("Backend %s not instantiated to get its supported mem types.", backend)
+        return []
+
+    def get_backend_params(self, backend: str) -> dict[str, str]:
+        if backend in self.backend_options:
+            return self.backend_options[backend]
+        logger.warning("Backend %s not instantiated to get its parameters.", backend)
         return {}
 
-    def get_backend_mem_types(self, backend: str) -> list:
-        return self.get_plugin_mem_types(backend)
+    def create_backend(self, backend: str, initParams: dict[str, str] = {}):
+        """Instantiates a backend; an unknown plugin raises nixlNotFoundError
+        listing the plugins."""
+        self.backends[backend] = self.agent.createBackend(backend, initParams)
+        params, mems = self.agent.getBackendParams(self.backends[backend])
+        self.backend_mems[backend] = mems
+        self.backend_options[backend] = params
+        logger.info("Backend %s was instantiated", backend)
 
-    def get_backend_params(self, backend: str) -> dict:
-        return self.get_plugin_params(backend)
+    # ---- memory ---------------------------------------------------------------------
+    def register_memory(self, reg_list, mem_type: Optional[str] = None, backends: list[str] = [],
+                        *, is_sorted: bool = False) -> nixlRegDList:
+        """Registers every region of the list (all or nothing) and returns
+        the registration list for deregister_memory. (``is_sorted``, which
+        older NIXL releases took, is accepted and ignored.)"""
+        reg_descs = self.get_reg_descs(reg_list, mem_type)
+        if reg_descs is None:
+            raise nixlInvalidParamError("register_memory: not a registration list (the "
+                                        "logged error says why)")
+        self.agent.registerMem(reg_descs, self._handles(backends))
+        return reg_descs
 
-    def create_backend(self, backend: str, initParams: dict | None = None) -> None:
-        """Instantiates a backend (UCX, LIBFABRIC or FERRY: Ferry's transport
-        auto); anything else raises nixlNotFoundError listing what exists."""
-        self._check_plugin(backend)
-        with self._lock:
-            self.backends.setdefault(backend, _Backend(backend, dict(initParams or {})))
-            self.backend_mems[backend] = list(MEM_TYPES)
+    def deregister_memory(self, dereg_list: nixlRegDList, backends: list[str] = []):
+        """Unregisters every region of the list (waiting for transfers that
+        touch them)."""
+        self.agent.deregisterMem(dereg_list, self._handles(backends))
 
-    def _check_backends(self, backends) -> None:
-        """``backends=[...]`` of a call: each must exist and be created."""
-        for backend in backends or ():
-            self._check_plugin(backend)
-            if backend not in self.backends:
-                created = ", ".join(self.backends) or "none"
-                raise nixlNotFoundError(f"backend {backend!r} was not created on agent "
-                                        f"{self.name!r} (created: {created})")
+    def query_memory(self, reg_list, backend: str,
+                     mem_type: Optional[str] = None) -> list[Optional[dict[str, str]]]:
+        """Per row of a FILE list (paths in the meta field): None if the file
+        cannot be reached, else {"size", "mode", "mtime"}."""
+        reg_descs = self.get_reg_descs(reg_list, mem_type)
+        if backend not in self.backends:
+            raise ValueError(f"Backend '{backend}' not found. Available backends: "
+                             f"{list(self.backends.keys())}")
+        return self.agent.queryMem(reg_descs, self.backends[backend])
 
-    # ---- Descriptor lists ---------------------------------------------------------
-    def get_reg_descs(self, descs, mem_type: str | None = None, is_sorted: bool = False):
-        """A registration list from (addr, len, dev, meta) tuples, an (N, 3)
-        integer array, a tensor or a list of tensors, or a ready list.
-        Returns None (logging why) on bad input."""
-        try:
-            return self._reg_descs(descs, mem_type)
-        except (nixlInvalidParamError, nixlNotSupportedError) as e:
-            log.error("get_reg_descs: %s", e)
-            return None
+    def make_connection(self, remote_agent: str, backends: list[str] = []):
+        """Connects to a loaded remote agent now, so the first transfer does
+        not pay for it."""
+        self.agent.makeConnection(remote_agent, self._handles(backends))
 
-    def _reg_descs(self, descs, mem_type) -> nixlRegDList:
-        if isinstance(descs, nixlRegDList):
-            if mem_type is not None and _mem_type(mem_type) != descs.mem_type:
-                raise nixlInvalidParamError(f"a {descs.mem_type} list given as {mem_type}")
-            return descs
-        if isinstance(descs, np.ndarray):
-            return nixlRegDList(_rows_from_array(descs, (3,)), _mem_type(mem_type))
-        if callable(getattr(descs, "data_ptr", None)):
-            row, kind = _tensor_row(descs)
-            return nixlRegDList(np.array([row], dtype=np.uint64), _mem_type(mem_type, kind), [""])
-        if isinstance(descs, (list, tuple)):
-            if descs and all(callable(getattr(d, "data_ptr", None)) for d in descs):
-                rows, kind = _tensor_rows(descs)
-                return nixlRegDList(np.array(rows, dtype=np.uint64), _mem_type(mem_type, kind),
-                                    [""] * len(rows))
-            metas, plain = [], []
-            for i, row in enumerate(descs):
-                if isinstance(row, (tuple, list)) and len(row) == 4:
-                    meta = row[3]
-                    if not isinstance(meta, (str, bytes)):
-                        raise nixlInvalidParamError(f"row {i}: the meta field is not a str")
-                    metas.append(meta)
-                    plain.append(tuple(row[:3]))
-                else:
-                    metas.append("")
-                    plain.append(row)
-            return nixlRegDList(_rows_from_tuples(plain, (3,)) if plain
-                                else np.zeros((0, 3), np.uint64), _mem_type(mem_type), metas)
-        raise nixlInvalidParamError(f"cannot make descriptors of a {type(descs).__name__}")
+    # ---- prepared lists and transfers -----------------------------------------------
+    def prep_xfer_dlist(self, agent_name: str, xfer_list, mem_type: Optional[str] = None,
+                        backends: list[str] = [], *,
+                        is_sorted: bool = False) -> nixl_prepped_dlist_handle:
+        """Prepares a list once: local (NIXL_INIT_AGENT, "" or the string
+        "NIXL_INIT_AGENT"), checked against registered memory; of a loaded
+        remote agent, checked against its metadata here (no round trip: a row
+        outside its registered memory raises nixlNotFoundError naming it); or
+        this agent's own name (loopback)."""
+        descs = self.get_xfer_descs(xfer_list, mem_type)
+        if descs is None:
+            raise nixlInvalidParamError("prep_xfer_dlist: not a transfer list (the logged "
+                                        "error says why)")
+        handles = self._handles(backends)
+        if isinstance(agent_name, str) and agent_name in ("NIXL_INIT_AGENT", NIXL_INIT_AGENT):
+            handle = self.agent.prepXferDlist(descs, handles)
+        else:
+            handle = self.agent.prepXferDlist(agent_name, descs, handles)
+        return nixl_prepped_dlist_handle(self.agent, handle)
 
-    def get_xfer_descs(self, descs, mem_type: str | None = None, is_sorted: bool = False):
-        """A transfer list from (addr, len, dev) tuples, an (N, 3) or -- NIXL
-        1.5 -- (N, 5) (addr, len, dev, stride, count) integer array (taken at
-        about the cost of a copy), a tensor or a list of tensors. Returns None
-        (logging why) on bad input."""
-        try:
-            return self._xfer_descs(descs, mem_type)
-        except (nixlInvalidParamError, nixlNotSupportedError) as e:
-            log.error("get_xfer_descs: %s", e)
-            return None
+    def estimate_xfer_cost(self, req_handle: nixl_xfer_handle) -> tuple[int, int, int]:
+        duration, err_margin, method = self.agent.estimateXferCost(req_handle._handle)
+        method = ("ANALYTICAL_BACKEND" if method == nixlBind.NIXL_COST_ANALYTICAL_BACKEND
+                  else "UNKNOWN")
+        return duration, err_margin, method
 
-    def _xfer_descs(self, descs, mem_type) -> nixlXferDList:
+    def make_prepped_xfer(self, operation: str, local_xfer_side: nixl_prepped_dlist_handle,
+                          local_indices: Union[list[int], np.ndarray],
+                          remote_xfer_side: nixl_prepped_dlist_handle,
+                          remote_indices: Union[list[int], np.ndarray], notif_msg: bytes = b"",
+                          backends: list[str] = [],
+                          skip_desc_merge: bool = False) -> nixl_xfer_handle:
+        """A transfer of entry pairs of two prepared lists (lists or 1-D int
+        arrays of indices, equally many, pairs equally long). ``notif_msg``
+        reaches the remote agent once the data is complete there (for a READ:
+        once it is here)."""
+        op = self.nixl_ops[operation]
+        handle = self.agent.makeXferReq(op, local_xfer_side._handle, local_indices,
+                                        remote_xfer_side._handle, remote_indices, notif_msg,
+                                        self._handles(backends), skip_desc_merge)
+        return nixl_xfer_handle(self.agent, handle)
+
+    def initialize_xfer(self, operation: str, local_descs: nixlXferDList,
+                        remote_descs: nixlXferDList, remote_agent: str, notif_msg: bytes = b"",
+                        backends: list[str] = []) -> nixl_xfer_handle:
+        """Both lists prepared and every entry paired in order (equally many)."""
+        op = self.nixl_ops[operation]
+        handle = self.agent.createXferReq(op, self._as_xfer(local_descs, "local"),
+                                          self._as_xfer(remote_descs, "remote"), remote_agent,
+                                          notif_msg, self._handles(backends))
+        return nixl_xfer_handle(self.agent, handle)
+
+    def _as_xfer(self, descs, side: str) -> nixlXferDList:
+        """A transfer list of what initialize_xfer was given: a nixlXferDList,
+        or (a Ferry leniency) tuples, an array or tensors -- their memory kind
+        does not matter here: each entry moves as its region was registered."""
         if isinstance(descs, nixlXferDList):
-            if mem_type is not None and _mem_type(mem_type) != descs.mem_type:
-                raise nixlInvalidParamError(f"a {descs.mem_type} list given as {mem_type}")
             return descs
-        if isinstance(descs, nixlRegDList):
-            return nixlXferDList(descs.rows, descs.mem_type)
-        if isinstance(descs, np.ndarray):
-            if descs.ndim == 2 and descs.shape[1] == 5 and mem_type is None:
-                raise nixlInvalidParamError("strided (N, 5) rows need mem_type")
-            return nixlXferDList(_rows_from_array(descs, (3, 5)), _mem_type(mem_type))
-        if callable(getattr(descs, "data_ptr", None)):
-            row, kind = _tensor_row(descs)
-            return nixlXferDList(np.array([row], dtype=np.uint64), _mem_type(mem_type, kind))
-        if isinstance(descs, (list, tuple)):
-            if descs and all(callable(getattr(d, "data_ptr", None)) for d in descs):
-                rows, kind = _tensor_rows(descs)
-                return nixlXferDList(np.array(rows, dtype=np.uint64), _mem_type(mem_type, kind))
-            rows = _rows_from_tuples(list(descs), (3,)) if descs else np.zeros((0, 3), np.uint64)
-            return nixlXferDList(rows, _mem_type(mem_type))
-        raise nixlInvalidParamError(f"cannot make descriptors of a {type(descs).__name__}")
-
-    # ---- Memory -----------------------------------------------------------------------
-    def register_memory(self, reg_list, mem_type: str | None = None, backends: list = [],
-                        is_sorted: bool = False):
-        """Registers every region of the list (all or nothing); returns the
-        registration list to pass to deregister_memory. DRAM rows register as
-        host memory, VRAM rows as GPU memory of device ``dev_id`` (refused,
-        with nothing registered, where the CUDA driver says otherwise or
-        there is none). (``is_sorted``, which older NIXL releases took and
-        some callers still pass, is ignored.)"""
-        self._check_backends(backends)
-        dlist = self._reg_descs(reg_list, mem_type)
-        addrs = [int(a) for a in dlist.rows[:, 0]]
-        lengths = [int(n) for n in dlist.rows[:, 1]]
-        if not addrs:
-            raise nixlInvalidParamError("register_memory: an empty list")
-        with self._mapped():
-            self._engine.register_many(addrs, lengths, location=_locations(dlist))
-        with self._lock:
-            for addr, length in zip(addrs, lengths):
-                self._registered[addr] = length
+        dlist = self.get_xfer_descs(descs, "DRAM")
+        if dlist is None:
+            raise nixlInvalidParamError(f"initialize_xfer: the {side} list is not a transfer "
+                                        "list (the logged error says why)")
         return dlist
 
-    def deregister_memory(self, dereg_list, backends: list = []) -> None:
-        """Unregisters every region of the list (waiting for transfers that
-        touch them); raises the first error after trying all."""
-        self._check_backends(backends)
-        dlist = self._reg_descs(dereg_list, None)
-        addrs = [int(a) for a in dlist.rows[:, 0]]
-        with self._mapped():
-            try:
-                self._engine.unregister_many(addrs)
-            finally:
-                with self._lock:
-                    for addr in addrs:
-                        self._registered.pop(addr, None)
-
-    # ---- Metadata ---------------------------------------------------------------------
-    def get_agent_metadata(self) -> bytes:
-        """This agent's name, how to reach it and every region registered so
-        far, as bytes to ship to peers (add_remote_agent)."""
-        with self._mapped():
-            body = self._engine.export_metadata()
-        name = self.name.encode()
-        peer = self._engine.peer_id.encode()
-        return b"".join((_MAGIC, struct.pack("<I", len(name)), name,
-                         struct.pack("<I", len(peer)), peer, body))
-
-    @staticmethod
-    def _parse_metadata(metadata) -> tuple[str, str, bytes]:
-        try:
-            data = bytes(metadata)
-        except TypeError:
-            raise nixlInvalidParamError(
-                f"metadata must be bytes, not {type(metadata).__name__}") from None
-        if not data.startswith(_MAGIC):
-            raise nixlInvalidParamError("not the metadata of a Ferry NIXL agent "
-                                        "(get_agent_metadata of this package)")
-        try:
-            at = len(_MAGIC)
-            (n,) = struct.unpack_from("<I", data, at)
-            name = data[at + 4:at + 4 + n].decode()
-            at += 4 + n
-            (m,) = struct.unpack_from("<I", data, at)
-            peer = data[at + 4:at + 4 + m].decode()
-            at += 4 + m
-            if len(name) == 0 or len(peer) != m or at > len(data):
-                raise ValueError("truncated")
-        except (struct.error, UnicodeDecodeError, ValueError):
-            raise nixlInvalidParamError("damaged agent metadata (truncated header)") from None
-        return name, peer, data[at:]
-
-    def add_remote_agent(self, metadata: bytes) -> bytes:
-        """Loads a peer's metadata (no round trip); returns its agent name
-        (bytes, as NIXL 1.4). Loading it again makes regions it registered
-        since visible; a restarted peer's new metadata replaces the old."""
-        name, peer_id, body = self._parse_metadata(metadata)
-        if name == self.name:
-            raise nixlInvalidParamError(f"add_remote_agent: {name!r} is this agent's own name")
-        with self._mapped():
-            segment = self._engine._import_metadata(body, peer_id)
-        with self._lock:
-            remote = self._remotes.get(name)
-            if remote is None or remote.segment is not segment:
-                self._remotes[name] = _Remote(name, peer_id, segment)
-            else:
-                remote.disconnected = False
-        return name.encode()
-
-    def remove_remote_agent(self, agent: str) -> None:
-        """Forgets a remote agent; its handles raise nixlNotFoundError later."""
-        name = _name(agent)
-        with self._lock:
-            remote = self._remotes.pop(name, None)
-            if remote is None:
-                return None
-            remote.removed = True
-            shared = any(r.segment is remote.segment for r in self._remotes.values())
-        if not shared:
-            try:
-                self._engine.close_segment(remote.segment)
-            except ferry.FerryError as e:
-                log.debug("remove_remote_agent %s: %s", name, e)
-        return None
-
-    def check_remote_metadata(self, remote_name, descs=None) -> bool:
-        """True if the agent's metadata is loaded and it has not disconnected
-        since (and, with ``descs``, the rows lie inside its registered memory,
-        as far as its loaded metadata says)."""
-        try:
-            remote = self._remote(remote_name)
-        except nixlNotFoundError:
-            return False
-        if remote.disconnected:
-            return False
-        if descs is None:
-            return True
-        try:
-            dlist = self._xfer_descs(descs, None)
-            with self._mapped():
-                self._engine.prepare(dlist.rows, remote.segment).release()
-        except (nixlInvalidParamError, nixlNotFoundError, nixlNotSupportedError):
-            return False
-        return True
-
-    def _remote(self, agent) -> _Remote:
-        name = _name(agent)
-        with self._lock:
-            remote = self._remotes.get(name)
-        if remote is None:
-            raise nixlNotFoundError(f"no remote agent {name!r} is loaded (add_remote_agent)")
-        return remote
-
-    @contextmanager
-    def _mapped(self, remote: _Remote | None = None) -> Iterator[None]:
-        """Raises Ferry errors as NIXL's; marks `remote` disconnected on UNAVAILABLE."""
-        try:
-            yield
-        except ferry.FerryError as e:
-            exc = _translate(e)
-            if remote is not None and isinstance(exc, nixlRemoteDisconnectError):
-                remote.disconnected = True
-            raise exc from e
-
-    # ---- Prepared lists and transfers -------------------------------------------------
-    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type: str | None = None,
-                        backends: list = [], is_sorted: bool = False) -> nixlPrepDlistHandle:
-        """Prepares a list once: local (NIXL_INIT_AGENT = "", the string
-        "NIXL_INIT_AGENT" or this agent's name), checked against registered
-        memory, or of a loaded remote agent, checked against its metadata here
-        (no round trip): a row outside its registered memory raises
-        nixlNotFoundError naming it."""
-        self._check_backends(backends)
-        name = _name(agent_name)
-        # vLLM passes the constant's name as a literal string
-        local = name in (NIXL_INIT_AGENT, "NIXL_INIT_AGENT", self.name)
-        if not isinstance(xfer_list, nixlXferDList):
-            if (isinstance(xfer_list, np.ndarray) and xfer_list.ndim == 2
-                    and xfer_list.shape[1] == 5 and mem_type is None):
-                raise nixlInvalidParamError("prep_xfer_dlist: strided (N, 5) rows need mem_type")
-        dlist = self._xfer_descs(xfer_list, mem_type)
-        if len(dlist) == 0:
-            raise nixlInvalidParamError("prep_xfer_dlist: an empty list")
-        if local:
-            with self._mapped():
-                return nixlPrepDlistHandle(self._engine.prepare(dlist.rows), None, "")
-        remote = self._remote(name)
-        if remote.removed:
-            raise nixlNotFoundError(f"remote agent {name!r} was removed")
-        with self._mapped(remote):
-            return nixlPrepDlistHandle(self._engine.prepare(dlist.rows, remote.segment), remote,
-                                       name)
-
-    def release_dlist_handle(self, handle: nixlPrepDlistHandle) -> None:
-        if not isinstance(handle, nixlPrepDlistHandle):
-            raise nixlInvalidParamError(f"not a prepared list handle: {handle!r}")
-        with self._mapped():
-            handle.dlist.release()
-
-    @staticmethod
-    def _op(operation) -> int:
-        op = operation.upper() if isinstance(operation, str) else operation
-        if op == "READ":
-            return ferry.Opcode.READ
-        if op == "WRITE":
-            return ferry.Opcode.WRITE
-        raise nixlInvalidParamError(f"unknown operation {operation!r}: 'READ' or 'WRITE'")
-
-    def _notification(self, notif_msg):
-        msg = _message(notif_msg)
-        return (self.name, msg) if msg else None
-
-    def make_prepped_xfer(self, operation: str, local_xfer_side: nixlPrepDlistHandle,
-                          local_indices, remote_xfer_side: nixlPrepDlistHandle, remote_indices,
-                          notif_msg: bytes = b"", backends: list = [],
-                          skip_desc_merge: bool = False) -> nixlXferHandle:
-        """A transfer of entry pairs of two prepared lists (lists or 1-D int
-        arrays of indices, equally many, pairs equally long: else
-        nixlInvalidParamError). ``notif_msg`` reaches the remote agent once
-        the data is complete there (for a READ: once it is here). Adjacent
-        pairs are merged (``skip_desc_merge`` is ignored)."""
-        self._check_backends(backends)
-        op = self._op(operation)
-        if (not isinstance(local_xfer_side, nixlPrepDlistHandle)
-                or local_xfer_side.remote is not None):
-            raise nixlInvalidParamError("local_xfer_side must be a local prepared list "
-                                        "(prep_xfer_dlist(NIXL_INIT_AGENT, ...))")
-        if not isinstance(remote_xfer_side, nixlPrepDlistHandle) or remote_xfer_side.remote is None:
-            raise nixlInvalidParamError("remote_xfer_side must be a remote agent's prepared list")
-        remote = remote_xfer_side.remote
-        self._check_remote(remote)
-        with self._mapped(remote):
-            transfer = self._engine.make_transfer(op, local_xfer_side.dlist, local_indices,
-                                                  remote_xfer_side.dlist, remote_indices,
-                                                  self._notification(notif_msg))
-        return nixlXferHandle(transfer, remote, "READ" if op == ferry.Opcode.READ else "WRITE")
-
-    def initialize_xfer(self, operation: str, local_descs, remote_descs, remote_agent,
-                        notif_msg: bytes = b"", backends: list = []) -> nixlXferHandle:
-        """prep_xfer_dlist of both sides + make_prepped_xfer of every entry in
-        order (the lists must have equally many entries)."""
-        self._check_backends(backends)
-        op = self._op(operation)
-        local = self.prep_xfer_dlist(NIXL_INIT_AGENT, local_descs)
-        try:
-            remote = self.prep_xfer_dlist(remote_agent, remote_descs)
-            try:
-                n_local, n_remote = len(local.dlist), len(remote.dlist)
-                if n_local != n_remote:
-                    raise nixlInvalidParamError(
-                        f"initialize_xfer: {n_local} local entries but {n_remote} remote entries")
-                indices = np.arange(n_local, dtype=np.uint32)
-                return self.make_prepped_xfer("READ" if op == ferry.Opcode.READ else "WRITE",
-                                              local, indices, remote, indices, notif_msg)
-            finally:
-                remote.dlist.release()  # the transfer keeps what it needs
-        finally:
-            local.dlist.release()
-
-    def _check_remote(self, remote: _Remote) -> None:
-        if remote.removed:
-            raise nixlNotFoundError(f"remote agent {remote.name!r} was removed "
-                                    "(remove_remote_agent)")
-
-    def _xfer(self, handle) -> nixlXferHandle:
-        if not isinstance(handle, nixlXferHandle):
-            raise nixlInvalidParamError(f"not a transfer handle: {handle!r}")
-        if handle.transfer.released:
-            raise nixlInvalidParamError("the transfer handle was released")
-        return handle
-
-    def transfer(self, handle: nixlXferHandle, notif_msg: bytes = b"") -> str:
+    def transfer(self, handle: nixl_xfer_handle, notif_msg: bytes = b"") -> str:
         """Posts the transfer: "DONE" if it already finished, else "PROC".
         Failures raise; reposting one still in flight raises
         nixlRepostActiveError."""
-        h = self._xfer(handle)
-        self._check_remote(h.remote)
-        with self._mapped(h.remote):
-            h.transfer.post(self._notification(notif_msg) if notif_msg else None)
-            h.posted = True
-        return self._state(h)
+        status = self.agent.postXferReq(handle._handle, notif_msg)
+        return "DONE" if status == nixlBind.NIXL_SUCCESS else "PROC"
 
-    def check_xfer_state(self, handle: nixlXferHandle) -> str:
+    def check_xfer_state(self, handle: nixl_xfer_handle) -> str:
         """"DONE" or "PROC"; a failure raises (nixlRemoteDisconnectError when
         the peer is gone; nixlNotFoundError when it was removed)."""
-        h = self._xfer(handle)
-        self._check_remote(h.remote)
-        return self._state(h)
+        status = self.agent.getXferStatus(handle._handle)
+        return "DONE" if status == nixlBind.NIXL_SUCCESS else "PROC"
 
-    def _state(self, h: nixlXferHandle) -> str:
-        with self._mapped(h.remote):
-            state, error = h.transfer.status()
-            if state == ferry.TransferState.PENDING:
-                return "PROC"
-            if state == ferry.TransferState.COMPLETED:
-                return "DONE"
-            raise error
+    def get_xfer_telemetry(self, handle: nixl_xfer_handle) -> nixlBind.nixlXferTelemetry:
+        """Times (us) and sizes of the last post; nixlNoTelemetryError when
+        telemetry is off (NIXL_TELEMETRY_ENABLE, capture_telemetry)."""
+        return self.agent.getXferTelemetry(handle._handle)
 
-    def get_xfer_telemetry(self, handle: nixlXferHandle) -> nixlXferTelemetry:
-        """Telemetry of the last post (needs capture_telemetry=True)."""
-        if not self._capture_telemetry:
-            raise nixlNoTelemetryError("telemetry is off: make the agent with "
-                                       "nixl_agent_config(capture_telemetry=True)")
-        h = self._xfer(handle)
-        if not h.posted:
-            raise nixlNoTelemetryError("the transfer was never posted")
-        with self._mapped():
-            t = h.transfer.telemetry()
-        return nixlXferTelemetry(t.start_us, t.post_us, t.transfer_us, t.bytes, t.entries)
+    def query_xfer_backend(self, handle: nixl_xfer_handle) -> str:
+        backend = self.agent.queryXferBackend(handle._handle)
+        return next(name for name, h in self.backends.items() if h == backend)
 
-    def release_xfer_handle(self, handle: nixlXferHandle) -> None:
+    def release_xfer_handle(self, handle: nixl_xfer_handle):
         """Releases the transfer, cancelling it if in flight: once this
         returns none of its bytes land in local memory any more."""
-        if not isinstance(handle, nixlXferHandle):
-            raise nixlInvalidParamError(f"not a transfer handle: {handle!r}")
-        with self._mapped():
-            handle.transfer.release()
+        handle.release()
 
-    # ---- Notifications ----------------------------------------------------------------
-    def send_notif(self, remote_agent_name, notif_msg, backend: str | None = None) -> None:
-        """Sends a message (up to 1 MiB) to a remote agent; returns once it
-        acknowledged. Messages from one agent to another arrive in order."""
-        if backend is not None:
-            self._check_backends([backend])
-        remote = self._remote(remote_agent_name)
-        self._check_remote(remote)
-        with self._mapped(remote):
-            self._engine.notify(remote.segment, self.name, _message(notif_msg))
+    def release_dlist_handle(self, handle: nixl_prepped_dlist_handle):
+        handle.release()
 
-    def get_new_notifs(self, backends: list = []) -> dict:
-        """Drains the notifications received so far: {sender agent name:
-        [message bytes, oldest first]}."""
-        self._check_backends(backends)
-        out: dict[str, list] = {}
-        with self._mapped():
-            for note in self._engine.notifications():
-                out.setdefault(note.name, []).append(note.message)
-        return out
+    def prep_mem_view(self, dlist: Union[nixlXferDList, nixlRemoteDList], *,
+                      backends: Optional[list[str]] = None) -> int:
+        """Needs UCX's GPU device API: raises nixlNotSupportedError here."""
+        return self.agent.prepMemView(dlist, self._handles(backends))
 
-    def update_notifs(self, backends: list = []) -> dict:
+    def release_mem_view(self, mvh: int) -> None:
+        self.agent.releaseMemView(mvh)
+
+    # ---- notifications -------------------------------------------------------------
+    def get_new_notifs(self, backends: list[str] = []) -> dict[str, list[bytes]]:
+        """The notifications received since the last call: {sender agent
+        name: [message bytes, oldest first]}."""
+        return self.agent.getNotifs({}, self._handles(backends))
+
+    def update_notifs(self, backends: list[str] = []) -> dict[str, list[bytes]]:
         """Adds new notifications to ``self.notifs`` and returns it."""
-        new = self.get_new_notifs(backends)
-        with self._lock:
-            for name, messages in new.items():
-                self.notifs.setdefault(name, []).extend(messages)
-            return self.notifs
+        self.notifs = self.agent.getNotifs(self.notifs, self._handles(backends))
+        return self.notifs
 
-    # ---- Lifetime -----------------------------------------------------------------
+    def check_remote_xfer_done(self, remote_agent_name: str, lookup_tag: bytes,
+                               backends: list[str] = [], tag_is_prefix=True) -> bool:
+        """True (and that one message removed from ``self.notifs``) if a
+        message from the agent starts with `lookup_tag` (contains it, with
+        ``tag_is_prefix=False``); an empty tag matches any message."""
+        self.notifs = self.agent.getNotifs(self.notifs, self._handles(backends))
+        messages = self.notifs.get(remote_agent_name, [])
+        for i, msg in enumerate(messages):
+            if (msg.startswith(lookup_tag) if tag_is_prefix else lookup_tag in msg):
+                del messages[i]
+                return True
+        return False
+
+    def send_notif(self, remote_agent_name: str, notif_msg: bytes,
+                   backend: Optional[str] = None):
+        """Sends a message (up to 1 MiB) to an agent (this one too); returns
+        once it was acknowledged. Messages from one agent to another arrive
+        in order."""
+        if backend is None:
+            self.agent.genNotif(remote_agent_name, notif_msg)
+        else:
+            self.agent.genNotif(remote_agent_name, notif_msg, [self.backends[backend]])
+
+    # ---- metadata -------------------------------------------------------------------
+    def get_agent_metadata(self) -> bytes:
+        """This agent's name, how to reach it and every region registered so
+        far, as bytes to ship to peers (add_remote_agent)."""
+        return self.agent.getLocalMD()
+
+    def get_partial_agent_metadata(self, descs: nixlRegDList, inc_conn_info: bool = False,
+                                   backends: list[str] = []) -> bytes:
+        """Metadata that makes only the regions of `descs` visible to the
+        agent that loads it (loading more partial metadata adds regions)."""
+        return self.agent.getLocalPartialMD(descs, inc_conn_info, self._handles(backends))
+
+    def add_remote_agent(self, metadata: bytes) -> bytes:
+        """Loads a peer's metadata (no round trip); returns its agent name
+        (bytes, as NIXL). Loading it again makes regions it registered since
+        visible; a restarted peer's new metadata replaces the old."""
+        return self.agent.loadRemoteMD(metadata)
+
+    def remove_remote_agent(self, agent: str):
+        """Forgets a remote agent; its handles raise nixlNotFoundError later."""
+        self.agent.invalidateRemoteMD(agent)
+
+    def send_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
+        """Sends this agent's metadata to the listener at ip_addr:port, or
+        with no address to the central store (etcd: NIXL_ETCD_ENDPOINTS)."""
+        self.agent.sendLocalMD(ip_addr, port)
+
+    def send_partial_agent_metadata(self, descs: nixlRegDList, inc_conn_info: bool = False,
+                                    backends: list[str] = [], ip_addr: str = "",
+                                    port: int = DEFAULT_COMM_PORT, label: str = ""):
+        self.agent.sendLocalPartialMD(descs, inc_conn_info, self._handles(backends), ip_addr,
+                                      port, label)
+
+    def fetch_remote_metadata(self, remote_agent: str, ip_addr: str = "",
+                              port: int = DEFAULT_COMM_PORT, label: str = ""):
+        """Asks the listener at ip_addr:port (or etcd) for an agent's
+        metadata; it is loaded when it arrives (check_remote_metadata)."""
+        self.agent.fetchRemoteMD(remote_agent, ip_addr, port, label)
+
+    def invalidate_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
+        """Tells the listener at ip_addr:port (or etcd) to forget this agent."""
+        self.agent.invalidateLocalMD(ip_addr, port)
+
+    def check_remote_metadata(self, agent: str, descs: nixlXferDList = None) -> bool:
+        """True if the agent's metadata is loaded and it has not disconnected
+        since (and, with `descs`, the rows lie in what it made visible)."""
+        if descs is None:
+            descs = nixlBind.nixlXferDList(nixlBind.DRAM_SEG)
+        elif not isinstance(descs, nixlXferDList):
+            descs = self.get_xfer_descs(descs, "DRAM")
+            if descs is None:
+                return False
+        return self.agent.checkRemoteMD(agent, descs) == nixlBind.NIXL_SUCCESS
+
+    # ---- descriptor lists -----------------------------------------------------------
+    def _tensor_list(self, cls, descs, fn: str):
+        rows, kinds = [], set()
+        for t in descs:
+            row, kind = _tensor_row(t)
+            if row is None:
+                logger.error("%s: Please use a list of contiguous Tensors", fn)
+                return None
+            rows.append(row)
+            kinds.add(kind)
+        if len(kinds) != 1:
+            logger.error("%s: tensors on different devices: make one list per device", fn)
+            return None
+        kind = kinds.pop()
+        if kind not in ("DRAM", "VRAM"):
+            logger.error("%s: tensors on %s: only host (DRAM) and CUDA (VRAM) memory move",
+                         fn, kind)
+            return None
+        return cls(self.nixl_mems[kind], np.array(rows, dtype=np.uint64).reshape(-1, 3))
+
+    def _descs(self, cls, descs, mem_type, width: int, fn: str):
+        """What get_xfer_descs / get_reg_descs / get_remote_descs share: the
+        list, or None with an error logged (naming `fn`) on bad input."""
+        name = {nixlXferDList: "transfer", nixlRegDList: "registration"}.get(cls, "remote")
+        if isinstance(descs, np.ndarray):
+            columns = (3, 5) if cls is nixlXferDList else (3,)
+            if mem_type is None:
+                logger.error("%s: Please specify a mem type if not using Tensors", fn)
+                return None
+            if descs.ndim != 2 or descs.shape[1] not in columns:
+                logger.error("%s: Nx3%s shape required for a %s descriptor list from a numpy "
+                             "array, not %s", fn, " (or Nx5 strided)" if cls is nixlXferDList
+                             else "", name, descs.shape)
+                return None
+            mem = self.nixl_mems[mem_type]
+        elif _is_tensor(descs):
+            return self._tensor_list(cls, [descs], fn)
+        elif isinstance(descs, (list, tuple)) and descs and _is_tensor(descs[0]):
+            return self._tensor_list(cls, descs, fn)
+        elif isinstance(descs, (list, tuple)) and (not descs or isinstance(descs[0], tuple)):
+            if mem_type is None:
+                logger.error("%s: Please specify a mem type if not using Tensors", fn)
+                return None
+            if descs and len(descs[0]) != width:
+                logger.error("%s: %d-tuple list needed for a %s list", fn, width, name)
+                return None
+            mem, descs = self.nixl_mems[mem_type], list(descs)
+        else:
+            logger.error("%s: cannot make a %s descriptor list of a %s", fn, name,
+                         type(descs).__name__)
+            return None
+        try:
+            return cls(mem, descs)
+        except (TypeError, ValueError) as e:
+            logger.error("%s: %s", fn, e)
+            return None
+
+    def get_xfer_descs(self, descs, mem_type: Optional[str] = None, *,
+                       is_sorted: bool = False) -> nixlXferDList:
+        """A transfer list from (addr, len, dev) tuples or an (N, 3) integer
+        array with a mem_type, NIXL 1.5's strided (N, 5) array (addr, len,
+        dev, stride, count), a tensor or a list of tensors; a nixlXferDList
+        passes through. None (logged) on bad input; an unknown mem_type
+        raises KeyError."""
+        if isinstance(descs, nixlXferDList):
+            return descs
+        if isinstance(descs, nixlRegDList):
+            logger.error("get_xfer_descs: RegList type detected for transfer, please use XferList")
+            return None
+        return self._descs(nixlXferDList, descs, mem_type, 3, "get_xfer_descs")
+
+    def get_remote_descs(self, descs: Union[nixlRemoteDList, list[tuple]],
+                         mem_type: Optional[str] = None) -> nixlRemoteDList:
+        """A list of remote descriptors (addr, len, dev, agent_name) (for
+        prep_mem_view)."""
+        if isinstance(descs, nixlRemoteDList):
+            return descs
+        return self._descs(nixlRemoteDList, descs, mem_type, 4, "get_remote_descs")
+
+    def get_reg_descs(self, descs, mem_type: Optional[str] = None, *,
+                      is_sorted: bool = False) -> nixlRegDList:
+        """A registration list from (addr, len, dev, meta) tuples or an (N, 3)
+        integer array with a mem_type, a tensor or a list of tensors; a
+        nixlRegDList passes through. None (logged) on bad input."""
+        if isinstance(descs, nixlRegDList):
+            return descs
+        if isinstance(descs, nixlXferDList):
+            logger.error("get_reg_descs: XferList type detected for registration, please use RegList")
+            return None
+        return self._descs(nixlRegDList, descs, mem_type, 4, "get_reg_descs")
+
+    def get_serialized_descs(self, descs) -> bytes:
+        return pickle.dumps(descs)
+
+    def deserialize_descs(self, serialized_descs: bytes):
+        return pickle.loads(serialized_descs)
+
+    # ---- Ferry extensions ---------------------------------------------------------------
     def close(self) -> None:
-        """Shuts the agent's engine down (in-flight transfers are cancelled).
-        Not in upstream NIXL, which tears down when the agent is collected;
-        that happens here too."""
-        self._engine.close()
+        """Shuts the agent down now (listener stopped, transfers in flight
+        cancelled). Not in upstream NIXL, where this happens when the agent
+        is collected; that happens here too."""
+        self.agent.close()
 
     def __repr__(self):
-        return f"<nixl_agent {self.name} {self._engine.peer_id}>"
+        return f"<nixl_agent {self.name} {self.agent.engine.peer_id}>"
 
 
-class _Backend:
-    """What ``agent.backends[name]`` holds: an opaque backend record."""
+# Earlier names of this drop-in's handle classes.
+nixlPrepDlistHandle = nixl_prepped_dlist_handle
+nixlXferHandle = nixl_xfer_handle
 
-    __slots__ = ("name", "params")
-
-    def __init__(self, name: str, params: dict):
-        self.name = name
-        self.params = params
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __repr__(self):
-        return f"<nixl backend {self.name} (Ferry transport auto)>"
-
-
-__all__ = ["nixlBind", "nixl_agent", "nixl_agent_config", "nixlPrepDlistHandle", "nixlRegDList",
-           "nixlXferDList", "nixlXferHandle"]
+__all__ = ["DEFAULT_COMM_PORT", "nixlBind", "nixl_agent", "nixl_agent_config",
+           "nixl_backend_handle", "nixl_prepped_dlist_handle", "nixl_thread_sync_t",
+           "nixl_xfer_handle", "nixlRegDList", "nixlXferDList", "nixlRemoteDList"]

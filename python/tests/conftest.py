@@ -225,3 +225,17 @@ def fake_cuda():
         yield cuda
     finally:
         cuda.close()
+
+
+@pytest.fixture
+def nixl_caplog(caplog):
+    """caplog that also sees the ``nixl`` logger, which (as upstream NIXL
+    configures it) writes to stdout and does not propagate to the root."""
+    import logging
+
+    nixl_logger = logging.getLogger("nixl")
+    nixl_logger.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        nixl_logger.removeHandler(caplog.handler)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -27,6 +28,9 @@ import traceback
 import numpy as np
 
 from peer import pattern
+
+# stdout carries this peer's JSON replies: keep NIXL's INFO lines (stdout) off it.
+os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 
 
 class Agent:

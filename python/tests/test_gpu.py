@@ -19,6 +19,7 @@ import ferry
 from fakecuda import FakeCudaTensor
 from peer import pattern
 
+import nixl._bindings as nixlBind
 from nixl._api import nixl_agent, nixl_agent_config
 from nixl._bindings import NIXL_INIT_AGENT, nixlBackendError, nixlInvalidParamError
 
@@ -141,15 +142,15 @@ def test_nixl_vram_reports_and_tensor_rows(fake_cuda, device_memory):
         ptr = device_memory(2 * BLOCK)
         tensors = [FakeCudaTensor(ptr, BLOCK), FakeCudaTensor(ptr + BLOCK, BLOCK)]
         reg = a.get_reg_descs(tensors)
-        assert reg.mem_type == "VRAM"
-        assert reg.rows.tolist() == [[ptr, BLOCK, 0], [ptr + BLOCK, BLOCK, 0]]
-        for alias in ("VRAM", "cuda", "GPU"):
-            assert a.get_xfer_descs([(ptr, 16, 0)], alias).mem_type == "VRAM"
-        assert a.get_xfer_descs(FakeCudaTensor(ptr, BLOCK, device=1)).rows.tolist() == [
-            [ptr, BLOCK, 1]]
+        assert reg.getType() == nixlBind.VRAM_SEG
+        assert [reg[i][:3] for i in range(reg.descCount())] == [(ptr, BLOCK, 0),
+                                                               (ptr + BLOCK, BLOCK, 0)]
+        for alias in ("VRAM", "cuda"):
+            assert a.get_xfer_descs([(ptr, 16, 0)], alias).getType() == nixlBind.VRAM_SEG
+        assert a.get_xfer_descs(FakeCudaTensor(ptr, BLOCK, device=1))[0] == (ptr, BLOCK, 1)
         host = np.zeros(BLOCK, np.uint8)
-        with pytest.raises(nixlInvalidParamError, match="one list per memory type"):
-            a._reg_descs([FakeCudaTensor(ptr, BLOCK), _HostTensor(host)], None)
+        # host and device tensors in one list: None (logged), as NIXL
+        assert a.get_reg_descs([FakeCudaTensor(ptr, BLOCK), _HostTensor(host)]) is None
         a.register_memory(reg)
         a.deregister_memory(reg)
         # Host memory registered as VRAM: refused, nothing registered.
@@ -373,7 +374,7 @@ def test_nixl_vram_of_a_peer_process_over_cuda_ipc(spawn, fake_cuda):
         notes = peer.request("notifs", count=1)["notes"]
         assert [m["text"] for m in notes["vram-ipc-local"]] == ["vram-ipc-done"]
         routes = {(r["transport"], r["opcode"]): r["bytes_completed"]
-                  for r in a._engine.metrics()["routes"]}
+                  for r in a.agent.engine.metrics()["routes"]}
         assert routes.get(("cuda_ipc", "read")) == layers * size
         assert routes.get(("cuda_ipc", "write")) == layers * size
         for handle in (h, h2):

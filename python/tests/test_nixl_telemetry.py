@@ -122,7 +122,8 @@ def test_unsigned_refused(text, reason):
         parse_unsigned("V", text)
 
 
-def test_enabled_metrics_globs(caplog):
+def test_enabled_metrics_globs(nixl_caplog):
+    caplog = nixl_caplog
     assert parse_enabled_metrics(None) == frozenset(EventType)
     assert parse_enabled_metrics(" , ") == frozenset(EventType)
     assert parse_enabled_metrics("agent_tx_bytes") == {T.AGENT_TX_BYTES}
