@@ -7,10 +7,12 @@
 # test/python/test_*.py (conftest's --backend default, UCX), prep_xfer_perf.py list|array,
 # partial_md_example.py (socket ports, then --etcd), query_mem_example.py, and the two-peer
 # examples basic_two_peers.py / expanded_two_peers.py (target first, the initiator once the
-# target logged "MD listener is listening on port N").
+# target logged "MD listener is listening on port N"; on torch < 2.0 with the one-line shim
+# described at nixl_two_peers), then telemetry_reader.py over the expanded example's file.
 # Mooncake 0.3.12.post1 (3b5a5941) the way scripts/run_tests.sh runs them:
 # mooncake-wheel/tests/transfer_engine_target.py, then transfer_engine_initiator_test.py,
-# with an HTTP metadata server (here `ferry metadata-server`) and MC_FORCE_TCP=true. Their
+# with MC_FORCE_TCP=true, over each metadata kind: an HTTP server (here `ferry metadata-server`),
+# etcd, and P2P handshakes (MC_METADATA_SERVER=P2PHANDSHAKE). Their
 # `from mooncake.engine import TransferEngine` resolves to Ferry through a launcher that
 # calls ferry.mooncake.install() and then runs the unchanged file.
 #
@@ -102,12 +104,36 @@ mkdir -p "$LOGS"
 echo "Ferry: $PYDIR ($("$PY" -c 'import ferry; print(ferry.__file__)' 2>&1))"
 
 # ---- NIXL -------------------------------------------------------------------------------
+# The two-peer examples call torch.set_default_device("cpu"), which torch < 2.0 lacks (Debian
+# 12 ships 1.13). "cpu" is the default device there already, so for those two runs only a
+# sitecustomize adds the function for "cpu" (any other device raises): the examples run
+# unchanged, and their PASS lines say that the shim was used.
+TWO_PEER_PATH=$PYDIR
+TWO_PEER_NOTE=""
+if ! "$PY" -c 'import sys, torch; sys.exit(0 if hasattr(torch, "set_default_device") else 1)' \
+    2>/dev/null; then
+  mkdir -p "$TMP/torch-shim"
+  cat >"$TMP/torch-shim/sitecustomize.py" <<'SHIM'
+import torch
+
+if not hasattr(torch, "set_default_device"):
+    def set_default_device(device):
+        if str(device) != "cpu":
+            raise RuntimeError(f"torch {torch.__version__} cannot make {device} the default")
+
+    torch.set_default_device = set_default_device
+SHIM
+  TWO_PEER_PATH=$TMP/torch-shim:$PYDIR
+  TWO_PEER_NOTE=" (torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null): set_default_device('cpu') shimmed)"
+fi
+
 nixl_two_peers() {  # NAME SCRIPT [ENV=VAL ...]: target on port 0, then the initiator
-  local name=$1 script=$2 dir=$TMP/nixl/examples/python
+  local name=$1$TWO_PEER_NOTE script=$2 dir=$TMP/nixl/examples/python
   shift 2
-  local tlog=$LOGS/$name.target.log
-  (cd "$dir" && NIXL_LOG_LEVEL=INFO exec timeout -k 5 "$LIMIT" "$PY" "$script" \
-    --mode=target --ip=127.0.0.1 --port=0) >"$tlog" 2>&1 &
+  local tlog
+  tlog=$LOGS/${script%.py}.target.log
+  (cd "$dir" && PYTHONPATH=$TWO_PEER_PATH NIXL_LOG_LEVEL=INFO exec timeout -k 5 "$LIMIT" \
+    "$PY" "$script" --mode=target --ip=127.0.0.1 --port=0) >"$tlog" 2>&1 &
   local tpid=$!
   PIDS+=("$tpid")
   wait_for "$tlog" "MD listener is listening on port" "$tpid" 30
@@ -118,7 +144,7 @@ nixl_two_peers() {  # NAME SCRIPT [ENV=VAL ...]: target on port 0, then the init
   esac
   local port
   port=$(awk '/MD listener is listening on port/ { print $NF; exit }' "$tlog")
-  run "$name" "$LOGS/$name.initiator.log" "$dir" env "$@" "$PY" "$script" \
+  run "$name" "$LOGS/${script%.py}.initiator.log" "$dir" env PYTHONPATH="$TWO_PEER_PATH" "$@" "$PY" "$script" \
     --mode=initiator --ip=127.0.0.1 --port="$port"
   if ! timeout 30 tail --pid="$tpid" -f /dev/null; then
     kill "$tpid" 2>/dev/null
@@ -127,6 +153,32 @@ nixl_two_peers() {  # NAME SCRIPT [ENV=VAL ...]: target on port 0, then the init
     wait "$tpid"
     local trc=$?
     [ $trc -eq 0 ] || result FAIL "$name (target)" "target exit $trc: $(last_lines "$tlog")"
+  fi
+}
+
+# NIXL's telemetry_reader.py over the file the expanded example's initiator wrote: upstream's
+# CI starts it and interrupts it after 15 s; here it passes when it printed the events of that
+# run (transfer bytes and times) before the interrupt.
+telemetry_reader() {  # FILE
+  local name="nixl telemetry_reader.py" log=$LOGS/telemetry_reader.log
+  [ -f "$1" ] || { result FAIL "$name" "no telemetry file $1 (expanded_two_peers.py wrote none)"; return; }
+  (cd "$TMP/nixl/examples/python" && exec timeout -k 5 "$LIMIT" "$PY" telemetry_reader.py \
+    --telemetry_path "$1") >"$log" 2>&1 &
+  local pid=$!
+  PIDS+=("$pid")
+  wait_for "$log" "agent_xfer_time" "$pid" 15
+  local found=$?
+  kill -INT "$pid" 2>/dev/null
+  wait "$pid"
+  local rc=$?
+  if [ $found -ne 0 ]; then
+    result FAIL "$name" "no agent_xfer_time event read within 15 s: $(last_lines "$log")"
+  elif ! grep -q "agent_tx_bytes" "$log"; then
+    result FAIL "$name" "read transfer times but no agent_tx_bytes event"
+  elif [ $rc -ne 0 ] && [ $rc -ne 130 ]; then
+    result FAIL "$name" "exit $rc after the interrupt: $(last_lines "$log")"
+  else
+    result PASS "$name" "$(grep -c 'Event: ' "$log") events read"
   fi
 }
 
@@ -194,7 +246,7 @@ else
   mkdir -p "$TMP/telemetry"
   nixl_two_peers "nixl expanded_two_peers.py" expanded_two_peers.py \
     NIXL_TELEMETRY_ENABLE=y NIXL_TELEMETRY_DIR="$TMP/telemetry"
-  result SKIP "nixl telemetry_reader.py" "reads NIXL's telemetry files; upstream's CI only starts it and kills it after 15 s"
+  telemetry_reader "$TMP/telemetry/initiator"
 fi
 
 # ---- Mooncake ----------------------------------------------------------------------------
@@ -216,32 +268,51 @@ ferry.mooncake.install()
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 EOF
-  mlog=$LOGS/metadata-server.log
-  (exec timeout -k 5 "$LIMIT" "$FERRY_BIN" metadata-server --port 0) >"$mlog" 2>&1 &
-  mpid=$!
-  PIDS+=("$mpid")
-  if ! wait_for "$mlog" "metadata-server listening on" "$mpid" 30; then
-    result FAIL "mooncake transfer_engine target + initiator" "ferry metadata-server did not start: $(last_lines "$mlog")"
-  else
-    maddr=$(awk '/metadata-server listening on/ { print $NF; exit }' "$mlog")
-    export MC_METADATA_SERVER=http://$maddr/metadata MC_FORCE_TCP=true
-    export TARGET_SERVER_NAME=127.0.0.1:$(free_port) INITIATOR_SERVER_NAME=127.0.0.1:$(free_port)
-    tlog=$LOGS/transfer_engine_target.log
-    (cd "$dir" && exec timeout -k 5 "$LIMIT" "$PY" "$TMP/with_ferry_mooncake.py" \
-      transfer_engine_target.py) >"$tlog" 2>&1 &
-    tpid=$!
+  # mooncake_pair MODE: the target, then the initiator once the target is ready (as upstream's
+  # scripts/run_tests.sh), with the metadata of MODE in MC_METADATA_SERVER.
+  mooncake_pair() {
+    local mode=$1 name="mooncake transfer_engine_initiator_test.py ($1 metadata)" tport
+    tport=$(free_port)
+    export MC_FORCE_TCP=true TARGET_SERVER_NAME=127.0.0.1:$tport
+    export INITIATOR_SERVER_NAME=127.0.0.1:$(free_port)
+    case $mode in
+      http) export MC_METADATA_SERVER=http://$MADDR/metadata ;;
+      etcd) export MC_METADATA_SERVER=127.0.0.1:$ETCD_PORT ;;
+      p2p) export MC_METADATA_SERVER=P2PHANDSHAKE ;;
+    esac
+    local tlog=$LOGS/transfer_engine_target.$mode.log
+    (cd "$dir" && MC_HANDSHAKE_PORT=$tport exec timeout -k 5 "$LIMIT" "$PY" \
+      "$TMP/with_ferry_mooncake.py" transfer_engine_target.py) >"$tlog" 2>&1 &
+    local tpid=$!
     PIDS+=("$tpid")
     if wait_for "$tlog" "Target server ready at" "$tpid" 60; then
-      run "mooncake transfer_engine_initiator_test.py (target: transfer_engine_target.py)" \
-        "$LOGS/transfer_engine_initiator_test.log" "$dir" \
-        "$PY" "$TMP/with_ferry_mooncake.py" transfer_engine_initiator_test.py
-      summary=$(grep -E '^(Ran [0-9]+ tests|OK|FAILED)' "$LOGS/transfer_engine_initiator_test.log" | tr '\n' ' ')
+      local ilog=$LOGS/transfer_engine_initiator_test.$mode.log
+      run "$name" "$ilog" "$dir" "$PY" "$TMP/with_ferry_mooncake.py" \
+        transfer_engine_initiator_test.py
+      local summary
+      summary=$(grep -E '^(Ran [0-9]+ tests|OK|FAILED)' "$ilog" | tr '\n' ' ')
       [ -n "$summary" ] && echo "       unittest: $summary"
     else
-      result FAIL "mooncake transfer_engine_target.py" "target did not print 'Target server ready at': $(last_lines "$tlog")"
+      result FAIL "$name" "target did not print 'Target server ready at': $(last_lines "$tlog")"
     fi
     kill "$tpid" 2>/dev/null  # the target serves until killed (`while True: pass`)
+  }
+
+  mlog=$LOGS/metadata-server.log
+  (exec timeout -k 5 "$LIMIT" "$FERRY_BIN" metadata-server --port 0) >"$mlog" 2>&1 &
+  PIDS+=("$!")
+  if wait_for "$mlog" "metadata-server listening on" "$!" 30; then
+    MADDR=$(awk '/metadata-server listening on/ { print $NF; exit }' "$mlog")
+    mooncake_pair http
+  else
+    result FAIL "mooncake (http metadata)" "ferry metadata-server did not start: $(last_lines "$mlog")"
   fi
+  if [ -n "${ETCD_PORT:-}" ]; then
+    mooncake_pair etcd
+  else
+    result SKIP "mooncake (etcd metadata)" "no etcd came up"
+  fi
+  mooncake_pair p2p
 fi
 
 echo "upstream tests: $PASS passed, $FAIL failed, $SKIP skipped (logs in $LOGS)"

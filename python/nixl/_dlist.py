@@ -292,8 +292,11 @@ class nixlRegDList(_DList):
                 return int(i)
         raise nixlNotFoundError(f"descriptor {desc!r} is not in the list")
 
-    def trim(self) -> None:
-        """Releases spare capacity (numpy rows have none: nothing to do)."""
+    def trim(self) -> "nixlXferDList":
+        """The same rows without their meta info, as a transfer list."""
+        out = nixlXferDList(self._type)
+        out._rows = self._rows
+        return out
 
     def metas(self) -> list:
         """Each row's meta info (bytes)."""
