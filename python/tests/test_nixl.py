@@ -406,6 +406,36 @@ def test_bad_descriptors_give_none_with_a_logged_error(agents, nixl_caplog):
     a.deregister_memory(reg)
 
 
+def test_damaged_metadata_is_refused_cleanly(agents):
+    """Every truncation and 2,000 random byte flips of real metadata (full and partial):
+    either it loads (a flip in a field nobody checks) or a NIXL error says why; nothing else."""
+    a, b = agents("md-a"), agents("md-b")
+    buf = np.zeros(8192, np.uint8)
+    reg = b.register_memory([(buf.ctypes.data, 4096, 0, ""),
+                             (buf.ctypes.data + 4096, 4096, 0, "")], "DRAM")
+    full = b.get_agent_metadata()
+    part = b.get_partial_agent_metadata(b.get_reg_descs([(buf.ctypes.data, 4096, 0, "")], "DRAM"))
+    assert a.add_remote_agent(part) == b"md-b"
+    assert a.check_remote_metadata("md-b", [(buf.ctypes.data, 64, 0)])
+    assert not a.check_remote_metadata("md-b", [(buf.ctypes.data + 4096, 64, 0)])  # not listed
+    assert a.add_remote_agent(full) == b"md-b"
+    assert a.check_remote_metadata("md-b", [(buf.ctypes.data + 4096, 64, 0)])  # now visible
+    rng = np.random.default_rng(28)
+    cases = [m[:n] for m in (full, part) for n in range(len(m))]
+    for _ in range(2000):
+        m = bytearray(full if rng.integers(2) else part)
+        m[int(rng.integers(len(m)))] = int(rng.integers(256))
+        cases.append(bytes(m))
+    for m in cases:
+        c = agents("md-c")
+        try:
+            c.add_remote_agent(m)
+        except nixlBind.nixlError:
+            pass
+        c.close()
+    b.deregister_memory(reg)
+
+
 def test_invalid_params_not_found_and_telemetry_off(spawn, agents):
     prefill = start_peer(spawn, "prefill-bad", seed=5)
     a = agents("decode-bad")  # no capture_telemetry
