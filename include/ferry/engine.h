@@ -113,6 +113,15 @@ class Engine {
   // State of the index-th request submitted to the batch.
   StatusOr<TransferStatus> GetTransferStatus(BatchId batch, size_t index) const;
   StatusOr<BatchStatus> GetBatchStatus(BatchId batch) const;
+  // GetBatchStatus for callers that poll in a loop. When it is called again
+  // within 4 x `wait` of its previous return while requests are pending (a
+  // caller spinning on it), it first waits one step: within wait_spin of the
+  // batch becoming busy it yields the core once (as WaitBatch spins then);
+  // later it blocks, without spinning, until they finished or `wait` passed,
+  // so the spinning caller leaves the core to the engine's threads that move
+  // the data. Otherwise (nothing pending, a caller that checks now and then)
+  // it reports at once. `wait` 0: GetBatchStatus.
+  StatusOr<BatchStatus> PollBatch(BatchId batch, std::chrono::microseconds wait) const;
   // Waits until every submitted request finished or the timeout passed.
   // OK: all completed; the first failure's status if any failed;
   // kDeadlineExceeded if requests are still pending at the timeout.
@@ -179,6 +188,9 @@ class Engine {
   // this reports kFailed, none of its bytes land locally any more.
   // kFailedPrecondition: never posted.
   StatusOr<TransferStatus> GetTransferStatus(TransferHandle transfer);
+  // GetTransferStatus for callers that poll in a loop; waits like PollBatch
+  // for its data (while only its notification is on its way: one yield).
+  StatusOr<TransferStatus> PollTransfer(TransferHandle transfer, std::chrono::microseconds wait);
   // Waits until the transfer finished or the timeout passed; like WaitBatch.
   Status WaitTransfer(TransferHandle transfer, std::chrono::milliseconds timeout);
   // Of the last post; kFailedPrecondition if never posted.

@@ -216,6 +216,13 @@ class Batch:
         return self._size
 
     def status(self) -> BatchStatus:
+        """The batch's state and counts. May be polled in a tight loop: a call
+        made right after the previous one while requests are pending first
+        waits a moment for them (GIL released; it yields the core at first,
+        then blocks up to 50 microseconds, returning as soon as they finish),
+        so a caller spinning on it does not starve the engine's threads of the
+        CPU. A finished batch, or a call that is not part of a tight loop, is
+        reported at once."""
         state, submitted, completed, failed, first_error = self._engine._native.batch_status(self.id)
         return BatchStatus(TransferState(state), submitted, completed, failed, first_error)
 
@@ -363,7 +370,8 @@ class Transfer:
     def status(self) -> tuple:
         """(TransferState, error or None) of the current post; a failed
         transfer was cancelled first, so none of its bytes land locally any
-        more. FailedPrecondition if never posted."""
+        more. FailedPrecondition if never posted. Polled in a loop, it waits
+        a moment while the transfer is in flight, like :meth:`Batch.status`."""
         state, error = self._engine._native.transfer_state(self.handle)
         return TransferState(state), error
 

@@ -82,6 +82,15 @@ std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(std::min(seconds, 1e9) * 1e3)));
 }
 
+// How long a status call (batch_status, transfer_state) made in a tight loop
+// waits for work in progress before it reports it pending (Engine::PollBatch;
+// a call that is not part of a tight loop reports at once). Callers spin on
+// those (NIXL's check_xfer_state, Mooncake's transfer_check_status), and a
+// loop that never leaves the core starves the engine's own threads of it on
+// a small machine. The wait ends as soon as the work finished; it is short so
+// that a caller polling several transfers in turn still gets round quickly.
+constexpr std::chrono::microseconds kPollWait{50};
+
 double Seconds(std::chrono::microseconds d) { return static_cast<double>(d.count()) / 1e6; }
 
 py::dict CapabilitiesDict(const ferry::Capabilities& c) {
@@ -619,9 +628,12 @@ class NativeEngine {
   }
 
   // (state, submitted, completed, failed, first error or None)
-  py::tuple BatchStatus(uint64_t batch) {
-    ferry::BatchStatus s =
-        Unwrap(Run([&](ferry::Engine& e) { return e.GetBatchStatus(ferry::BatchId{batch}); }));
+  // wait_us: how long to wait for pending requests first (Engine::PollBatch).
+  py::tuple BatchStatus(uint64_t batch, int64_t wait_us) {
+    ferry::BatchStatus s = Unwrap(Run([&](ferry::Engine& e) {
+      return e.PollBatch(ferry::BatchId{batch},
+                         std::chrono::microseconds(std::max<int64_t>(0, wait_us)));
+    }));
     return py::make_tuple(static_cast<int>(s.state), s.submitted, s.completed, s.failed,
                           ErrorOrNone(s.first_error));
   }
@@ -749,10 +761,12 @@ class NativeEngine {
     }));
   }
 
-  // (state, error or None)
-  py::tuple TransferState(uint64_t transfer) {
-    ferry::TransferStatus s = Unwrap(Run(
-        [&](ferry::Engine& e) { return e.GetTransferStatus(ferry::TransferHandle{transfer}); }));
+  // (state, error or None); wait_us as for BatchStatus (Engine::PollTransfer).
+  py::tuple TransferState(uint64_t transfer, int64_t wait_us) {
+    ferry::TransferStatus s = Unwrap(Run([&](ferry::Engine& e) {
+      return e.PollTransfer(ferry::TransferHandle{transfer},
+                            std::chrono::microseconds(std::max<int64_t>(0, wait_us)));
+    }));
     return py::make_tuple(static_cast<int>(s.state), ErrorOrNone(s.status));
   }
 
@@ -1064,7 +1078,8 @@ PYBIND11_MODULE(_ferry, m) {
       .def("query_segment", &NativeEngine::QuerySegment)
       .def("allocate_batch", &NativeEngine::AllocateBatch)
       .def("submit", &NativeEngine::Submit)
-      .def("batch_status", &NativeEngine::BatchStatus)
+      .def("batch_status", &NativeEngine::BatchStatus, py::arg("batch"),
+           py::arg("wait_us") = kPollWait.count())
       .def("transfer_statuses", &NativeEngine::TransferStatuses)
       .def("wait_batch", &NativeEngine::WaitBatch)
       .def("free_batch", &NativeEngine::FreeBatch)
@@ -1080,7 +1095,8 @@ PYBIND11_MODULE(_ferry, m) {
            py::arg("notification") = py::none())
       .def("post_transfer", &NativeEngine::PostTransfer, py::arg("transfer"),
            py::arg("notification") = py::none())
-      .def("transfer_state", &NativeEngine::TransferState)
+      .def("transfer_state", &NativeEngine::TransferState, py::arg("transfer"),
+           py::arg("wait_us") = kPollWait.count())
       .def("wait_transfer", &NativeEngine::WaitTransfer)
       .def("transfer_telemetry", &NativeEngine::TransferTelemetry)
       .def("cancel_transfer", &NativeEngine::CancelTransfer)

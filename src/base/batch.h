@@ -169,6 +169,15 @@ class BatchState {
   // deadline passes; spins for up to `spin` first (cheap when completion is
   // imminent). True when nothing is pending any more (whatever the outcome).
   bool WaitIdle(std::chrono::steady_clock::time_point deadline, std::chrono::microseconds spin);
+  // One step of a caller polling the batch. Nothing pending: true at once.
+  // A poll more than 4 x `wait` after the previous one returned (a caller
+  // that checks now and then, or the first poll) reports at once too. A
+  // caller polling in a tight loop waits a step instead, so that it leaves
+  // the core to the threads that move the data: within `spin` of the batch
+  // becoming busy it yields the core once (completion may be imminent, as in
+  // WaitIdle's spin); later it blocks, without spinning, until nothing is
+  // pending or `wait` passed. True when nothing is pending any more.
+  bool PollIdle(std::chrono::microseconds wait, std::chrono::microseconds spin);
 
  private:
   // One request's state. 8 bytes: batches of 100,000s of requests are
@@ -198,6 +207,7 @@ class BatchState {
   size_t route_count_ = 0;  // guarded by mu_
   std::function<void()> on_idle_;
   std::atomic<int64_t> busy_since_ns_{0};
+  std::atomic<int64_t> last_poll_ns_{0};  // when the last PollIdle returned
   std::atomic<bool> cancelled_{false};
   std::atomic<uint32_t> landing_{0};
   std::atomic<uint32_t> completing_{0};  // Completers alive

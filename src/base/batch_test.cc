@@ -74,6 +74,23 @@ TEST(Batch, WaitIdleTimesOutThenWakesOnCompletion) {
   t.join();
 }
 
+TEST(Batch, PollIdleReportsPendingThenWakesOnCompletion) {
+  BatchState b(1);
+  EXPECT_TRUE(b.PollIdle(std::chrono::seconds(60), {}));  // nothing pending: at once
+  ASSERT_TRUE(b.Reserve(1).ok());
+  b.Begin(0, 1);
+  // The first poll reports at once; the next ones (a tight loop), within the
+  // spin (an hour), yield once and report pending.
+  EXPECT_FALSE(b.PollIdle(std::chrono::seconds(60), std::chrono::hours(1)));
+  EXPECT_FALSE(b.PollIdle(std::chrono::seconds(60), std::chrono::hours(1)));
+  // Past the spin it waits (here 1 ms) and still reports pending.
+  EXPECT_FALSE(b.PollIdle(std::chrono::milliseconds(1), {}));
+  std::thread t([&] { b.CompleteSlice(0, OkStatus()); });
+  EXPECT_TRUE(b.PollIdle(std::chrono::seconds(60), {}));  // woken by the completion
+  t.join();
+  EXPECT_TRUE(b.PollIdle(std::chrono::seconds(60), {}));
+}
+
 TEST(Batch, SettlesOnlyWhenEveryRequestIsFinal) {
   BatchState b(2);
   ASSERT_TRUE(b.Reserve(2).ok());

@@ -226,7 +226,8 @@ constexpr Row kRows[] = {
     Integer<&EngineOptions::wait_spin>(
         "wait_spin", "FERRY_WAIT_SPIN_US", kEngine, "us", 0, kSecondUs,
         "how long a caller waiting for its transfers (WaitBatch, TransferSync) spins before it "
-        "blocks"),
+        "blocks; a caller polling them (PollBatch, PollTransfer: the Python status calls) yields "
+        "instead of blocking for as long after they began"),
 };
 constexpr size_t kRowCount = std::size(kRows);
 

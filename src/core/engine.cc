@@ -320,6 +320,12 @@ StatusOr<BatchStatus> Engine::GetBatchStatus(BatchId id) const {
   return batch->Summary();
 }
 
+StatusOr<BatchStatus> Engine::PollBatch(BatchId id, std::chrono::microseconds wait) const {
+  FERRY_ASSIGN_OR_RETURN(auto batch, impl_->GetBatch(id));
+  if (wait.count() > 0) (void)batch->PollIdle(wait, impl_->options().wait_spin);
+  return batch->Summary();
+}
+
 Status Engine::WaitBatch(BatchId id, std::chrono::milliseconds timeout) {
   FERRY_ASSIGN_OR_RETURN(auto batch, impl_->GetBatch(id));
   if (!batch->WaitIdle(Clock::now() + timeout, impl_->options().wait_spin)) {

@@ -3,6 +3,7 @@
 // telemetry. The data path is Submit's (SliceAndPost, poster.h) minus the
 // per-request checks, which were done when the lists were prepared.
 #include <algorithm>
+#include <thread>
 
 #include "core/engine_impl.h"
 #include "core/poster.h"
@@ -226,6 +227,24 @@ StatusOr<TransferStatus> Engine::GetTransferStatus(TransferHandle h) {
         notified.WithPrefix(TransferName(h) + ": the data arrived but its notification did not")};
   }
   return TransferStatus{TransferState::kCompleted, OkStatus()};
+}
+
+StatusOr<TransferStatus> Engine::PollTransfer(TransferHandle h, std::chrono::microseconds wait) {
+  if (wait.count() > 0) {
+    std::shared_ptr<PostState> p;
+    {
+      FERRY_ASSIGN_OR_RETURN(auto t, impl_->GetTransfer(h));
+      std::lock_guard<std::mutex> lock(t->mu());
+      if (!t->current()) return FailedPreconditionError(TransferName(h) + " was never posted");
+      p = t->current();
+    }
+    // While only its notification is on its way (a short round trip) it
+    // yields the core once instead.
+    if (p->batch()->PollIdle(wait, impl_->options().wait_spin) && !p->finished()) {
+      std::this_thread::yield();
+    }
+  }
+  return GetTransferStatus(h);
 }
 
 Status Engine::WaitTransfer(TransferHandle h, std::chrono::milliseconds timeout) {
