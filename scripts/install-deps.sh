@@ -11,6 +11,7 @@ PACKAGES=(
   etcd-server etcd-client redis-server
   python3 python3-dev pybind11-dev python3-pytest python3-numpy
   python3-torch python3-matplotlib python3-pytest-timeout
+  python3-pip python3-setuptools python3-wheel python3-venv
   iproute2 procps
   clang clang-format libclang-rt-14-dev iperf3 nftables
   ccache stress-ng
