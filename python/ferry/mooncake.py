@@ -99,7 +99,7 @@ from ._pool import ManagedPool
 log = logging.getLogger("ferry.mooncake")
 
 #: The Mooncake release whose Python surface this module reproduces.
-MOONCAKE_VERSION = "0.3.12"
+MOONCAKE_VERSION = "0.3.12.post1"
 
 # ---- mooncake.engine's build flags, answered for Ferry's build --------------------
 # In Mooncake each is a compile-time switch (USE_CUDA, USE_EFA, ...); Mooncake's

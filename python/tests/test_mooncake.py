@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib.metadata
+import importlib.util
 import inspect
 import json
 import logging
@@ -58,6 +59,7 @@ def target(spawn):
 # ---- Import and surface ---------------------------------------------------------------
 def test_install_makes_mooncake_engine_importable():
     assert "mooncake" not in sys.modules
+    on_disk = importlib.util.find_spec("mooncake") is not None  # the pip-installed package
     try:
         module = mc.install()
         from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode
@@ -80,8 +82,9 @@ def test_install_makes_mooncake_engine_importable():
     finally:
         mc.uninstall()
     assert "mooncake" not in sys.modules
-    with pytest.raises(ImportError):
-        import mooncake.engine  # noqa: F401
+    if not on_disk:  # uninstall() took away the only mooncake there was
+        with pytest.raises(ImportError):
+            import mooncake.engine  # noqa: F401
 
 
 # name -> parameters (with defaults) as the Mooncake reference lists them

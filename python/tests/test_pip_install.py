@@ -40,9 +40,8 @@ PIP_TIMEOUT = 600  # seconds; a no-op build of ferry_python plus three wheels
 SUITE_TIMEOUT = 600
 # The suites that must pass against the installed packages.
 SUITES = ["test_nixl.py", "test_mooncake.py", "test_api_manifest.py"]
-# Asserts that `import mooncake.engine` fails once install() is undone: true only
-# where no mooncake distribution is installed, and here one is (on purpose).
-DESELECTED = ["test_mooncake.py::test_install_makes_mooncake_engine_importable"]
+# (test_mooncake.py's install/uninstall case knows when a mooncake package is on disk.)
+DESELECTED: list = []
 
 
 def _source_version(path: Path, pattern: str) -> str:
