@@ -201,6 +201,52 @@ class Engine {
   // Cancels it if it is in flight and forgets it.
   Status ReleaseTransfer(TransferHandle transfer);
 
+  // ---- Event loops ---------------------------------------------------------
+  // A file descriptor that becomes readable when a batch or a prepared
+  // transfer of this engine finishes, so an event loop (epoll, libuv,
+  // asyncio's add_reader) waits for transfers without a thread per wait and
+  // without polling in a loop. "Finishes": a batch's last pending request
+  // completed, failed or was cancelled (its GetBatchStatus is no longer
+  // kPending); a prepared transfer's post ended, its notification included
+  // (GetTransferStatus no longer kPending).
+  //
+  // What it is: an eventfd (EFD_NONBLOCK | EFD_CLOEXEC) created with the
+  // engine. Each finish adds 1 to its counter (one write(2), on the thread
+  // that finished it); it is readable while the counter is not 0, so it is
+  // level-triggered for poll/select/epoll (with EPOLLET each finish is an
+  // edge). A read of 8 bytes returns the count since the last read and
+  // resets it to 0; several finishes may so give one wake-up, and a finish
+  // of something nobody waits for gives a wake-up too. It says THAT
+  // something finished, not what: the waiter checks the statuses.
+  //
+  // The waiting protocol, which never loses a finish:
+  //   fd = CompletionFd();            // once, before submitting or posting
+  //   submit / post ...;
+  //   for (;;) {
+  //     read(fd, &count, 8);          // reset (EAGAIN: it was 0; fine)
+  //     check the status of each batch / transfer waited for;
+  //     if all finished: break;
+  //     wait until fd is readable;    // poll, epoll_wait, add_reader...
+  //   }
+  // The read comes before the check: a finish after the check writes after
+  // the read, so the fd is readable when the wait begins. One reader per fd:
+  // a read consumes every waiter's wake-up, so several waiters share one
+  // reader that checks all of them (as ferry.aio does: one per event loop).
+  //
+  // Arming and cost: until the first call the engine writes nothing (a
+  // finish costs one memory fence). From the first call on, each batch or
+  // post that finishes after the call returned writes once: one write(2)
+  // per batch, not per request. Call it before submitting what you will
+  // wait for; a batch that finished before the call shows as finished at
+  // the first check of the protocol.
+  // Lifetime: the engine owns the descriptor; callers must not close it.
+  // The engine's destructor writes once more (a waiter wakes and learns the
+  // engine is gone from its own bookkeeping) and closes it: remove it from
+  // the event loop before destroying the engine, or wait on a dup() of it
+  // (which the caller then owns and closes; nothing writes to it any more
+  // once the engine is gone).
+  int CompletionFd();
+
   // ---- Agent metadata --------------------------------------------------------
   // This engine's descriptor (name, how to reach it, every exported region)
   // as bytes, for callers that ship metadata over their own channel. Format

@@ -298,6 +298,14 @@ class Batch:
     def __repr__(self):
         return f"<ferry.Batch {self.id:#x} requests={self._size}>"
 
+    def __await__(self):
+        """``await batch`` in a coroutine: waits on the engine's completion
+        descriptor (see :func:`ferry.aio.wait`); cancelling the awaiting task
+        cancels the batch."""
+        from . import aio
+
+        return aio.wait(self).__await__()
+
 
 def _release_quietly(release, handle: int) -> None:
     """Releases a native handle from a finalizer (the engine may be closed)."""
@@ -427,6 +435,14 @@ class Transfer:
 
     def __repr__(self):
         return f"<ferry.Transfer handle={self.handle:#x}>"
+
+    def __await__(self):
+        """``await transfer`` in a coroutine: waits for the current post on the
+        engine's completion descriptor (see :func:`ferry.aio.wait`);
+        cancelling the awaiting task cancels the post."""
+        from . import aio
+
+        return aio.wait(self).__await__()
 
 
 def _notification(notification):
@@ -878,3 +894,24 @@ class Engine:
     def metrics_address(self) -> str:
         """"host:port" of the metrics endpoint (option metrics_address); "" when off."""
         return self._native.metrics_address()
+
+    # ---- Event loops ------------------------------------------------------------
+    def completion_fd(self, dup: bool = False) -> int:
+        """A file descriptor (an eventfd) that becomes readable whenever a batch
+        or a prepared transfer of this engine finishes (completed, failed or
+        cancelled): for event loops, which wait on it instead of a thread
+        per wait. ``ferry.aio`` builds awaitables on it.
+
+        Protocol (C++ ``Engine::CompletionFd`` states it in full): wait until
+        readable, read 8 bytes (resets it; BlockingIOError means it was 0),
+        then check the status of everything waited for; what is still
+        pending is waited for again. Reading before checking loses nothing.
+        One reader per descriptor: a read consumes every waiter's wake-up.
+
+        The first call arms it: only batches and posts that finish after it
+        write to it (one write per batch, not per request). The descriptor
+        belongs to the engine and is closed with it: never close it. With
+        ``dup=True`` the result is a duplicate (close-on-exec) that the
+        caller owns and must close, safe to keep registered in a loop while
+        the engine may be closed."""
+        return self._native.completion_fd(dup)

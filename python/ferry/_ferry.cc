@@ -14,11 +14,13 @@
 // Python-level wait loops in short steps) and later calls fail with
 // FailedPrecondition instead of touching a freed engine.
 
+#include <fcntl.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -856,6 +858,24 @@ class NativeEngine {
         Run([](ferry::Engine& e) -> StatusOr<std::string> { return e.MetricsAddress(); }));
   }
 
+  // ---- Event loops (ferry.aio) ---------------------------------------------------
+  // The engine's completion eventfd (Engine::CompletionFd; arms the signal
+  // on the first call): owned by the engine and closed with it. With `dup`,
+  // a duplicate (close-on-exec) that the caller owns and closes, made while
+  // the engine is pinned, so it can never be some other, reused descriptor.
+  int CompletionFd(bool dup) {
+    return Unwrap(Run([dup](ferry::Engine& e) -> StatusOr<int> {
+      const int fd = e.CompletionFd();
+      if (!dup) return fd;
+      const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      if (copy < 0) {
+        return ferry::ResourceExhaustedError(
+            std::string("cannot duplicate the completion descriptor: ") + std::strerror(errno));
+      }
+      return copy;
+    }));
+  }
+
  private:
   static Status ClosedError() { return ferry::FailedPreconditionError("the engine is closed"); }
 
@@ -1107,5 +1127,6 @@ PYBIND11_MODULE(_ferry, m) {
       .def("segment_peer_id", &NativeEngine::SegmentPeerId)
       .def("metrics", &NativeEngine::Metrics)
       .def("metrics_text", &NativeEngine::MetricsText)
-      .def("metrics_address", &NativeEngine::MetricsAddress);
+      .def("metrics_address", &NativeEngine::MetricsAddress)
+      .def("completion_fd", &NativeEngine::CompletionFd, py::arg("dup") = false);
 }

@@ -52,6 +52,9 @@ Engine::Impl::~Impl() {
   if (notifier_) notifier_->Stop();  // after the shutdown: a notification in flight has failed
   metadata_.reset();
   metrics_server_.reset();
+  // Nothing finishes any more (the transports and the notifier stopped):
+  // wake a waiter once so it finds the engine gone. Closed with the member.
+  if (completion_) completion_->Notify();
 }
 
 namespace {
@@ -100,6 +103,7 @@ StatusOr<std::unique_ptr<Engine::Impl>> Engine::Impl::Create(EngineOptions optio
     FERRY_ASSIGN_OR_RETURN(secret, internal::ClusterSecret::Load(options.secret_file));
   }
   std::unique_ptr<Impl> impl(new Impl());
+  FERRY_ASSIGN_OR_RETURN(impl->completion_, internal::CompletionSignal::Create());
   FERRY_ASSIGN_OR_RETURN(impl->transports_, internal::TransportSet::Create(options));
   id.peer_id = impl->transports_->peer_id();
   if (options.local_name.empty()) options.local_name = id.peer_id;
@@ -293,7 +297,11 @@ StatusOr<BatchId> Engine::AllocateBatch(size_t capacity) {
                                 std::to_string(kMaxBatchCapacity) + "], got " +
                                 std::to_string(capacity));
   }
-  return BatchId{impl_->batches().Insert(std::make_shared<BatchState>(capacity, impl_->metrics()))};
+  auto batch = std::make_shared<BatchState>(capacity, impl_->metrics());
+  // Each time the batch's last pending request finishes (completed, failed,
+  // cancelled). The signal outlives every batch (Impl destroys it last).
+  batch->SetOnIdle([signal = &impl_->completion()] { signal->Notify(); });
+  return BatchId{impl_->batches().Insert(std::move(batch))};
 }
 
 Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
@@ -302,7 +310,11 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   internal::Submission submission(impl_->segments(), impl_->target().registry(), requests);
   FERRY_RETURN_IF_ERROR(submission.Validate());
   FERRY_RETURN_IF_ERROR(submission.ResolveRoutes());
-  return submission.Post(batch, id, Clock::now() + impl_->options().transfer_timeout);
+  Status posted = submission.Post(batch, id, Clock::now() + impl_->options().transfer_timeout);
+  // Requests submitted to a cancelled batch failed at once, with no
+  // pending period to end: tell waiters of the batch's new failures too.
+  if (batch->cancelled()) impl_->completion().Notify();
+  return posted;
 }
 
 StatusOr<TransferStatus> Engine::GetTransferStatus(BatchId id, size_t index) const {
@@ -384,5 +396,9 @@ Status Engine::SendNotification(SegmentHandle h, std::string_view name, std::str
 }
 
 std::vector<Notification> Engine::GetNotifications() { return impl_->target().Drain(); }
+
+// ---- event loops ------------------------------------------------------------------
+
+int Engine::CompletionFd() { return impl_->completion().Arm(); }
 
 }  // namespace ferry

@@ -9,6 +9,8 @@
 //                  (poster.h)
 //   Notifier       notifications to peers, and the thread of those that
 //                  follow prepared transfers
+//   CompletionSignal  the eventfd of Engine::CompletionFd, written when a
+//                  batch or a prepared transfer's post finishes
 // The files that implement Engine: engine.cc (creation, memory, segments,
 // batches, notifications) and engine_prepared.cc (prepared lists and
 // transfers, metadata export and import, telemetry). Not part of any other
@@ -22,6 +24,7 @@
 #include "base/metrics.h"
 #include "base/target.h"
 #include "common/handle_table.h"
+#include "core/completion_signal.h"
 #include "core/metrics_server.h"
 #include "core/notifier.h"
 #include "core/prepared_transfer.h"
@@ -41,7 +44,8 @@ class Engine::Impl {
   // Shutdown order: withdraw from the metadata store; retire every link;
   // stop the transports (a notification in flight then fails); stop the
   // notifier; destroy the metadata store (its watch and threads); stop the
-  // metrics endpoint.
+  // metrics endpoint; write the completion signal once more (waiters wake
+  // and find the engine gone) and, last of all, close it.
   ~Impl();
 
   const EngineOptions& options() const { return options_; }
@@ -51,6 +55,8 @@ class Engine::Impl {
   internal::Publisher& publisher() { return *publisher_; }
   internal::SegmentTable& segments() { return *segments_; }
   internal::Notifier& notifier() { return *notifier_; }
+  // Lives as long as the engine: batches and posts hold it by pointer.
+  internal::CompletionSignal& completion() { return *completion_; }
   const std::shared_ptr<internal::Metrics>& metrics() const { return metrics_; }
   const internal::MetricsServer* metrics_server() const { return metrics_server_.get(); }
   internal::HandleTable<internal::BatchState>& batches() { return batches_; }
@@ -73,6 +79,8 @@ class Engine::Impl {
   Impl() = default;
   Status Start(const std::shared_ptr<const internal::ClusterSecret>& secret);
 
+  // First: destroyed last, after every batch and post that may notify it.
+  std::unique_ptr<internal::CompletionSignal> completion_;
   EngineOptions options_;
   std::shared_ptr<internal::EngineTarget> target_;
   std::unique_ptr<internal::TransportSet> transports_;

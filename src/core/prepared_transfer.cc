@@ -13,12 +13,16 @@ void PostState::Posted(uint64_t now_us) {
 }
 
 void PostState::Finish(Status notify, uint64_t now_us) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (finished_) return;
-  finished_ = true;
-  notify_status_ = std::move(notify);
-  telemetry_.transfer_us = now_us > telemetry_.start_us ? now_us - telemetry_.start_us : 0;
-  cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    notify_status_ = std::move(notify);
+    telemetry_.transfer_us = now_us > telemetry_.start_us ? now_us - telemetry_.start_us : 0;
+    cv_.notify_all();
+  }
+  // After the unlock: a status reader that wakes on it finds the post finished.
+  if (signal_ != nullptr) signal_->Notify();
 }
 
 bool PostState::finished() const {

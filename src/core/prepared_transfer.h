@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "base/batch.h"
+#include "core/completion_signal.h"
 #include "core/prepared.h"
 #include "core/segment_table.h"
 #include "ferry/engine.h"
@@ -17,11 +18,13 @@
 namespace ferry::internal {
 
 // One post of a prepared transfer: its batch, telemetry and the outcome of
-// its notification.
+// its notification. Its finish notifies `signal` (the engine's, which
+// outlives every post; may be null).
 class PostState {
  public:
-  PostState(size_t entries, uint64_t bytes, std::shared_ptr<Metrics> metrics)
-      : batch_(std::make_shared<BatchState>(entries, std::move(metrics))) {
+  PostState(size_t entries, uint64_t bytes, std::shared_ptr<Metrics> metrics,
+            CompletionSignal* signal = nullptr)
+      : batch_(std::make_shared<BatchState>(entries, std::move(metrics))), signal_(signal) {
     telemetry_.bytes = bytes;
     telemetry_.entries = entries;
   }
@@ -31,7 +34,8 @@ class PostState {
   void Started(uint64_t now_us);
   void Posted(uint64_t now_us);
   // Marks the post finished at `now_us`: its data done (or failed) and its
-  // notification settled with `notify`. Only the first call counts.
+  // notification settled with `notify`. Only the first call counts (and
+  // notifies the completion signal).
   void Finish(Status notify, uint64_t now_us);
   bool finished() const;
   // Waits until finished or `deadline`; whether it finished.
@@ -42,6 +46,7 @@ class PostState {
 
  private:
   const std::shared_ptr<BatchState> batch_;
+  CompletionSignal* const signal_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   TransferTelemetry telemetry_;  // guarded by mu_; transfer_us once finished

@@ -1,8 +1,10 @@
 // Prepared lists and transfers, cancellation, notifications, agent metadata
 // and telemetry, over every transport (conformance_fixture.h).
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -576,6 +578,199 @@ TEST_P(PreparedTest, MetricsCountBytesByPeerTransportAndOutcome) {
   EXPECT_THAT(got, HasSubstr("ferry_requests_total{"));
   EXPECT_THAT(HttpGet(engine->MetricsAddress(), "/other"), HasSubstr("404"));
   EXPECT_TRUE(initiator().MetricsAddress().empty());  // off by default
+}
+
+// ---- Engine::CompletionFd ------------------------------------------------------
+
+// Whether `fd` is readable now (timeout 0) or within `timeout`.
+bool Readable(int fd, std::chrono::milliseconds timeout = 0ms) {
+  pollfd p{fd, POLLIN, 0};
+  const int n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+  return n == 1 && (p.revents & POLLIN) != 0;
+}
+
+// Reads (and so resets) the eventfd's counter; 0 if it was 0.
+uint64_t ReadCount(int fd) {
+  uint64_t count = 0;
+  return ::read(fd, &count, sizeof(count)) == sizeof(count) ? count : 0;
+}
+
+// A finished batch and a finished prepared transfer each make the fd
+// readable (waited for with poll: the write follows the status update); one
+// read resets it.
+TEST_P(PreparedTest, CompletionFdBecomesReadableWhenABatchOrATransferFinishes) {
+  constexpr uint64_t kLen = 256 * kKiB;
+  unsigned char* local = Alloc(kLen, &initiator());
+  unsigned char* remote = Alloc(kLen, &target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  const int fd = initiator().CompletionFd();
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(initiator().CompletionFd(), fd);  // one descriptor per engine
+  EXPECT_NE(::fcntl(fd, F_GETFD) & FD_CLOEXEC, 0);
+  EXPECT_NE(::fcntl(fd, F_GETFL) & O_NONBLOCK, 0);
+  EXPECT_FALSE(Readable(fd)) << "readable before anything finished";
+
+  FillPattern(local, kLen, 41);
+  std::vector<TransferRequest> reqs;
+  for (uint64_t off = 0; off < kLen; off += 64 * kKiB) {
+    reqs.push_back({Opcode::kWrite, local + off, segment(), Addr(remote) + off, 64 * kKiB});
+  }
+  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator().AllocateBatch(reqs.size()));
+  ASSERT_OK(initiator().Submit(batch, reqs));
+  ASSERT_TRUE(Readable(fd, kWaitTimeout)) << "no wake-up for a finished batch";
+  ASSERT_OK_AND_ASSIGN(BatchStatus st, initiator().GetBatchStatus(batch));
+  EXPECT_EQ(st.state, TransferState::kCompleted);
+  EXPECT_EQ(st.completed, reqs.size());
+  EXPECT_EQ(ReadCount(fd), 1u) << "one write per batch, not per request";
+  EXPECT_FALSE(Readable(fd)) << "still readable after the read";
+  EXPECT_EQ(DescribePatternMismatch(remote, kLen, 41), "");
+  EXPECT_OK(initiator().FreeBatch(batch));
+
+  ASSERT_OK_AND_ASSIGN(DescListHandle l,
+                       initiator().PrepareLocalList(Rows(local, 4, kLen / 4, kLen / 4)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(
+                                             segment(), Rows(remote, 4, kLen / 4, kLen / 4)));
+  const auto idx = Iota(4, true);
+  ASSERT_OK_AND_ASSIGN(TransferHandle t, initiator().MakeTransfer(Opcode::kRead, l, idx, r, idx));
+  std::memset(local, 0, kLen);
+  ASSERT_OK(initiator().PostTransfer(t));
+  ASSERT_TRUE(Readable(fd, kWaitTimeout)) << "no wake-up for a finished transfer";
+  ASSERT_OK_AND_ASSIGN(TransferStatus ts, initiator().GetTransferStatus(t));
+  EXPECT_EQ(ts.state, TransferState::kCompleted);
+  EXPECT_EQ(ReadCount(fd), 1u);
+  EXPECT_EQ(DescribePatternMismatch(local, kLen, 41), "");
+  EXPECT_OK(initiator().ReleaseTransfer(t));
+}
+
+// Engines whose every slice is dropped (never answered: it fails at the
+// transfer timeout, long after the checks right after submitting) or failed
+// at once: what is pending stays pending, so readability is observed
+// exactly. (Shutting down waits for dropped slices' deadlines: keep it short.)
+EngineOptions FaultyOptions(int drop_percent, int fail_percent) {
+  EngineOptions o = ConformanceOptions("tcp");
+  o.transfer_timeout = std::chrono::milliseconds(5000);
+  o.testing.link_faults.seed = 1;
+  o.testing.link_faults.drop_percent = drop_percent;
+  o.testing.link_faults.fail_percent = fail_percent;
+  return o;
+}
+
+// Not readable while requests are pending; two batches that finish (here
+// cancelled: CancelBatch finishes them on this thread) give one read of 2,
+// after which it is not readable.
+TEST(CompletionFd, NotReadableWhilePendingAndTwoFinishesAreOneRead) {
+  EnginePair pair;
+  ASSERT_NO_FATAL_FAILURE(pair.Start(FaultyOptions(100, 0), ConformanceOptions("tcp")));
+  unsigned char* local = pair.Alloc(64 * kKiB, &pair.initiator());
+  unsigned char* remote = pair.Alloc(64 * kKiB, &pair.target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_OK(GetStatus(pair.initiator().QuerySegment(pair.segment())));
+  Engine& e = pair.initiator();
+  const int fd = e.CompletionFd();
+  BatchId batches[2];
+  for (BatchId& b : batches) {
+    ASSERT_OK_AND_ASSIGN(b, e.AllocateBatch(1));
+    const TransferRequest req{Opcode::kRead, local, pair.segment(),
+                              reinterpret_cast<uintptr_t>(remote), 4 * kKiB};
+    ASSERT_OK(e.Submit(b, std::span(&req, 1)));
+  }
+  EXPECT_FALSE(Readable(fd)) << "readable while both batches are pending";
+  ASSERT_OK_AND_ASSIGN(BatchStatus st, e.GetBatchStatus(batches[0]));
+  EXPECT_EQ(st.state, TransferState::kPending);
+  ASSERT_OK(e.CancelBatch(batches[0]));
+  ASSERT_OK(e.CancelBatch(batches[1]));
+  ASSERT_TRUE(Readable(fd));
+  EXPECT_EQ(ReadCount(fd), 2u);
+  EXPECT_FALSE(Readable(fd));
+  for (BatchId b : batches) {
+    ASSERT_OK_AND_ASSIGN(BatchStatus s, e.GetBatchStatus(b));
+    EXPECT_EQ(s.state, TransferState::kFailed);
+    EXPECT_THAT(s.first_error, StatusIs(StatusCode::kCancelled));
+    EXPECT_OK(e.FreeBatch(b));
+  }
+  // A prepared transfer: pending, then cancelled, is one finish.
+  ASSERT_OK_AND_ASSIGN(DescListHandle l,
+                       e.PrepareLocalList(std::vector<DescRow>{
+                           {reinterpret_cast<uintptr_t>(local), 4 * kKiB, 0, 1}}));
+  ASSERT_OK_AND_ASSIGN(
+      DescListHandle r,
+      e.PrepareRemoteList(pair.segment(), std::vector<DescRow>{{reinterpret_cast<uintptr_t>(remote),
+                                                                4 * kKiB, 0, 1}}));
+  const std::vector<uint32_t> zero = {0};
+  ASSERT_OK_AND_ASSIGN(TransferHandle t, e.MakeTransfer(Opcode::kRead, l, zero, r, zero));
+  ASSERT_OK(e.PostTransfer(t));
+  EXPECT_FALSE(Readable(fd)) << "readable while the transfer is pending";
+  ASSERT_OK(e.CancelTransfer(t));
+  ASSERT_TRUE(Readable(fd));
+  EXPECT_EQ(ReadCount(fd), 1u);
+  ASSERT_OK_AND_ASSIGN(TransferStatus ts, e.GetTransferStatus(t));
+  EXPECT_EQ(ts.state, TransferState::kFailed);
+}
+
+// Failed requests finish a batch or a transfer too.
+TEST(CompletionFd, FailedBatchesAndTransfersWakeTheWaiter) {
+  EnginePair pair;
+  ASSERT_NO_FATAL_FAILURE(pair.Start(FaultyOptions(0, 100), ConformanceOptions("tcp")));
+  unsigned char* local = pair.Alloc(64 * kKiB, &pair.initiator());
+  unsigned char* remote = pair.Alloc(64 * kKiB, &pair.target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_OK(GetStatus(pair.initiator().QuerySegment(pair.segment())));
+  Engine& e = pair.initiator();
+  const int fd = e.CompletionFd();
+  ASSERT_OK_AND_ASSIGN(BatchId b, e.AllocateBatch(1));
+  const TransferRequest req{Opcode::kWrite, local, pair.segment(),
+                            reinterpret_cast<uintptr_t>(remote), 4 * kKiB};
+  ASSERT_OK(e.Submit(b, std::span(&req, 1)));
+  ASSERT_TRUE(Readable(fd, kWaitTimeout)) << "no wake-up for a failed batch";
+  EXPECT_EQ(ReadCount(fd), 1u);
+  ASSERT_OK_AND_ASSIGN(BatchStatus st, e.GetBatchStatus(b));
+  EXPECT_EQ(st.state, TransferState::kFailed);
+  EXPECT_THAT(st.first_error, StatusIs(StatusCode::kUnavailable, HasSubstr("fault injected")));
+  EXPECT_OK(e.FreeBatch(b));
+
+  ASSERT_OK_AND_ASSIGN(DescListHandle l,
+                       e.PrepareLocalList(std::vector<DescRow>{
+                           {reinterpret_cast<uintptr_t>(local), 4 * kKiB, 0, 1}}));
+  ASSERT_OK_AND_ASSIGN(
+      DescListHandle r,
+      e.PrepareRemoteList(pair.segment(), std::vector<DescRow>{{reinterpret_cast<uintptr_t>(remote),
+                                                                4 * kKiB, 0, 1}}));
+  const std::vector<uint32_t> zero = {0};
+  ASSERT_OK_AND_ASSIGN(TransferHandle t, e.MakeTransfer(Opcode::kWrite, l, zero, r, zero));
+  ASSERT_OK(e.PostTransfer(t));
+  ASSERT_TRUE(Readable(fd, kWaitTimeout)) << "no wake-up for a failed transfer";
+  EXPECT_EQ(ReadCount(fd), 1u);
+  ASSERT_OK_AND_ASSIGN(TransferStatus ts, e.GetTransferStatus(t));
+  EXPECT_EQ(ts.state, TransferState::kFailed);
+}
+
+// Completions before the first CompletionFd() write nothing; the engine's
+// destructor writes once more and closes the descriptor (a dup() stays the
+// caller's).
+TEST(CompletionFd, ArmedByTheFirstCallAndClosedByTheEngine) {
+  auto owned = std::make_unique<EnginePair>();
+  EnginePair& pair = *owned;
+  ASSERT_NO_FATAL_FAILURE(pair.Start("tcp"));
+  unsigned char* local = pair.Alloc(64 * kKiB, &pair.initiator());
+  unsigned char* remote = pair.Alloc(64 * kKiB, &pair.target());
+  ASSERT_TRUE(local && remote);
+  const TransferRequest req{Opcode::kWrite, local, pair.segment(),
+                            reinterpret_cast<uintptr_t>(remote), 4 * kKiB};
+  ASSERT_OK(pair.initiator().TransferSync(req));  // before arming: no write
+  const int fd = pair.initiator().CompletionFd();
+  EXPECT_FALSE(Readable(fd));
+  ASSERT_OK(pair.initiator().TransferSync(req));
+  ASSERT_TRUE(Readable(fd, kWaitTimeout));
+  EXPECT_EQ(ReadCount(fd), 1u);
+
+  const int mine = ::dup(fd);
+  ASSERT_GE(mine, 0);
+  EXPECT_FALSE(Readable(mine));
+  owned.reset();  // destroys both engines
+  EXPECT_TRUE(Readable(mine)) << "the destructor's last write";
+  EXPECT_EQ(::fcntl(fd, F_GETFD), -1) << "the engine's descriptor is still open";
+  ::close(mine);
 }
 
 }  // namespace
