@@ -370,6 +370,18 @@ FERRY_C_API ferry_status_t ferry_metrics_text(ferry_engine_t* engine, char* buf,
 
 /* ---- Completion fd ------------------------------------------------------ */
 
+/* The engine's completion eventfd (Engine::CompletionFd in ferry/engine.h):
+ * readable once any batch or prepared transfer of the engine finished
+ * (completed, failed or cancelled) since it was last read. The protocol, so
+ * that no finish is lost: get the fd before submitting or posting what you
+ * will wait for; then loop { read(fd) 8 bytes to reset it (EAGAIN: it was 0);
+ * check the status of each batch / transfer you wait for; stop if all
+ * finished; wait until fd is readable (poll, epoll, an event loop) }. One
+ * reader per fd. The engine owns it (do not close it) and closes it when
+ * destroyed: remove it from your event loop first, or wait on a dup().
+ * RESOURCE_EXHAUSTED when the eventfd cannot be made (the descriptor limit). */
+FERRY_C_API ferry_status_t ferry_engine_completion_fd(ferry_engine_t* engine, int* out_fd);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -328,6 +328,19 @@ ferry_status_t ferry_engine_local_name(const ferry_engine_t* engine, const char*
   return Ok();
 }
 
+ferry_status_t ferry_engine_completion_fd(ferry_engine_t* engine, int* out_fd) {
+  static constexpr const char* fn = "ferry_engine_completion_fd";
+  FERRY_C_REQUIRE(engine);
+  FERRY_C_REQUIRE(out_fd);
+  const int fd = engine->engine->CompletionFd();
+  if (fd < 0) {
+    return Report(ferry::ResourceExhaustedError(
+        std::string(fn) + ": cannot create the completion eventfd (the descriptor limit?)"));
+  }
+  *out_fd = fd;
+  return Ok();
+}
+
 ferry_status_t ferry_engine_rpc_port(const ferry_engine_t* engine, uint16_t* out) {
   static constexpr const char* fn = "ferry_engine_rpc_port";
   FERRY_C_REQUIRE(engine);

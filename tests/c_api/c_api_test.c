@@ -4,10 +4,14 @@
  * bad option names and values, unregistered memory, unknown segments, NULL
  * handles and pointers, each with its status and a message naming what was
  * wrong. Prints each failed check and exits 1 if any failed. */
+#define _POSIX_C_SOURCE 200809L /* poll(2), read(2) for the completion fd */
+#include <errno.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ferry/ferry_c.h"
 
@@ -207,6 +211,57 @@ static void check_batch(pair_t* p) {
   }
   EXPECT_OK(ferry_transfer_sync(p->initiator, r, kPieces));
   EXPECT_TRUE(matches(back, kPieces * kPiece, 1));
+}
+
+/* The completion fd, by its protocol: a batch waited for with poll(2), no
+ * ferry_batch_wait; the fd is readable only after something finished. */
+static void check_completion_fd(pair_t* p) {
+  int fd = -1;
+  REQUIRE_OK(ferry_engine_completion_fd(p->initiator, &fd));
+  EXPECT_TRUE(fd >= 0);
+  int again = -1;
+  EXPECT_OK(ferry_engine_completion_fd(p->initiator, &again));
+  EXPECT_TRUE(again == fd); /* one fd per engine */
+  uint64_t count = 0;
+  while (read(fd, &count, sizeof(count)) == (ssize_t)sizeof(count)) {
+  } /* earlier finishes: reset */
+  struct pollfd pfd = {fd, POLLIN, 0};
+  EXPECT_TRUE(poll(&pfd, 1, 0) == 0); /* nothing finished since */
+
+  fill(p->local, kPieces * kPiece, 7);
+  ferry_request_t r[kPieces];
+  for (int i = 0; i < kPieces; ++i) {
+    r[i].opcode = FERRY_OP_WRITE;
+    r[i].local = p->local + i * kPiece;
+    r[i].segment = p->segment;
+    r[i].remote_addr = addr_of(p->remote) + (uint64_t)i * kPiece;
+    r[i].length = kPiece;
+  }
+  ferry_batch_t batch = 0;
+  REQUIRE_OK(ferry_batch_allocate(p->initiator, kPieces, &batch));
+  REQUIRE_OK(ferry_batch_submit(p->initiator, batch, r, kPieces));
+  ferry_batch_status_t summary;
+  int wakeups = 0;
+  for (;;) {
+    if (read(fd, &count, sizeof(count)) < 0 && errno != EAGAIN) {
+      fail_at(__LINE__, "read(completion fd)", FERRY_INTERNAL, strerror(errno));
+      break;
+    }
+    if (!EXPECT_OK(ferry_batch_status(p->initiator, batch, &summary))) break;
+    if (summary.state != FERRY_STATE_PENDING) break;
+    pfd.revents = 0;
+    if (poll(&pfd, 1, 120000) != 1) { /* bounded: the transfer timeout is shorter */
+      fail_at(__LINE__, "poll(completion fd)", FERRY_DEADLINE_EXCEEDED, "not readable");
+      break;
+    }
+    ++wakeups;
+  }
+  EXPECT_TRUE(summary.state == FERRY_STATE_COMPLETED && summary.completed == kPieces);
+  EXPECT_TRUE(wakeups <= 1); /* one batch: one write, at most one wake-up */
+  EXPECT_TRUE(matches(p->remote, kPieces * kPiece, 7));
+  EXPECT_OK(ferry_batch_free(p->initiator, batch));
+  EXPECT_STATUS(ferry_engine_completion_fd(NULL, &fd), FERRY_INVALID_ARGUMENT, "engine");
+  EXPECT_STATUS(ferry_engine_completion_fd(p->initiator, NULL), FERRY_INVALID_ARGUMENT, "out_fd");
 }
 
 /* The one-request helpers, at an odd offset and length. */
@@ -526,6 +581,7 @@ static void run_transport(const char* transport) {
   EXPECT_TRUE(strcmp(value, transport) == 0);
   check_segment_info(&p, transport);
   check_batch(&p);
+  check_completion_fd(&p);
   check_sync_helpers(&p);
   check_notifications(&p);
   check_prepared(&p);
