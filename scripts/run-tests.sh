@@ -13,6 +13,7 @@
 # picks suites by label):
 #  1. the release build (GCC -O2) and what only it runs: the soak, the
 #     network-namespace fault tests (as root), the command line, the examples,
+#     the install test,
 #     the fuzz replay's long mutation run (beside step 2's build);
 #  2. AddressSanitizer + UBSan (clang) over unit, conformance, security,
 #     integration, metadata, gpu and the fuzz replay (beside step 3's build);
@@ -35,7 +36,7 @@ for arg in "$@"; do
     --quick) tier=quick ;;
     --full) tier=full ;;
     -h | --help)
-      sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -201,10 +202,11 @@ rm -f build-asan.built build-tsan.built
 # 1. The release build (the Python package, the command, and what only the
 # release build runs); its tests beside the ASan build.
 configure_release
+# (install: tests/install/, the installed files, a consumer project and the .deb.)
 if build build release ferry_tests_soak ferry_tests_netns ferry_tests_cli ferry_tests_example \
-    ferry_tests_fuzz "${python_targets[@]}"; then
+    ferry_tests_fuzz ferry_tests_install "${python_targets[@]}"; then
   phase "release build done"
-  bg_start release run_ctest build release "soak|netns|cli|example|fuzz"
+  bg_start release run_ctest build release "soak|netns|cli|example|fuzz|install"
 fi
 if [ $sanitizers = 1 ]; then
   # 2. AddressSanitizer + UBSan; the TSan build beside its tests.

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "ferry/export.h"
+
 namespace ferry {
 
 struct CudaDeviceInfo {
@@ -28,6 +30,6 @@ struct CudaInfo {
 
 // Loads the driver the first time (as registrations of "cuda:N" do) and
 // lists its devices.
-CudaInfo DescribeCuda();
+FERRY_API CudaInfo DescribeCuda();
 
 }  // namespace ferry

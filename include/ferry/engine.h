@@ -19,13 +19,14 @@
 #include <string_view>
 #include <vector>
 
+#include "ferry/export.h"
 #include "ferry/options.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
 
 namespace ferry {
 
-class Engine {
+class FERRY_API Engine {
  public:
   // Starts an engine: binds the rpc port and starts its event loops.
   static StatusOr<std::unique_ptr<Engine>> Create(EngineOptions options = {});
@@ -278,7 +279,8 @@ class Engine {
   // Drains the notifications received so far, oldest first.
   std::vector<Notification> GetNotifications();
 
-  class Impl;
+  // Hidden: the engine's insides are not part of libferry.so's interface.
+  class FERRY_LOCAL Impl;
 
  private:
   explicit Engine(std::unique_ptr<Impl> impl);

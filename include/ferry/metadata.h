@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "ferry/export.h"
+
 namespace ferry {
 
 struct MetadataBackendInfo {
@@ -16,15 +18,15 @@ struct MetadataBackendInfo {
 };
 
 // Every backend Ferry knows, built in or not, in a fixed order.
-std::vector<MetadataBackendInfo> ListMetadataBackends();
+FERRY_API std::vector<MetadataBackendInfo> ListMetadataBackends();
 
 // The backend a connection string selects ("p2p" for "" and "P2PHANDSHAKE",
 // "etcd" for a bare "HOST:PORT"), or "" when no backend takes it. Does not
 // check the rest of the string: Engine::Create does.
-std::string MetadataBackendOf(const std::string& url);
+FERRY_API std::string MetadataBackendOf(const std::string& url);
 
 // `url` with any password replaced by "***" ("redis://alice:***@h:6379/2"),
 // for messages, logs and `ferry info`.
-std::string RedactMetadataUrl(const std::string& url);
+FERRY_API std::string RedactMetadataUrl(const std::string& url);
 
 }  // namespace ferry

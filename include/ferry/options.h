@@ -11,12 +11,13 @@
 #include <string>
 #include <string_view>
 
+#include "ferry/export.h"
 #include "ferry/status.h"
 #include "ferry/testing_options.h"
 
 namespace ferry {
 
-struct EngineOptions {
+struct FERRY_API EngineOptions {
   // Name of the local segment, advertised to peers. Default: the peer id.
   std::string local_name;
 
@@ -144,7 +145,7 @@ struct EngineOptions {
 };
 
 // One setting of EngineOptions as OptionTable() describes it.
-struct OptionSpec {
+struct FERRY_API OptionSpec {
   std::string_view name;           // the field: "tcp_streams"
   std::string_view variable;       // the FERRY_* variable that overrides it; "" if none
   std::string_view unit;           // of the value, the range and the variable: "ms", "us", "B", ""
@@ -171,10 +172,10 @@ struct OptionSpec {
 
 // Every setting of EngineOptions but `testing`, in the order of the fields.
 // Static storage; the same on every call.
-std::span<const OptionSpec> OptionTable();
+FERRY_API std::span<const OptionSpec> OptionTable();
 
 // The row of OptionTable() named `name`, or null.
-const OptionSpec* FindOption(std::string_view name);
+FERRY_API const OptionSpec* FindOption(std::string_view name);
 
 // Sets the option `name` (a row of OptionTable()) in `o` from text: an
 // integer option from a decimal integer in the row's unit ("5000" for a
@@ -184,12 +185,12 @@ const OptionSpec* FindOption(std::string_view name);
 // the option, the range and the value). Bounds set by another option
 // (max_frame_bytes >= slice_size) and transport names are checked by
 // ValidateOptions and Engine::Create, once every option is set.
-Status SetOption(EngineOptions& o, std::string_view name, std::string_view value);
+FERRY_API Status SetOption(EngineOptions& o, std::string_view name, std::string_view value);
 
 // OK, or kInvalidArgument naming the first option outside its range, the
 // range and the value got ("tcp_streams must be in [1, 64], got 0").
 // Engine::Create calls it. Does not check `transport` names: which
 // transports exist is the engine's to say.
-Status ValidateOptions(const EngineOptions& o);
+FERRY_API Status ValidateOptions(const EngineOptions& o);
 
 }  // namespace ferry

@@ -25,6 +25,8 @@
 #include <string_view>
 #include <utility>
 
+#include "ferry/export.h"
+
 namespace ferry {
 
 enum class StatusCode : int {
@@ -45,9 +47,9 @@ enum class StatusCode : int {
 };
 
 // "OK", "INVALID_ARGUMENT", ... (stable; used in logs, JSON and Python).
-std::string_view StatusCodeName(StatusCode code);
+FERRY_API std::string_view StatusCodeName(StatusCode code);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] FERRY_API Status {
  public:
   Status() = default;  // OK
   Status(StatusCode code, std::string message)
@@ -74,7 +76,7 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-std::ostream& operator<<(std::ostream& os, const Status& s);
+FERRY_API std::ostream& operator<<(std::ostream& os, const Status& s);
 
 inline Status OkStatus() { return Status(); }
 inline Status InvalidArgumentError(std::string m) {

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "ferry/export.h"
+
 namespace ferry {
 
 struct TransportInfo {
@@ -17,7 +19,7 @@ struct TransportInfo {
 // Every transport built in, by preference (the one `auto` tries first comes
 // first). Probes this machine (shm: whether one process may copy another's
 // memory), so it may take a few milliseconds.
-std::vector<TransportInfo> ListTransports();
+FERRY_API std::vector<TransportInfo> ListTransports();
 
 // What the `fabric` transport finds through libfabric on this machine.
 struct FabricDomainInfo {
@@ -40,6 +42,6 @@ struct FabricInfo {
 // `provider` as EngineOptions::fabric_provider ("" = the best hardware one);
 // `node`: the address endpoints bind to ("" = any: libfabric then lists
 // every interface).
-FabricInfo DescribeFabric(const std::string& provider, const std::string& node);
+FERRY_API FabricInfo DescribeFabric(const std::string& provider, const std::string& node);
 
 }  // namespace ferry

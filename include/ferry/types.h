@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/export.h"
 #include "ferry/status.h"
 
 namespace ferry {
@@ -80,7 +81,7 @@ enum class TransferState : uint8_t {
   kFailed = 2,     // see the accompanying Status
 };
 
-std::string_view TransferStateName(TransferState s);
+FERRY_API std::string_view TransferStateName(TransferState s);
 
 struct TransferStatus {
   TransferState state = TransferState::kPending;
