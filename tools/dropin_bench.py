@@ -262,8 +262,10 @@ def main() -> None:
         raise SystemExit("no row matches --rows")
     refs = sorted({(t, s) for _a, t, s in rows}, key=lambda k: (SHAPES.index(k[1]), k[0]))
 
+    # The child's stdout carries its JSON replies: NIXL's INFO lines (stdout) stay off it.
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "NIXL_LOG_LEVEL": "WARN"})
     try:
         hello = json.loads(child.stdout.readline())
         initiator = Initiator(hello)
