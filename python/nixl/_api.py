@@ -117,11 +117,12 @@ def _tensor_row(t: Any) -> tuple:
     return (int(t.data_ptr()), nbytes, 0), "DRAM" if kind == "cpu" else kind
 
 
-class nixl_prepped_dlist_handle:
-    """A prepared descriptor list (prep_xfer_dlist). ``release()`` frees it;
-    so does collecting it."""
+class _Handle:
+    """An opaque handle of a nixlAgent: ``release()`` frees it (idempotent);
+    so does collecting it. Subclasses name the agent's release call."""
 
     __slots__ = ("_handle", "_agent", "_released")
+    _release_call = ""
 
     def __init__(self, agent, value: int):
         self._handle = int(value)
@@ -129,46 +130,34 @@ class nixl_prepped_dlist_handle:
         self._released = False
 
     def __repr__(self) -> str:
-        return f"nixl_prepped_dlist_handle(0x{self._handle:x}, released={self._released})"
+        return f"{type(self).__name__}(0x{self._handle:x}, released={self._released})"
 
     def release(self):
         if not self._released:
-            self._agent.releasedDlistH(self._handle)
+            getattr(self._agent, self._release_call)(self._handle)
             self._released = True
 
     def __del__(self):
         if not getattr(self, "_released", True):
             try:
-                self._agent.releasedDlistH(self._handle)
+                getattr(self._agent, self._release_call)(self._handle)
             except Exception:
-                pass  # the agent went first; its engine freed the list
+                pass  # the agent went first: its engine freed (or cancelled) it
 
 
-class nixl_xfer_handle:
-    """A transfer (make_prepped_xfer / initialize_xfer). ``release()`` frees
-    it, cancelling it if in flight; so does collecting it."""
+class nixl_prepped_dlist_handle(_Handle):
+    """A prepared descriptor list (prep_xfer_dlist)."""
 
-    __slots__ = ("_handle", "_agent", "_released")
+    __slots__ = ()
+    _release_call = "releasedDlistH"
 
-    def __init__(self, agent, value: int):
-        self._handle = int(value)
-        self._agent = agent
-        self._released = False
 
-    def __repr__(self) -> str:
-        return f"nixl_xfer_handle(0x{self._handle:x}, released={self._released})"
+class nixl_xfer_handle(_Handle):
+    """A transfer (make_prepped_xfer / initialize_xfer); releasing it cancels
+    it if in flight."""
 
-    def release(self):
-        if not self._released:
-            self._agent.releaseXferReq(self._handle)
-            self._released = True
-
-    def __del__(self):
-        if not getattr(self, "_released", True):
-            try:
-                self._agent.releaseXferReq(self._handle)
-            except Exception:
-                pass  # the agent went first; its engine cancelled the transfer
+    __slots__ = ()
+    _release_call = "releaseXferReq"
 
 
 # Backends are named by opaque ints, as upstream.
