@@ -65,9 +65,12 @@ class _BatchOp:
         self.native = native
         self.id = batch_id
 
-    def outcome(self):
-        """None while pending; else (error or None) of the finished batch."""
-        state, submitted, completed, _failed, first_error = self.native.batch_status(self.id)
+    def outcome(self, wait_us: int = 0):
+        """None while pending; else (error or None) of the finished batch.
+        Reports at once (wait_us 0): a check on the event loop never waits
+        (the status calls' tight-loop poll wait is for spinning callers)."""
+        state, submitted, completed, _failed, first_error = self.native.batch_status(
+            self.id, wait_us)
         if state == _PENDING:
             return None
         if state == _COMPLETED:
@@ -88,8 +91,8 @@ class _TransferOp:
         self.native = native
         self.handle = handle
 
-    def outcome(self):
-        state, error = self.native.transfer_state(self.handle)
+    def outcome(self, wait_us: int = 0):
+        state, error = self.native.transfer_state(self.handle, wait_us)
         if state == _PENDING:
             return None
         if state == _COMPLETED:
