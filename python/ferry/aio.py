@@ -284,20 +284,14 @@ async def _run(engine: Engine, ops, segs, addrs, remotes, sizes) -> None:
     """Submits one batch of requests (columns as the native layer takes them),
     waits for it and frees it."""
     reader = _reader(engine)  # armed before the submit
-    native = engine._native
-    batch_id = native.allocate_batch(max(1, len(addrs)))
+    batch = engine._submit(ops, segs, addrs, remotes, sizes)
     try:
-        native.submit(batch_id, ops, segs, addrs, remotes, sizes)
-    except BaseException:
-        native.free_batch(batch_id)  # nothing was submitted
-        raise
-    try:
-        return await reader.wait(_BatchOp(native, batch_id))
+        return await reader.wait(_BatchOp(engine._native, batch.id))
     finally:
         try:
-            native.free_batch(batch_id)
+            batch.free()
         except FerryError:
-            engine._release_batch(batch_id)  # still settling, or the engine closed
+            pass  # still settling, or the engine closed: its finalizer hands it back
 
 
 async def _one(engine: Engine, opcode: Opcode, segment, local, remote_addr: int,

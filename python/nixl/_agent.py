@@ -36,7 +36,7 @@ from ._bindings import (DEFAULT_COMM_PORT, NIXL_IN_PROG, NIXL_SUCCESS, NIXL_ERR_
                         nixlInvalidParamError, nixlMismatchError, nixlNoTelemetryError,
                         nixlNotFoundError, nixlNotPostedError, nixlNotSupportedError,
                         nixlRemoteDisconnectError, nixlRepostActiveError, nixlXferTelemetry)
-from ._dlist import nixlRegDList, nixlRemoteDList, nixlXferDList
+from ._dlist import nixlRegDList, nixlXferDList
 
 log = logging.getLogger("nixl")
 
@@ -117,12 +117,17 @@ def _locations(dlist: nixlRegDList | nixlXferDList) -> list:
     return ["cpu"] * dlist.rows.shape[0]
 
 
-def _check_moves(dlist, what: str) -> None:
+def _check_list(dlist, cls: type, what: str) -> None:
+    """`dlist` is a non-empty `cls` of memory Ferry moves, or `what` says why not."""
+    if not isinstance(dlist, cls):
+        raise nixlInvalidParamError(f"{what}: takes a {cls.__name__}, not {type(dlist).__name__}")
     mem = dlist.getType()
     if mem not in (nixl_mem_t.DRAM_SEG, nixl_mem_t.VRAM_SEG):
         raise nixlNotSupportedError(
             f"{what}: {mem.name[:-4]} memory is not supported by Ferry's NIXL agent (DRAM and "
             "VRAM move; FILE can only be queried with queryMem)")
+    if dlist.isEmpty():
+        raise nixlInvalidParamError(f"{what}: an empty list")
 
 
 class _Remote:
@@ -282,12 +287,7 @@ class nixlAgent:
     # ---- memory -----------------------------------------------------------------
     def registerMem(self, descs: nixlRegDList, backends: list = []) -> int:
         self._check_backends(backends)
-        if not isinstance(descs, nixlRegDList):
-            raise nixlInvalidParamError(f"registerMem takes a nixlRegDList, not "
-                                        f"{type(descs).__name__}")
-        _check_moves(descs, "registerMem")
-        if descs.isEmpty():
-            raise nixlInvalidParamError("registerMem: an empty list")
+        _check_list(descs, nixlRegDList, "registerMem")
         addrs = [int(a) for a in descs.rows[:, 0]]
         lengths = [int(n) for n in descs.rows[:, 1]]
         with self._mapped():
@@ -530,12 +530,7 @@ class nixlAgent:
 
     # ---- prepared lists and transfers --------------------------------------------
     def _prepare(self, descs: nixlXferDList, remote: _Remote | None) -> ferry.DescList:
-        if not isinstance(descs, nixlXferDList):
-            raise nixlInvalidParamError(f"a transfer list is a nixlXferDList, not "
-                                        f"{type(descs).__name__}")
-        _check_moves(descs, "a transfer list")
-        if descs.isEmpty():
-            raise nixlInvalidParamError("an empty transfer list")
+        _check_list(descs, nixlXferDList, "a transfer list")
         if remote is None:
             with self._mapped():
                 return self._engine.prepare(descs.rows)

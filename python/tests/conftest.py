@@ -8,8 +8,10 @@ Run from the repo root after building into ./build:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import queue
 import signal
 import socket
@@ -239,3 +241,42 @@ def nixl_caplog(caplog):
         yield caplog
     finally:
         nixl_logger.removeHandler(caplog.handler)
+
+
+@contextlib.contextmanager
+def running_etcd(folder: Path):
+    """A one-member etcd on 127.0.0.1 with its data and log in `folder`;
+    yields "127.0.0.1:PORT" once it reports healthy (at most 30 s), killed at
+    the end. The etcd_endpoint fixtures of the test modules use it."""
+    binary = shutil.which("etcd") or "/usr/bin/etcd"
+    if not os.access(binary, os.X_OK):
+        pytest.fail("no etcd: install Debian's etcd-server (scripts/install-deps.sh)")
+    client, peer = free_port(), free_port()
+    log = open(folder / "etcd.log", "w")
+    proc = subprocess.Popen(
+        [binary, "--name", "t", "--data-dir", str(folder / "data"),
+         "--listen-client-urls", f"http://127.0.0.1:{client}",
+         "--advertise-client-urls", f"http://127.0.0.1:{client}",
+         "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-cluster", f"t=http://127.0.0.1:{peer}",
+         "--logger", "zap", "--log-level", "warn"],
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", client), timeout=1) as s:
+                    s.sendall(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                    if b'"health":"true"' in s.recv(4096):
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("etcd did not start: " + (folder / "etcd.log").read_text())
+            time.sleep(0.05)  # polling etcd's health
+        yield f"127.0.0.1:{client}"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        log.close()

@@ -7,14 +7,10 @@ it) and a build with the etcd metadata client."""
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import time
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, running_etcd
 
 SIZE = 1 << 20
 
@@ -22,39 +18,8 @@ SIZE = 1 << 20
 @pytest.fixture
 def etcd_endpoint(tmp_path):
     """A one-member etcd on 127.0.0.1 ("127.0.0.1:PORT"); killed at the end."""
-    binary = shutil.which("etcd") or "/usr/bin/etcd"
-    if not os.access(binary, os.X_OK):
-        pytest.fail("no etcd: install Debian's etcd-server (scripts/install-deps.sh)")
-    client, peer = free_port(), free_port()
-    log = open(tmp_path / "etcd.log", "w")
-    proc = subprocess.Popen(
-        [binary, "--name", "t", "--data-dir", str(tmp_path / "data"),
-         "--listen-client-urls", f"http://127.0.0.1:{client}",
-         "--advertise-client-urls", f"http://127.0.0.1:{client}",
-         "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-         "--initial-cluster", f"t=http://127.0.0.1:{peer}",
-         "--logger", "zap", "--log-level", "warn"],
-        stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", client), timeout=1) as s:
-                    s.sendall(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-                    reply = s.recv(4096)
-                if b'"health":"true"' in reply:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("etcd did not start: " + (tmp_path / "etcd.log").read_text())
-            time.sleep(0.05)
-        yield f"127.0.0.1:{client}"
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
-        log.close()
+    with running_etcd(tmp_path) as endpoint:
+        yield endpoint
 
 
 def test_engines_find_each_other_through_etcd_and_move_verified_bytes(etcd_endpoint, TransferEngine):

@@ -8,8 +8,6 @@ ports (Debian's etcd-server)."""
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import socket
 import struct
 import subprocess
@@ -20,7 +18,7 @@ import uuid
 
 import pytest
 
-from conftest import child_env, free_port
+from conftest import child_env, free_port, running_etcd
 
 from nixl import _channel
 from nixl._bindings import nixlInvalidParamError, nixlNotAllowedError
@@ -416,39 +414,8 @@ def test_ci_reads_the_port_from_the_targets_stderr(tmp_path):
 @pytest.fixture(scope="module")
 def etcd_endpoint(tmp_path_factory):
     """A one-member etcd on 127.0.0.1 ("127.0.0.1:PORT") for this module's tests."""
-    binary = shutil.which("etcd") or "/usr/bin/etcd"
-    if not os.access(binary, os.X_OK):
-        pytest.fail("no etcd: install Debian's etcd-server (scripts/install-deps.sh)")
-    tmp = tmp_path_factory.mktemp("etcd")
-    client, peer = free_port(), free_port()
-    log = open(tmp / "etcd.log", "w")
-    proc = subprocess.Popen(
-        [binary, "--name", "t", "--data-dir", str(tmp / "data"),
-         "--listen-client-urls", f"http://127.0.0.1:{client}",
-         "--advertise-client-urls", f"http://127.0.0.1:{client}",
-         "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-         "--initial-cluster", f"t=http://127.0.0.1:{peer}",
-         "--logger", "zap", "--log-level", "warn"],
-        stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + WAIT
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", client), timeout=1) as s:
-                    s.sendall(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-                    if b'"health":"true"' in s.recv(4096):
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("etcd did not start: " + (tmp / "etcd.log").read_text())
-            time.sleep(0.05)  # polling etcd's health, as conftest's fixtures do
-        yield f"127.0.0.1:{client}"
-    finally:
-        proc.kill()
-        proc.wait(timeout=WAIT)
-        log.close()
+    with running_etcd(tmp_path_factory.mktemp("etcd")) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

@@ -169,11 +169,10 @@ static void check_segment_info(pair_t* p, const char* transport) {
   EXPECT_OK(ferry_segment_info_free(info));
 }
 
-/* A batch of writes, then reads of the same into another half, per-request
- * states, the batch's summary. */
-static void check_batch(pair_t* p) {
-  fill(p->local, kPieces * kPiece, 1);
-  ferry_request_t r[kPieces];
+/* Fills the local buffer with `seed`'s pattern and `r` with kPieces writes of
+ * it to the peer's buffer, piece by piece. */
+static void pattern_writes(pair_t* p, ferry_request_t r[kPieces], unsigned seed) {
+  fill(p->local, kPieces * kPiece, seed);
   for (int i = 0; i < kPieces; ++i) {
     r[i].opcode = FERRY_OP_WRITE;
     r[i].local = p->local + i * kPiece;
@@ -181,6 +180,13 @@ static void check_batch(pair_t* p) {
     r[i].remote_addr = addr_of(p->remote) + (uint64_t)i * kPiece;
     r[i].length = kPiece;
   }
+}
+
+/* A batch of writes, then reads of the same into another half, per-request
+ * states, the batch's summary. */
+static void check_batch(pair_t* p) {
+  ferry_request_t r[kPieces];
+  pattern_writes(p, r, 1);
   ferry_batch_t batch = 0;
   REQUIRE_OK(ferry_batch_allocate(p->initiator, kPieces, &batch));
   EXPECT_TRUE(batch != 0);
@@ -228,15 +234,8 @@ static void check_completion_fd(pair_t* p) {
   struct pollfd pfd = {fd, POLLIN, 0};
   EXPECT_TRUE(poll(&pfd, 1, 0) == 0); /* nothing finished since */
 
-  fill(p->local, kPieces * kPiece, 7);
   ferry_request_t r[kPieces];
-  for (int i = 0; i < kPieces; ++i) {
-    r[i].opcode = FERRY_OP_WRITE;
-    r[i].local = p->local + i * kPiece;
-    r[i].segment = p->segment;
-    r[i].remote_addr = addr_of(p->remote) + (uint64_t)i * kPiece;
-    r[i].length = kPiece;
-  }
+  pattern_writes(p, r, 7);
   ferry_batch_t batch = 0;
   REQUIRE_OK(ferry_batch_allocate(p->initiator, kPieces, &batch));
   REQUIRE_OK(ferry_batch_submit(p->initiator, batch, r, kPieces));
