@@ -239,7 +239,10 @@ class FERRY_API Engine {
   // post that finishes after the call returned writes once: one write(2)
   // per batch, not per request. Call it before submitting what you will
   // wait for; a batch that finished before the call shows as finished at
-  // the first check of the protocol.
+  // the first check of the protocol. The write follows the finish's state
+  // (so no finish is lost), hence it can land just after a caller already
+  // saw that state, e.g. after a synchronous call returned: a wake-up may
+  // find nothing new, and the protocol's loop simply checks and waits again.
   // Lifetime: the engine owns the descriptor; callers must not close it.
   // The engine's destructor writes once more (a waiter wakes and learns the
   // engine is gone from its own bookkeeping) and closes it: remove it from

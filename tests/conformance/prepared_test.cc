@@ -747,21 +747,32 @@ TEST(CompletionFd, FailedBatchesAndTransfersWakeTheWaiter) {
 
 // Completions before the first CompletionFd() write nothing; the engine's
 // destructor writes once more and closes the descriptor (a dup() stays the
-// caller's).
+// caller's). The finishes here are cancellations, which notify on this
+// thread before CancelBatch returns: a completion by a transport thread
+// writes just after its state becomes visible (engine.h), so one that
+// finished "before arming" could still write after it.
 TEST(CompletionFd, ArmedByTheFirstCallAndClosedByTheEngine) {
   auto owned = std::make_unique<EnginePair>();
   EnginePair& pair = *owned;
-  ASSERT_NO_FATAL_FAILURE(pair.Start("tcp"));
+  ASSERT_NO_FATAL_FAILURE(pair.Start(FaultyOptions(100, 0), ConformanceOptions("tcp")));
   unsigned char* local = pair.Alloc(64 * kKiB, &pair.initiator());
   unsigned char* remote = pair.Alloc(64 * kKiB, &pair.target());
   ASSERT_TRUE(local && remote);
+  ASSERT_OK(GetStatus(pair.initiator().QuerySegment(pair.segment())));
+  Engine& e = pair.initiator();
   const TransferRequest req{Opcode::kWrite, local, pair.segment(),
                             reinterpret_cast<uintptr_t>(remote), 4 * kKiB};
-  ASSERT_OK(pair.initiator().TransferSync(req));  // before arming: no write
-  const int fd = pair.initiator().CompletionFd();
-  EXPECT_FALSE(Readable(fd));
-  ASSERT_OK(pair.initiator().TransferSync(req));
-  ASSERT_TRUE(Readable(fd, kWaitTimeout));
+  auto submit_and_cancel = [&] {
+    ASSERT_OK_AND_ASSIGN(BatchId b, e.AllocateBatch(1));
+    ASSERT_OK(e.Submit(b, std::span(&req, 1)));
+    ASSERT_OK(e.CancelBatch(b));  // finished (failed) on this thread
+    ASSERT_OK(e.FreeBatch(b));
+  };
+  ASSERT_NO_FATAL_FAILURE(submit_and_cancel());  // before arming: no write
+  const int fd = e.CompletionFd();
+  EXPECT_FALSE(Readable(fd)) << "a finish before the first call wrote";
+  ASSERT_NO_FATAL_FAILURE(submit_and_cancel());
+  EXPECT_TRUE(Readable(fd));
   EXPECT_EQ(ReadCount(fd), 1u);
 
   const int mine = ::dup(fd);
