@@ -134,6 +134,22 @@ struct FERRY_API EngineOptions {
   // its own thread.
   std::chrono::microseconds wait_spin{200};
 
+  // Many peers (docs/architecture.md, "Peer links"). Engine::Create raises
+  // the soft RLIMIT_NOFILE to the hard limit (as the Go runtime does), so
+  // thousands of peer links fit under a default soft limit of 1,024; false
+  // leaves the limit alone.
+  bool raise_fd_limit = true;
+  // A link to a peer with no request for this long is closed by this engine
+  // (the initiator; the peer then closes its end) and opened again by the
+  // next request, which never notices: a request racing the close goes on a
+  // new link. 0 = never.
+  std::chrono::milliseconds idle_link_timeout{300000};
+  // Most links to peers this engine keeps open (0 = no limit). Past it the
+  // least recently used idle link is closed to make room; when every link
+  // is in use, a request to a new peer waits for room until connect_timeout
+  // runs out, then fails with kResourceExhausted naming this limit.
+  uint32_t max_peer_links = 0;
+
   // Test-only settings (ferry/testing_options.h); not in OptionTable().
   using Testing = TestingOptions;
   Testing testing;

@@ -181,6 +181,13 @@ struct EngineMetrics {
   uint64_t notifications_sent = 0;
   uint64_t notifications_received = 0;
   uint64_t cancelled_requests = 0;
+  // Links to peers (docs/architecture.md, "Peer links"): open now, opened
+  // so far, closed after idle_link_timeout, closed to make room under
+  // max_peer_links.
+  uint64_t peer_links_open = 0;
+  uint64_t links_opened = 0;
+  uint64_t links_closed_idle = 0;
+  uint64_t links_evicted = 0;
 };
 
 }  // namespace ferry

@@ -883,7 +883,8 @@ class Engine:
         transport and opcode: requests_completed/failed, bytes_completed/failed),
         ``transfer_latency`` (bounds_us, counts per bucket plus +Inf, count,
         sum_us) and ``counters`` (batches_finished, notifications_sent,
-        notifications_received, cancelled_requests)."""
+        notifications_received, cancelled_requests; peer_links_open,
+        links_opened, links_closed_idle, links_evicted)."""
         return self._native.metrics()
 
     def metrics_text(self) -> str:

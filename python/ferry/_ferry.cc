@@ -842,6 +842,11 @@ class NativeEngine {
     counters["notifications_sent"] = m.notifications_sent;
     counters["notifications_received"] = m.notifications_received;
     counters["cancelled_requests"] = m.cancelled_requests;
+    // Peer links (docs/architecture.md, "Peer links").
+    counters["peer_links_open"] = m.peer_links_open;
+    counters["links_opened"] = m.links_opened;
+    counters["links_closed_idle"] = m.links_closed_idle;
+    counters["links_evicted"] = m.links_evicted;
     py::dict out;
     out["routes"] = routes;
     out["transfer_latency"] = HistogramDict(m.transfer_latency);

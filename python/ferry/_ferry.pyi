@@ -65,6 +65,9 @@ class EngineOptions:
     notify_inbox_bytes: int
     spin: float
     wait_spin: float
+    raise_fd_limit: int
+    idle_link_timeout: float
+    max_peer_links: int
     # Test-only (ferry/testing_options.h).
     testing_wire_version_min: int
     testing_wire_version_max: int

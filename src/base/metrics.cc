@@ -58,6 +58,9 @@ EngineMetrics Metrics::Snapshot(uint64_t notifications_received) const {
   m.notifications_sent = notifications_sent_.load(std::memory_order_relaxed);
   m.notifications_received = notifications_received;
   m.cancelled_requests = cancelled_.load(std::memory_order_relaxed);
+  m.links_opened = links_opened_.load(std::memory_order_relaxed);
+  m.links_closed_idle = links_closed_idle_.load(std::memory_order_relaxed);
+  m.links_evicted = links_evicted_.load(std::memory_order_relaxed);
   return m;
 }
 
@@ -132,6 +135,16 @@ std::string Metrics::PrometheusText(const EngineMetrics& m) {
   out += "ferry_notifications_received_total " + std::to_string(m.notifications_received) + "\n";
   family("ferry_cancelled_requests_total", "counter", "Requests failed by a cancellation.");
   out += "ferry_cancelled_requests_total " + std::to_string(m.cancelled_requests) + "\n";
+  family("ferry_peer_links_open", "gauge", "Links to peers open now.");
+  out += "ferry_peer_links_open " + std::to_string(m.peer_links_open) + "\n";
+  family("ferry_peer_links_opened_total", "counter", "Links to peers opened.");
+  out += "ferry_peer_links_opened_total " + std::to_string(m.links_opened) + "\n";
+  family("ferry_peer_links_closed_idle_total", "counter",
+         "Links to peers closed after idle_link_timeout without a request.");
+  out += "ferry_peer_links_closed_idle_total " + std::to_string(m.links_closed_idle) + "\n";
+  family("ferry_peer_links_evicted_total", "counter",
+         "Idle links to peers closed to make room under max_peer_links.");
+  out += "ferry_peer_links_evicted_total " + std::to_string(m.links_evicted) + "\n";
   return out;
 }
 

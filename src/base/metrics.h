@@ -41,6 +41,11 @@ class Metrics {
   void ObserveLatency(std::chrono::nanoseconds d);
   void AddCancelled(uint64_t n) { cancelled_.fetch_add(n, std::memory_order_relaxed); }
   void AddNotificationSent() { notifications_sent_.fetch_add(1, std::memory_order_relaxed); }
+  // Peer links opened, closed for idleness (idle_link_timeout) and closed to
+  // make room (max_peer_links).
+  void AddLinkOpened() { links_opened_.fetch_add(1, std::memory_order_relaxed); }
+  void AddLinkClosedIdle() { links_closed_idle_.fetch_add(1, std::memory_order_relaxed); }
+  void AddLinkEvicted() { links_evicted_.fetch_add(1, std::memory_order_relaxed); }
 
   // `notifications_received`: what the engine's inbox took in so far.
   EngineMetrics Snapshot(uint64_t notifications_received) const;
@@ -57,6 +62,9 @@ class Metrics {
   std::atomic<uint64_t> latency_sum_ns_{0};
   std::atomic<uint64_t> cancelled_{0};
   std::atomic<uint64_t> notifications_sent_{0};
+  std::atomic<uint64_t> links_opened_{0};
+  std::atomic<uint64_t> links_closed_idle_{0};
+  std::atomic<uint64_t> links_evicted_{0};
 };
 
 }  // namespace ferry::internal

@@ -120,6 +120,13 @@ class PeerLink {
   virtual Status Flush(Clock::time_point /*deadline*/) { return OkStatus(); }
   // False once the link lost its peer; the core then builds a new one.
   virtual bool Healthy() const = 0;
+  // True if nothing posted to this link is still moving (no slice or
+  // notification unanswered, nothing queued): closing it now loses nothing.
+  // The core asks only while no caller is posting to the link (its users
+  // are counted), so the answer cannot turn false meanwhile. Links that
+  // cannot tell keep the default and are never closed for idleness
+  // (EngineOptions::idle_link_timeout, max_peer_links).
+  virtual bool Idle() const { return false; }
   // Lets in-flight work finish, then releases the link's resources.
   virtual void Retire() = 0;
 };

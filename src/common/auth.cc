@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/fd_limit.h"
 #include "common/net.h"
 
 namespace ferry::internal {
@@ -24,7 +25,13 @@ Status BadFile(const std::string& path, const std::string& why) {
 
 StatusOr<std::shared_ptr<const ClusterSecret>> ClusterSecret::Load(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return BadFile(path, "cannot be read: " + ErrnoString(errno));
+  if (f == nullptr) {
+    const int err = errno;
+    if (err == EMFILE || err == ENFILE) {
+      return DescriptorError(StatusCode::kResourceExhausted, "secret_file '" + path + "'", err);
+    }
+    return BadFile(path, "cannot be read: " + ErrnoString(err));
+  }
   std::string key;
   char buf[4096];
   size_t n;

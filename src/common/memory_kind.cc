@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/cuda_driver.h"
+#include "common/fd_limit.h"
 #include "common/net.h"
 
 namespace ferry::internal {
@@ -31,8 +32,9 @@ int DeviceSuffix(std::string_view s, std::string_view prefix) {
 // protection, as a debugger does; a plain memcpy of them faults.
 Status ProcMemCopy(void* dst, const void* src, size_t length, bool to_opaque) {
   UniqueFd fd(::open("/proc/self/mem", O_RDWR | O_CLOEXEC));
-  if (!fd.valid())
-    return InternalError("test-opaque memory: /proc/self/mem: " + ErrnoString(errno));
+  if (!fd.valid()) {
+    return DescriptorError(StatusCode::kInternal, "test-opaque memory: /proc/self/mem", errno);
+  }
   size_t done = 0;
   while (done < length) {
     ssize_t n = to_opaque ? ::pwrite(fd.get(), static_cast<const char*>(src) + done, length - done,

@@ -17,6 +17,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/fd_limit.h"
+
 namespace ferry::internal {
 
 void UniqueFd::Reset() {
@@ -98,17 +100,19 @@ StatusOr<addrinfo*> Resolve(const std::string& host, uint16_t port, bool passive
 
 StatusOr<std::pair<UniqueFd, uint16_t>> Listen(const std::string& host, uint16_t port) {
   FERRY_ASSIGN_OR_RETURN(addrinfo * res, Resolve(host, port, true));
-  std::string last_error = "no address";
+  const std::string name = FormatPeerId(host, port);
+  Status last = UnavailableError("cannot listen on " + name + ": no address");
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
     UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) {
-      last_error = ErrnoString(errno);
+      last = DescriptorError(StatusCode::kUnavailable,
+                             "cannot create a socket to listen on " + name, errno);
       continue;
     }
     int one = 1;
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd.get(), 1024) != 0) {
-      last_error = ErrnoString(errno);
+      last = UnavailableError("cannot listen on " + name + ": " + ErrnoString(errno));
       continue;
     }
     sockaddr_storage ss{};
@@ -121,7 +125,7 @@ StatusOr<std::pair<UniqueFd, uint16_t>> Listen(const std::string& host, uint16_t
     return std::make_pair(std::move(fd), bound);
   }
   ::freeaddrinfo(res);
-  return UnavailableError("cannot listen on " + FormatPeerId(host, port) + ": " + last_error);
+  return last;
 }
 
 Status SetNonBlocking(int fd, bool on) {
@@ -156,7 +160,7 @@ StatusOr<UniqueFd> ConnectTo(const HostPort& peer, Clock::time_point deadline) {
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
     UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) {
-      last = UnavailableError("cannot create socket for " + name + ": " + ErrnoString(errno));
+      last = DescriptorError(StatusCode::kUnavailable, "cannot create a socket for " + name, errno);
       continue;
     }
     int rc = ::connect(fd.get(), ai->ai_addr, ai->ai_addrlen);
@@ -244,7 +248,9 @@ socklen_t AbstractAddress(const std::string& name, sockaddr_un* addr) {
 
 StatusOr<UniqueFd> ListenUnix(const std::string& name) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return UnavailableError("cannot create a unix socket: " + ErrnoString(errno));
+  if (!fd.valid()) {
+    return DescriptorError(StatusCode::kUnavailable, "cannot create a unix socket", errno);
+  }
   sockaddr_un addr;
   socklen_t len = AbstractAddress(name, &addr);
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
@@ -256,7 +262,9 @@ StatusOr<UniqueFd> ListenUnix(const std::string& name) {
 
 StatusOr<UniqueFd> ConnectUnix(const std::string& name, Clock::time_point deadline) {
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return UnavailableError("cannot create a unix socket: " + ErrnoString(errno));
+  if (!fd.valid()) {
+    return DescriptorError(StatusCode::kUnavailable, "cannot create a unix socket", errno);
+  }
   sockaddr_un addr;
   socklen_t len = AbstractAddress(name, &addr);
   while (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {

@@ -228,6 +228,21 @@ constexpr Row kRows[] = {
         "how long a caller waiting for its transfers (WaitBatch, TransferSync) spins before it "
         "blocks; a caller polling them (PollBatch, PollTransfer: the Python status calls) yields "
         "instead of blocking for as long after they began"),
+    Integer<&EngineOptions::raise_fd_limit>(
+        "raise_fd_limit", "FERRY_RAISE_FD_LIMIT", kEngine, "", 0, 1,
+        "1 = Engine::Create raises the soft RLIMIT_NOFILE (open files) to the hard limit; 0 = "
+        "leave it"),
+    OrZero(Integer<&EngineOptions::idle_link_timeout>(
+               "idle_link_timeout", "FERRY_IDLE_LINK_TIMEOUT_MS", kEngine, "ms", 1, kDayMs,
+               "a link to a peer with no request for this long is closed, and opened again by the "
+               "next request (which does not notice)"),
+           "never"),
+    OrZero(Integer<&EngineOptions::max_peer_links>(
+               "max_peer_links", "FERRY_MAX_PEER_LINKS", kEngine, "", 1, 1048576,
+               "most links to peers kept open; past it the least recently used idle one is "
+               "closed, and when all are in use a new peer waits for room until connect_timeout, "
+               "then fails with RESOURCE_EXHAUSTED"),
+           "no limit"),
 };
 constexpr size_t kRowCount = std::size(kRows);
 

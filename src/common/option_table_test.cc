@@ -204,7 +204,7 @@ TEST(SetOption, NamesTheClosestOptionsOfAnUnknownName) {
   EXPECT_EQ(st.message(), "unknown option \"fabric_provder\" (did you mean fabric_provider?)");
   EXPECT_EQ(SetOption(o, "timeout", "1").message(),
             "unknown option \"timeout\" (did you mean connect_timeout, transfer_timeout, "
-            "handshake_timeout?)");
+            "handshake_timeout, idle_link_timeout?)");
   st = SetOption(o, "carrier_pigeons", "1");
   EXPECT_THAT(st.message(), HasSubstr("unknown option \"carrier_pigeons\"; the options are "
                                       "local_name, listen_host, listen_port, metadata"));
@@ -244,7 +244,9 @@ TEST(OptionTable, CoversEveryVariable) {
                 "FERRY_TCP_STREAMS", "FERRY_IO_THREADS", "FERRY_SPIN_US", "FERRY_WAIT_SPIN_US",
                 "FERRY_TCP_SEND_BUFFER", "FERRY_TRANSFER_TIMEOUT_MS", "FERRY_TRANSPORT",
                 "FERRY_SECRET_FILE", "FERRY_PEER_MAX_REQUESTS", "FERRY_PEER_MAX_BYTES",
-                "FERRY_METRICS_ADDRESS", "FERRY_FABRIC_PROVIDER", "FERRY_FABRIC_NICS"}));
+                "FERRY_METRICS_ADDRESS", "FERRY_FABRIC_PROVIDER", "FERRY_FABRIC_NICS",
+                // Peer links (issue 33).
+                "FERRY_RAISE_FD_LIMIT", "FERRY_IDLE_LINK_TIMEOUT_MS", "FERRY_MAX_PEER_LINKS"}));
 }
 
 // The text of a file of the source tree ("" if it cannot be read).

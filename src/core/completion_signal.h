@@ -25,6 +25,7 @@
 #include <memory>
 #include <string>
 
+#include "common/fd_limit.h"
 #include "ferry/status.h"
 
 namespace ferry::internal {
@@ -36,8 +37,8 @@ class CompletionSignal {
   static StatusOr<std::unique_ptr<CompletionSignal>> Create() {
     const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (fd < 0) {
-      return ResourceExhaustedError(std::string("cannot create the completion eventfd: ") +
-                                    std::strerror(errno));
+      return DescriptorError(StatusCode::kResourceExhausted, "cannot create the completion eventfd",
+                             errno);
     }
     return std::unique_ptr<CompletionSignal>(new CompletionSignal(fd));
   }

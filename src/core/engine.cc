@@ -14,6 +14,7 @@
 #include <random>
 
 #include "common/cuda_driver.h"
+#include "common/fd_limit.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "core/engine_impl.h"
@@ -102,6 +103,10 @@ StatusOr<std::unique_ptr<Engine::Impl>> Engine::Impl::Create(EngineOptions optio
   if (!options.secret_file.empty()) {
     FERRY_ASSIGN_OR_RETURN(secret, internal::ClusterSecret::Load(options.secret_file));
   }
+  // Before the first descriptor: a process that talks to thousands of
+  // peers needs more than the usual soft limit of 1,024 (the hard limit is
+  // what it may take without privileges).
+  if (options.raise_fd_limit) internal::RaiseFdLimit();
   std::unique_ptr<Impl> impl(new Impl());
   FERRY_ASSIGN_OR_RETURN(impl->completion_, internal::CompletionSignal::Create());
   FERRY_ASSIGN_OR_RETURN(impl->transports_, internal::TransportSet::Create(options));
@@ -151,10 +156,12 @@ Status Engine::Impl::Start(const std::shared_ptr<const internal::ClusterSecret>&
   if (!watching.ok() && watching.code() != StatusCode::kUnimplemented) return watching;
   FERRY_RETURN_IF_ERROR(transports_->Serve());
   if (options_.metrics_address.empty()) return OkStatus();
-  FERRY_ASSIGN_OR_RETURN(
-      metrics_server_, internal::MetricsServer::Start(options_.metrics_address, [this] {
-        return internal::Metrics::PrometheusText(metrics_->Snapshot(target_->delivered()));
-      }));
+  FERRY_ASSIGN_OR_RETURN(metrics_server_,
+                         internal::MetricsServer::Start(options_.metrics_address, [this] {
+                           EngineMetrics m = metrics_->Snapshot(target_->delivered());
+                           m.peer_links_open = segments_->OpenLinks();
+                           return internal::Metrics::PrometheusText(m);
+                         }));
   return OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/fd_limit.h"
 #include "common/log.h"
 
 namespace ferry::internal {
@@ -41,8 +42,9 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string&
   s->listen_fd_ = std::move(listening->first);
   s->address_ = FormatPeerId(hp->host, listening->second);
   s->stop_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!s->stop_fd_.valid())
-    return InternalError("eventfd for the metrics endpoint: " + ErrnoString(errno));
+  if (!s->stop_fd_.valid()) {
+    return DescriptorError(StatusCode::kInternal, "eventfd for the metrics endpoint", errno);
+  }
   s->render_ = std::move(render);
   s->thread_ = std::thread([raw = s.get()] { raw->Loop(); });
   FERRY_LOG(kInfo, "metrics endpoint on http://" << s->address_ << "/metrics");

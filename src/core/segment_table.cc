@@ -8,21 +8,52 @@ namespace ferry::internal {
 
 // ---- Segment ------------------------------------------------------------------
 
-std::shared_ptr<PeerLink>* Segment::LinkOf(Transport* t) {
-  for (auto& [tr, link] : links_) {
-    if (tr == t) return &link;
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+LinkLease::LinkLease(std::shared_ptr<LinkUse> use, std::shared_ptr<LinkRoom> room)
+    : use_(std::move(use)), room_(std::move(room)) {
+  use_->users.fetch_add(1, std::memory_order_acq_rel);
+}
+
+LinkLease::~LinkLease() {
+  use_->last_used_ns.store(NowNs(), std::memory_order_relaxed);
+  const int left = use_->users.fetch_sub(1, std::memory_order_acq_rel) - 1;
+  // A waiter for room re-checks: this link may be idle now (or soon: its
+  // waits are bounded, so a wake-up missed here only delays it).
+  if (left == 0 && room_) room_->cv.notify_all();
+}
+
+Segment::Link* Segment::LinkOf(Transport* t) {
+  for (Link& l : links_) {
+    if (l.transport == t) return &l;
   }
   return nullptr;
 }
 
 void Segment::RetireLinks() {
-  for (auto& [t, link] : links_) link->Retire();
+  for (Link& l : links_) l.link->Retire();
+  open_links_->fetch_sub(links_.size(), std::memory_order_relaxed);
   links_.clear();
 }
 
 void Segment::DropLink(Transport* t) {
-  if (auto* link = LinkOf(t)) (*link)->Retire();
-  std::erase_if(links_, [&](const auto& l) { return l.first == t; });
+  for (size_t i = 0; i < links_.size(); ++i) {
+    if (links_[i].transport == t) {
+      CloseLink(i);
+      return;
+    }
+  }
+}
+
+void Segment::CloseLink(size_t i) {
+  links_[i].link->Retire();
+  links_.erase(links_.begin() + static_cast<std::ptrdiff_t>(i));
+  open_links_->fetch_sub(1, std::memory_order_relaxed);
 }
 
 Segment::Route* Segment::FindRoute(MemoryKind local, MemoryKind remote) {
@@ -43,10 +74,12 @@ SegmentTable::SegmentTable(const EngineOptions& options, const TransportSet& tra
       metrics_(metrics),
       describe_(std::move(describe)) {}
 
+SegmentTable::~SegmentTable() { StopSweeper(); }
+
 std::shared_ptr<Segment> SegmentTable::Slot(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& slot = by_name_[name];
-  if (!slot) slot = std::make_shared<Segment>(name);
+  if (!slot) slot = std::make_shared<Segment>(name, &open_links_);
   return slot;
 }
 
@@ -113,6 +146,7 @@ void SegmentTable::OnPeerChanged(const std::string& name) {
 }
 
 void SegmentTable::RetireAll() {
+  StopSweeper();
   std::unordered_map<std::string, std::shared_ptr<Segment>> open;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -276,15 +310,25 @@ StatusOr<Routed> SegmentTable::ConnectLocked(Segment& seg, MemoryKind local, Mem
   while (true) {
     FERRY_ASSIGN_OR_RETURN(Segment::Route * route, RouteOf(seg, local, remote));
     Transport* transport = route->transport;
-    if (auto* link = seg.LinkOf(transport)) {
-      if ((*link)->Healthy()) return Routed{*link, transport, {}, nullptr};
+    if (Segment::Link* link = seg.LinkOf(transport)) {
+      if (link->link->Healthy()) return Routed{link->link, transport, {}, nullptr, Lease(*link)};
       seg.RetireLinks();
       FERRY_RETURN_IF_ERROR(Handshake(seg));
       continue;
     }
+    FERRY_RETURN_IF_ERROR(ReserveLink(seg).WithPrefix("peer " + seg.name()));
     auto link = transport->Connect(seg.peer_, seg.wire_version_, ConnectDeadline());
-    if (!link.ok() && link.status().code() == StatusCode::kFailedPrecondition && !refetched) {
+    // A stale descriptor (the peer restarted between handshake and
+    // connect), or a link closed for idleness whose peer no longer answers
+    // where it did (it may have restarted elsewhere): learn where it is now.
+    const StatusCode code = link.ok() ? StatusCode::kOk : link.status().code();
+    const bool moved = seg.reopen_ && code != StatusCode::kOk &&
+                       code != StatusCode::kDeadlineExceeded &&
+                       code != StatusCode::kResourceExhausted;
+    if ((code == StatusCode::kFailedPrecondition || moved) && !refetched) {
+      open_links_.fetch_sub(1, std::memory_order_relaxed);  // the reservation
       refetched = true;
+      seg.reopen_ = false;
       FERRY_RETURN_IF_ERROR(Handshake(seg));
       continue;
     }
@@ -292,13 +336,161 @@ StatusOr<Routed> SegmentTable::ConnectLocked(Segment& seg, MemoryKind local, Mem
     if (link.ok()) {
       live = *std::move(link);
     } else {
-      FERRY_ASSIGN_OR_RETURN(auto next, FallBack(seg, local, remote, transport, link.status()));
-      transport = next.first;
-      live = std::move(next.second);
+      auto next = FallBack(seg, local, remote, transport, link.status());
+      if (!next.ok()) {
+        open_links_.fetch_sub(1, std::memory_order_relaxed);
+        return next.status();
+      }
+      transport = next->first;
+      live = std::move(next->second);
     }
-    seg.links_.emplace_back(transport, live);
-    return Routed{live, transport, {}, nullptr};
+    seg.reopen_ = false;
+    seg.links_.push_back({transport, live, std::make_shared<LinkUse>()});
+    seg.links_.back().use->last_used_ns.store(NowNs(), std::memory_order_relaxed);
+    metrics_.AddLinkOpened();
+    if (options_.idle_link_timeout.count() > 0) StartSweeper();
+    return Routed{live, transport, {}, nullptr, Lease(seg.links_.back())};
   }
+}
+
+std::shared_ptr<LinkLease> SegmentTable::Lease(const Segment::Link& l) {
+  return std::make_shared<LinkLease>(l.use, options_.max_peer_links > 0 ? room_ : nullptr);
+}
+
+// ---- peer links: the budget and idle links ---------------------------------------
+
+Status SegmentTable::ReserveLink(Segment& seg) {
+  const uint32_t max = options_.max_peer_links;
+  if (max == 0) {
+    open_links_.fetch_add(1, std::memory_order_relaxed);
+    return OkStatus();
+  }
+  const Clock::time_point deadline = ConnectDeadline();
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(room_mu_);
+      if (open_links_.load(std::memory_order_relaxed) < max) {
+        open_links_.fetch_add(1, std::memory_order_relaxed);
+        return OkStatus();
+      }
+    }
+    if (EvictIdle(seg)) continue;
+    if (Clock::now() >= deadline) {
+      return ResourceExhaustedError(
+          "no room for another peer link: all max_peer_links = " + std::to_string(max) +
+          " links are in use (requests in flight on each) and none became idle within "
+          "connect_timeout (" +
+          std::to_string(options_.connect_timeout.count()) +
+          " ms); raise max_peer_links (FERRY_MAX_PEER_LINKS; 0 = no limit)");
+    }
+    // Woken when a lease ends; links also turn idle when their last answer
+    // arrives, which wakes nobody, so the wait is bounded.
+    std::unique_lock<std::mutex> lock(room_->mu);
+    room_->cv.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(10)));
+  }
+}
+
+std::vector<std::shared_ptr<Segment>> SegmentTable::AllSegments() {
+  std::vector<std::shared_ptr<Segment>> all;
+  std::lock_guard<std::mutex> lock(mu_);
+  all.reserve(by_name_.size());
+  for (auto& [name, seg] : by_name_) all.push_back(seg);
+  return all;
+}
+
+bool SegmentTable::EvictIdle(Segment& seg) {
+  // Runs with seg.mu_ held: other segments' locks only by try_lock (one
+  // that is connecting, or evicting from this one, is skipped).
+  std::shared_ptr<Segment> best;
+  int64_t best_ns = 0;
+  for (const std::shared_ptr<Segment>& other : AllSegments()) {
+    if (other.get() == &seg) continue;
+    std::unique_lock<std::mutex> lock(other->mu_, std::try_to_lock);
+    if (!lock.owns_lock()) continue;
+    for (const Segment::Link& l : other->links_) {
+      const int64_t t = l.use->last_used_ns.load(std::memory_order_relaxed);
+      if (l.use->users.load(std::memory_order_acquire) == 0 && (!best || t < best_ns) &&
+          l.link->Idle()) {
+        best = other;
+        best_ns = t;
+      }
+    }
+  }
+  if (!best) return false;
+  std::unique_lock<std::mutex> lock(best->mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;  // busy now: the caller waits, then looks again
+  for (size_t i = 0; i < best->links_.size(); ++i) {
+    const Segment::Link& l = best->links_[i];
+    // Checked again under the lock: no lease can start meanwhile.
+    if (l.use->users.load(std::memory_order_acquire) == 0 && l.link->Idle()) {
+      FERRY_LOG(kDebug,
+                "closing the idle link to " << best->name() << " to make room (max_peer_links)");
+      best->CloseLink(i);
+      best->reopen_ = true;
+      metrics_.AddLinkEvicted();
+      return true;
+    }
+  }
+  return false;
+}
+
+void SegmentTable::SweepIdle() {
+  const int64_t timeout_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(options_.idle_link_timeout).count();
+  bool closed = false;
+  for (const std::shared_ptr<Segment>& seg : AllSegments()) {
+    std::unique_lock<std::mutex> lock(seg->mu_, std::try_to_lock);
+    if (!lock.owns_lock()) continue;
+    const int64_t now = NowNs();
+    for (size_t i = 0; i < seg->links_.size();) {
+      const Segment::Link& l = seg->links_[i];
+      // users == 0 under the segment's lock: nobody posts on the link, and
+      // nobody can start to (a lease is only taken under this lock).
+      if (l.use->users.load(std::memory_order_acquire) == 0 &&
+          now - l.use->last_used_ns.load(std::memory_order_relaxed) >= timeout_ns &&
+          l.link->Idle()) {
+        FERRY_LOG(kDebug, "closing the link to " << seg->name() << ": idle for "
+                                                 << options_.idle_link_timeout.count() << " ms");
+        seg->CloseLink(i);
+        seg->reopen_ = true;
+        metrics_.AddLinkClosedIdle();
+        closed = true;
+        continue;
+      }
+      ++i;
+    }
+  }
+  if (closed && options_.max_peer_links > 0) room_->cv.notify_all();
+}
+
+void SegmentTable::StartSweeper() {
+  std::lock_guard<std::mutex> lock(sweep_mu_);
+  if (sweeper_.joinable() || sweep_stop_) return;
+  // A link is closed between one and 1.25 timeouts after its last use
+  // (at least every second, so long timeouts are not late by minutes).
+  const auto period = std::clamp<std::chrono::milliseconds>(
+      options_.idle_link_timeout / 4, std::chrono::milliseconds(1), std::chrono::seconds(1));
+  sweeper_ = std::thread([this, period] {
+    std::unique_lock<std::mutex> l(sweep_mu_);
+    while (!sweep_stop_) {
+      sweep_cv_.wait_for(l, period);
+      if (sweep_stop_) break;
+      l.unlock();
+      SweepIdle();
+      l.lock();
+    }
+  });
+}
+
+void SegmentTable::StopSweeper() {
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(sweep_mu_);
+    sweep_stop_ = true;
+    t = std::move(sweeper_);
+  }
+  sweep_cv_.notify_all();
+  if (t.joinable()) t.join();
 }
 
 // auto: a transport that says it can reach the peer may still fail to
@@ -308,7 +500,12 @@ StatusOr<Routed> SegmentTable::ConnectLocked(Segment& seg, MemoryKind local, Mem
 // cost the caller another connect_timeout. `why` if none connects.
 StatusOr<std::pair<Transport*, std::shared_ptr<PeerLink>>> SegmentTable::FallBack(
     Segment& seg, MemoryKind local, MemoryKind remote, Transport* failed, const Status& why) {
-  if (options_.transport != "auto" || why.code() == StatusCode::kDeadlineExceeded) return why;
+  // Out of descriptors (kResourceExhausted) says nothing about the
+  // transport: the next one would fail alike, and must not be marked unusable.
+  if (options_.transport != "auto" || why.code() == StatusCode::kDeadlineExceeded ||
+      why.code() == StatusCode::kResourceExhausted) {
+    return why;
+  }
   for (Transport* next = PickTransport(seg, seg.peer_->desc(), local, remote, failed);
        next != nullptr; next = PickTransport(seg, seg.peer_->desc(), local, remote, next)) {
     auto other = next->Connect(seg.peer_, seg.wire_version_, ConnectDeadline());
@@ -345,8 +542,8 @@ std::vector<std::shared_ptr<PeerLink>> SegmentTable::OtherLinks(Segment& seg,
                                                                 const PeerLink& link) {
   std::vector<std::shared_ptr<PeerLink>> others;
   std::lock_guard<std::mutex> lock(seg.mu_);
-  for (auto& [t, l] : seg.links_) {
-    if (l.get() != &link) others.push_back(l);
+  for (const Segment::Link& l : seg.links_) {
+    if (l.link.get() != &link) others.push_back(l.link);
   }
   return others;
 }

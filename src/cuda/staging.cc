@@ -311,6 +311,9 @@ class StagingLink : public PeerLink {
   }
 
   bool Healthy() const override { return inner_->Healthy(); }
+  // Every staged slice holds the inner link until it is posted and done;
+  // only Post makes new ones, and the core asks while nobody posts.
+  bool Idle() const override { return inner_.use_count() == 1 && inner_->Idle(); }
   void Retire() override { inner_->Retire(); }
 
  private:

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,55 @@ std::string MemlockSoft() {
   if (getrlimit(RLIMIT_MEMLOCK, &r) != 0) return "unknown";
   if (r.rlim_cur == RLIM_INFINITY) return "unlimited";
   return std::to_string(static_cast<unsigned long long>(r.rlim_cur)) + " B";
+}
+
+// RLIMIT_NOFILE as the process started (before the probe engine raised
+// it) and now.
+struct FdLimits {
+  uint64_t soft_at_start = 0, soft = 0, hard = 0;
+};
+
+uint64_t FdSoftNow(uint64_t* hard) {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return 0;
+  *hard = r.rlim_max;
+  return r.rlim_cur;
+}
+
+std::string FdCount(uint64_t v) {
+  return v == RLIM_INFINITY ? "unlimited" : std::to_string(static_cast<unsigned long long>(v));
+}
+
+// Descriptors one peer link holds on this side: a socket per stream (the
+// peer holds as many); a same-host link also follows the peer's process
+// with a pidfd.
+int FdsPerLink(const EngineOptions& o) { return o.tcp_streams; }
+
+// About how many peer links fit under `limit` descriptors: what the engine
+// holds itself (its loops, listeners, eventfds; the application's own
+// files) is taken as 64.
+uint64_t LinksUnder(uint64_t limit, const EngineOptions& o) {
+  constexpr uint64_t kEngineOwn = 64;
+  if (limit == RLIM_INFINITY) return limit;
+  return limit > kEngineOwn ? (limit - kEngineOwn) / static_cast<uint64_t>(FdsPerLink(o)) : 0;
+}
+
+std::string FdLimitLines(const FdLimits& l, const EngineOptions& o) {
+  std::ostringstream out;
+  out << "  RLIMIT_NOFILE       soft " << FdCount(l.soft_at_start) << ", hard " << FdCount(l.hard);
+  if (l.soft != l.soft_at_start) {
+    out << "; engines raise the soft limit to " << FdCount(l.soft) << " (raise_fd_limit = 1)";
+  } else if (!o.raise_fd_limit) {
+    out << "; engines leave it (raise_fd_limit = 0)";
+  }
+  out << "\n  peer links          about " << LinksUnder(l.soft, o) << " under the soft limit";
+  if (l.soft != l.soft_at_start) {
+    out << " (" << LinksUnder(l.soft_at_start, o) << " before raising it)";
+  }
+  out << ", at " << FdsPerLink(o) << " descriptors each (tcp_streams = " << o.tcp_streams
+      << "; same-host links one more); idle links close after " << o.idle_link_timeout.count()
+      << " ms (idle_link_timeout), max_peer_links = " << o.max_peer_links << "\n";
+  return out.str();
 }
 
 // Yama's ptrace_scope, which decides whether peers on this host may copy to
@@ -220,10 +270,12 @@ struct Probe {
   std::string backend;
   FabricInfo fabric;
   CudaInfo cuda;
+  FdLimits fds;
 };
 
 Probe Gather() {
   Probe p;
+  p.fds.soft_at_start = FdSoftNow(&p.fds.hard);
   auto engine = Engine::Create(EngineOptions{}.WithEnvironment());
   if (!engine.ok()) {
     throw RunError("cannot start an engine to ask it: " + engine.status().ToString());
@@ -236,6 +288,7 @@ Probe Gather() {
   p.backend = MetadataBackendOf(o.metadata);
   p.fabric = DescribeFabric(o.fabric_provider, o.listen_host);
   p.cuda = DescribeCuda();
+  p.fds.soft = FdSoftNow(&p.fds.hard);
   return p;
 }
 
@@ -333,6 +386,11 @@ void PrintJson(const Probe& p) {
                  {"max_notification_message", static_cast<uint64_t>(kMaxNotificationMessage)},
                  {"registered_memory", std::string("address space (") + kPinning + ")"},
                  {"memlock_soft", MemlockSoft()},
+                 {"nofile_soft_at_start", p.fds.soft_at_start},
+                 {"nofile_soft", p.fds.soft},
+                 {"nofile_hard", p.fds.hard},
+                 {"fds_per_peer_link", FdsPerLink(o)},
+                 {"peer_links_under_soft_limit", LinksUnder(p.fds.soft, o)},
                  {"yama_ptrace_scope", YamaPtraceScope()},
                  {"same_host_access", SameHostAccess()},
                  {"same_host_copy", SameHostCopyProbe(p.registry)}};
@@ -367,7 +425,7 @@ void PrintText(const Probe& p) {
             << "  same-host (shm)     " << SameHostAccess()
             << "; probe of a child: " << SameHostCopyProbe(p.registry) << "\n"
             << "  RLIMIT_MEMLOCK      " << MemlockSoft() << "\n"
-            << "\n"
+            << FdLimitLines(p.fds, o) << "\n"
             << FabricLines(p.fabric, o) << "\n"
             << CudaLines(p.cuda);
 }

@@ -9,6 +9,7 @@
 #include <shared_mutex>
 
 #include "common/cuda_driver.h"
+#include "common/fd_limit.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "cuda/copy_queue.h"
@@ -295,8 +296,10 @@ class CudaIpcTransport : public Transport {
     }
     UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
     if (!pidfd.valid()) {
-      return UnavailableError("peer " + peer->Label() + ": its process " + std::to_string(pid) +
-                              " cannot be followed (pidfd_open: " + ErrnoString(errno) + ")");
+      return DescriptorError(StatusCode::kUnavailable,
+                             "peer " + peer->Label() + ": its process " + std::to_string(pid) +
+                                 " cannot be followed (pidfd_open)",
+                             errno);
     }
     auto link = std::make_shared<CudaIpcLink>(*d, peer, std::move(pidfd));
     Status probe = link->Probe(*peer);

@@ -1,6 +1,7 @@
 #include "transport/fault/fault_transport.h"
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -92,12 +93,18 @@ class FaultyLink : public PeerLink {
   }
   Status Flush(Clock::time_point deadline) override { return inner_->Flush(deadline); }
   bool Healthy() const override { return inner_->Healthy(); }
+  bool Idle() const override { return held_->load() == 0 && inner_->Idle(); }
   void Retire() override { inner_->Retire(); }
 
  private:
+  // Runs `fn` on a worker thread; the link is not idle until it returns.
   void Spawn(std::function<void()> fn) {
     std::lock_guard<std::mutex> lock(mu_);
-    workers_.emplace_back(std::move(fn));
+    held_->fetch_add(1);
+    workers_.emplace_back([fn = std::move(fn), held = held_] {
+      fn();
+      held->fetch_sub(1);
+    });
   }
 
   // Posts the slices through a shadow batch, then answers the real one:
@@ -163,6 +170,8 @@ class FaultyLink : public PeerLink {
   const std::string transport_;
   std::mutex mu_;
   std::vector<std::thread> workers_;  // guarded by mu_; joined by the destructor
+  // Workers still holding slices.
+  const std::shared_ptr<std::atomic<int>> held_ = std::make_shared<std::atomic<int>>(0);
 };
 
 class FaultyTransport : public Transport {

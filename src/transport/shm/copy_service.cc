@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstdio>
 
+#include "common/fd_limit.h"
 #include "transport/shm/copy_frames.h"
 
 namespace ferry::internal::shm {
@@ -199,9 +200,10 @@ Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c,
     // (syscall: Debian 12's <sys/pidfd.h> lacks C linkage for C++.)
     pidfd = UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
     if (!pidfd.valid()) {
-      result = FailedPreconditionError("same-host transport: cannot follow process " +
-                                       std::to_string(pid) + " (pidfd_open: " + ErrnoString(errno) +
-                                       ")");
+      result = DescriptorError(
+          StatusCode::kFailedPrecondition,
+          "same-host transport: cannot follow process " + std::to_string(pid) + " (pidfd_open)",
+          errno);
     }
   }
   if (result.ok()) result = ProbePeer(cfg, pid, hello);

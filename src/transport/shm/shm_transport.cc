@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
 #include <random>
 
+#include "common/fd_limit.h"
 #include "common/log.h"
 #include "common/net.h"
 #include "transport/shm/copy_frames.h"
@@ -142,8 +144,17 @@ class ShmTransport : public Transport {
     stream::StreamLinkConfig cfg = link_cfg_;
     if (peer.HasFeature("shm-lend-reads")) {
       UniqueFd pidfd;
+      errno = 0;
       if (target_pid > 0 && shm::CanReadProcess(target_pid)) {
         pidfd = UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, target_pid, 0)));
+      }
+      if (!pidfd.valid() && (errno == EMFILE || errno == ENFILE)) {
+        // Out of descriptors (the /proc/PID/mem check or the pidfd): a
+        // limit to raise, not a peer this process cannot read.
+        return DescriptorError(StatusCode::kUnavailable,
+                               "same-host transport: cannot follow process " +
+                                   std::to_string(target_pid) + " (" + info->Label() + ")",
+                               errno);
       }
       if (!pidfd.valid()) {
         return FailedPreconditionError(

@@ -150,6 +150,17 @@ void Connection::Enqueue(RequestFrame r) {
   inflight_.push_back(Inflight{seq, std::move(r)});
 }
 
+bool Connection::Quiet() const {
+  if (Broken()) return true;
+  std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
+  if (!io.owns_lock()) return false;
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    if (!submitted_.empty()) return false;
+  }
+  return inflight_.empty() && out_.empty() && !deferred_.has_value();
+}
+
 void Connection::RetireWhenIdle() {
   retire_.store(true);
   std::weak_ptr<Connection> weak = weak_from_this();

@@ -83,6 +83,9 @@ class Connection : public EventLoop::Handler,
   EventLoop* loop() const { return loop_; }
   // Bytes of requests sent or queued on this stream and not yet answered.
   uint64_t QueuedBytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
+  // Nothing queued, in flight or deferred (any thread); a closed stream is
+  // quiet. False while the loop is busy with it.
+  bool Quiet() const;
   // Closes once nothing is in flight (any thread).
   void RetireWhenIdle();
   // Closes now, failing everything in flight with `why` (any thread).
@@ -166,7 +169,7 @@ class Connection : public EventLoop::Handler,
   std::function<void()> on_progress_;  // set before Attach, then read-only
 
   // Submissions from other threads.
-  std::mutex submit_mu_;
+  mutable std::mutex submit_mu_;
   std::vector<RequestFrame> submitted_;  // guarded by submit_mu_
   bool drain_scheduled_ = false;         // guarded by submit_mu_
   bool closed_ = false;                  // guarded by submit_mu_ (written on the loop thread)

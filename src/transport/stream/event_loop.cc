@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "common/fd_limit.h"
 #include "common/log.h"
 #include "common/net.h"
 
@@ -25,9 +26,11 @@ EventLoop::~EventLoop() {
 
 Status EventLoop::Start() {
   epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
-  if (epfd_ < 0) return InternalError("epoll_create1: " + ErrnoString(errno));
+  if (epfd_ < 0) {
+    return DescriptorError(StatusCode::kInternal, "an event loop's epoll_create1", errno);
+  }
   wakefd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wakefd_ < 0) return InternalError("eventfd: " + ErrnoString(errno));
+  if (wakefd_ < 0) return DescriptorError(StatusCode::kInternal, "an event loop's eventfd", errno);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.fd = wakefd_;

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <future>
 
+#include "common/fd_limit.h"
 #include "common/log.h"
 #include "transport/stream/connection.h"
 
@@ -89,8 +90,9 @@ void Listener::OnEvents(uint32_t) {
         // Out of descriptors: take the connection with the spare one and
         // close it, or the level-triggered loop wakes for it forever.
         if (!out_of_fds_logged_) {
-          FERRY_LOG(kWarning, cfg_.name << ": out of file descriptors (" << ErrnoString(errno)
-                                        << "); closing new connections until some are freed");
+          FERRY_LOG(kWarning,
+                    DescriptorError(StatusCode::kInternal, cfg_.name + ": accept", errno).message()
+                        << "; closing new connections until some are freed");
           out_of_fds_logged_ = true;
         }
         spare_.Reset();

@@ -53,6 +53,8 @@ class PeerBudget {
   // Takes room if there is some now; never waits.
   bool TryAcquire(uint64_t slices, uint64_t bytes);
   void Release(uint64_t slices, uint64_t bytes);
+  // Nothing outstanding.
+  bool Idle() const { return slices_.load(std::memory_order_acquire) == 0; }
   // "limit peer_max_requests = N (N slices outstanding) ..." for errors.
   std::string Describe() const;
 

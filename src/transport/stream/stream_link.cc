@@ -120,6 +120,18 @@ bool StreamLink::Healthy() const {
   return true;
 }
 
+bool StreamLink::Idle() const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!backlog_.empty()) return false;
+  }
+  if (!budget_->Idle()) return false;
+  for (const auto& s : streams_) {
+    if (!s->Quiet()) return false;
+  }
+  return true;
+}
+
 void StreamLink::Retire() {
   // Nothing waits here once the link is retired: hand every frame over
   // (the streams close when they have answered all of them).

@@ -71,6 +71,8 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   void Post(const PostContext& ctx, std::vector<Slice> slices) override;
   Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) override;
   bool Healthy() const override;
+  // No frame waiting, none unanswered on any stream.
+  bool Idle() const override;
   void Retire() override;
 
  private:
@@ -99,7 +101,7 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   std::vector<std::shared_ptr<Connection>> streams_;
   std::shared_ptr<WriteTracker> tracker_;
   const std::shared_ptr<PeerBudget> budget_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::deque<RequestFrame> backlog_;  // guarded by mu_
 };
 
