@@ -181,6 +181,12 @@ struct EngineMetrics {
   uint64_t notifications_sent = 0;
   uint64_t notifications_received = 0;
   uint64_t cancelled_requests = 0;
+  // File regions (Engine::RegisterFile): reads and writes this engine handed
+  // to the kernel, with O_DIRECT (aligned) and through the page cache.
+  uint64_t file_direct_ops = 0;
+  uint64_t file_direct_bytes = 0;
+  uint64_t file_buffered_ops = 0;
+  uint64_t file_buffered_bytes = 0;
 };
 
 }  // namespace ferry

@@ -132,6 +132,15 @@ std::string Metrics::PrometheusText(const EngineMetrics& m) {
   out += "ferry_notifications_received_total " + std::to_string(m.notifications_received) + "\n";
   family("ferry_cancelled_requests_total", "counter", "Requests failed by a cancellation.");
   out += "ferry_cancelled_requests_total " + std::to_string(m.cancelled_requests) + "\n";
+  family("ferry_file_ops_total", "counter",
+         "Reads and writes of file regions handed to the kernel, by I/O mode.");
+  out += "ferry_file_ops_total{mode=\"direct\"} " + std::to_string(m.file_direct_ops) + "\n";
+  out += "ferry_file_ops_total{mode=\"buffered\"} " + std::to_string(m.file_buffered_ops) + "\n";
+  family("ferry_file_bytes_total", "counter",
+         "Bytes of file regions' reads and writes handed to the kernel, by I/O mode.");
+  out += "ferry_file_bytes_total{mode=\"direct\"} " + std::to_string(m.file_direct_bytes) + "\n";
+  out +=
+      "ferry_file_bytes_total{mode=\"buffered\"} " + std::to_string(m.file_buffered_bytes) + "\n";
   return out;
 }
 

@@ -228,6 +228,10 @@ constexpr Row kRows[] = {
         "how long a caller waiting for its transfers (WaitBatch, TransferSync) spins before it "
         "blocks; a caller polling them (PollBatch, PollTransfer: the Python status calls) yields "
         "instead of blocking for as long after they began"),
+    Integer<&EngineOptions::file_queue_depth>(
+        "file_queue_depth", "", kEngine, "", 1, 4096,
+        "file reads and writes in the kernel at once (the io_uring ring of file regions); "
+        "the others wait in order"),
 };
 constexpr size_t kRowCount = std::size(kRows);
 

@@ -314,7 +314,9 @@ StatusOr<SegmentHandle> Engine::ImportMetadata(std::string_view bytes) {
 // ---- telemetry ----------------------------------------------------------------------
 
 EngineMetrics Engine::GetMetrics() const {
-  return impl_->metrics()->Snapshot(impl_->target().delivered());
+  EngineMetrics m = impl_->metrics()->Snapshot(impl_->target().delivered());
+  impl_->FileCounters(&m);
+  return m;
 }
 
 std::string Engine::MetricsText() const { return internal::Metrics::PrometheusText(GetMetrics()); }
