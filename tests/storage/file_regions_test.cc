@@ -121,15 +121,13 @@ class FileRegionsTest : public ::testing::TestWithParam<std::string> {
     return p;
   }
 
-  // Registers the file with the owner and opens the initiator's view of it
-  // again (the peer's descriptor now lists it).
+  // Registers the file with the owner and fetches the owner's descriptor
+  // again (prepared lists check against it).
   StatusOr<uint64_t> RegisterFile(const FileRegion& r) {
     auto base = owner_->RegisterFile(r);
     if (!base.ok()) return base.status();
-    if (peer_) {
-      auto q = initiator_->QuerySegment(segment_);
-      if (!q.ok()) return q.status();
-    }
+    auto q = initiator_->QuerySegment(segment_);
+    if (!q.ok()) return q.status();
     return reinterpret_cast<uint64_t>(*base);
   }
 
@@ -385,6 +383,48 @@ TEST_P(FileRegionsTest, NoByteLandsAfterCancelReturns) {
   }
   EXPECT_OK(initiator_->FreeBatch(batch));
   RecordProperty("cancelled", static_cast<int>(cancelled));
+}
+
+// Prepared lists and transfers reach file regions like memory: KV pages
+// (scattered, strided rows) written with a notification, which arrives
+// only once the bytes are in the file, then read back.
+TEST_P(FileRegionsTest, PreparedTransferWithNotification) {
+  constexpr uint64_t kPage = 16384, kPages = 32;
+  TempFile file(2 * kPages * kPage);
+  uint64_t base = 0;
+  ASSERT_OK_AND_ASSIGN(base, RegisterFile({.path = file.path()}));
+  unsigned char* mem = Memory(kPages * kPage);
+  FillPattern(mem, kPages * kPage, 29);
+  const DescRow local_rows[] = {{reinterpret_cast<uint64_t>(mem), kPage, kPage, kPages}};
+  // Every other page of the file.
+  const DescRow remote_rows[] = {{base, kPage, 2 * kPage, kPages}};
+  ASSERT_OK_AND_ASSIGN(DescListHandle local, initiator_->PrepareLocalList(local_rows));
+  ASSERT_OK_AND_ASSIGN(DescListHandle remote, initiator_->PrepareRemoteList(segment_, remote_rows));
+  std::vector<uint32_t> idx(kPages);
+  for (uint32_t k = 0; k < kPages; ++k) idx[k] = k;
+  ASSERT_OK_AND_ASSIGN(TransferHandle t,
+                       initiator_->MakeTransfer(Opcode::kWrite, local, idx, remote, idx,
+                                                Notification{"", "kv", "pages written"}));
+  ASSERT_OK(initiator_->PostTransfer(t));
+  ASSERT_OK(initiator_->WaitTransfer(t, kWait));
+  // The notification came after the data: the file holds every page.
+  std::vector<Notification> got = owner_->GetNotifications();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message, "pages written");
+  for (uint64_t k = 0; k < kPages; ++k) {
+    EXPECT_EQ(std::memcmp(file.Read(2 * k * kPage, kPage).data(), mem + k * kPage, kPage), 0)
+        << "page " << k;
+  }
+  unsigned char* back = Memory(kPages * kPage);
+  const DescRow back_rows[] = {{reinterpret_cast<uint64_t>(back), kPage, kPage, kPages}};
+  ASSERT_OK_AND_ASSIGN(DescListHandle back_list, initiator_->PrepareLocalList(back_rows));
+  ASSERT_OK_AND_ASSIGN(TransferHandle r,
+                       initiator_->MakeTransfer(Opcode::kRead, back_list, idx, remote, idx));
+  ASSERT_OK(initiator_->PostTransfer(r));
+  ASSERT_OK(initiator_->WaitTransfer(r, kWait));
+  EXPECT_EQ(std::memcmp(back, mem, kPages * kPage), 0);
+  EXPECT_OK(initiator_->ReleaseTransfer(t));
+  EXPECT_OK(initiator_->ReleaseTransfer(r));
 }
 
 // Local only: this engine's file region as the request's local side (file →
