@@ -271,7 +271,8 @@ StatusOr<std::shared_ptr<internal::storage::FileIo>> Engine::Impl::file_io() {
 StatusOr<void*> Engine::RegisterFile(const FileRegion& file) {
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<internal::storage::FileIo> io, impl_->file_io());
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const internal::storage::FileSegment> segment,
-                         internal::storage::FileSegment::Open(file, std::move(io)));
+                         internal::storage::FileSegment::Open(
+                             file, std::move(io), impl_->options().testing.file_eio_offsets));
   MemoryRegion r{segment->base(), segment->length(), "file", file.exported};
   const MemoryKind kind = MemoryKind::File();
   FERRY_RETURN_IF_ERROR(impl_->target().registry().Register({&r, 1}, {&kind, 1},

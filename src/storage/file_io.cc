@@ -163,7 +163,9 @@ void FileIo::FillLocked(std::vector<Op*>* refused) {
     const unsigned n = static_cast<unsigned>(
         std::min<uint64_t>(op->op.length - op->done, uint64_t{1} << 30));  // one call's most
     const uint64_t offset = op->op.offset + op->done;
-    if (op->op.write) {
+    if (op->op.fail_errno != 0) {
+      io_uring_prep_nop(sqe);  // an injected fault: answered in Reap
+    } else if (op->op.write) {
       io_uring_prep_write(sqe, op->op.fd, at, n, offset);
       if (op->op.dsync) sqe->rw_flags = RWF_DSYNC;
     } else {
@@ -210,7 +212,9 @@ void FileIo::Reap() {
       Op* op = static_cast<Op*>(io_uring_cqe_get_data(cqe));
       const uint64_t left = op->op.length - op->done;
       const uint64_t at = op->op.offset + op->done;
-      if (cqe->res < 0) {
+      if (op->op.fail_errno != 0) {
+        finished.emplace_back(op, FileError(op->op, at, left, op->op.fail_errno));
+      } else if (cqe->res < 0) {
         finished.emplace_back(op, FileError(op->op, at, left, -cqe->res));
       } else if (cqe->res == 0 && !op->op.write) {
         struct stat st {};

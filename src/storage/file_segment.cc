@@ -30,7 +30,8 @@ Status OpenError(const std::string& name, int err, bool writable) {
 }  // namespace
 
 StatusOr<std::shared_ptr<FileSegment>> FileSegment::Open(const FileRegion& r,
-                                                         std::shared_ptr<FileIo> io) {
+                                                         std::shared_ptr<FileIo> io,
+                                                         std::vector<uint64_t> eio_offsets) {
   if (r.path.empty() == (r.fd < 0)) {
     return InvalidArgumentError(
         "a file region names its file by a path or by a descriptor (fd >= 0), exactly one of "
@@ -41,6 +42,7 @@ StatusOr<std::shared_ptr<FileSegment>> FileSegment::Open(const FileRegion& r,
   f->name_ = std::make_shared<const std::string>(NameOf(r));
   f->writable_ = r.writable;
   f->durable_ = r.durable;
+  f->eio_offsets_ = std::move(eio_offsets);
   // A caller's descriptor is opened anew through /proc: the engine's own
   // open file, whatever the caller does with its descriptor later.
   const std::string path = r.fd >= 0 ? "/proc/self/fd/" + std::to_string(r.fd) : r.path;
@@ -109,6 +111,9 @@ StatusOr<FileOp> FileSegment::MakeOp(bool write, char* buf, uint64_t addr, uint6
   op.direct = align_ != 0 && reinterpret_cast<uintptr_t>(buf) % align_ == 0 &&
               op.offset % align_ == 0 && length % align_ == 0;
   op.fd = op.direct ? direct_.get() : buffered_.get();
+  for (uint64_t bad : eio_offsets_) {
+    if (bad >= op.offset && bad - op.offset < length) op.fail_errno = EIO;
+  }
   return op;
 }
 

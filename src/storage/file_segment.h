@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/net.h"
 #include "ferry/file_region.h"
@@ -36,8 +37,11 @@ class FileSegment {
   // (naming the file, the range and its size), a range that wraps; the
   // errors of open(2) (kNotFound for ENOENT, kInvalidArgument otherwise,
   // naming the file).
+  // `eio_offsets` (tests: TestingOptions::file_eio_offsets): ops covering
+  // one of these file offsets fail with EIO.
   static StatusOr<std::shared_ptr<FileSegment>> Open(const FileRegion& r,
-                                                     std::shared_ptr<FileIo> io);
+                                                     std::shared_ptr<FileIo> io,
+                                                     std::vector<uint64_t> eio_offsets = {});
   ~FileSegment();
   FileSegment(const FileSegment&) = delete;
   FileSegment& operator=(const FileSegment&) = delete;
@@ -71,6 +75,7 @@ class FileSegment {
   uint64_t offset_ = 0;
   bool writable_ = true;
   bool durable_ = false;
+  std::vector<uint64_t> eio_offsets_;
 };
 
 }  // namespace ferry::internal::storage

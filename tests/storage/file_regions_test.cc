@@ -327,6 +327,45 @@ TEST_P(FileRegionsTest, DeviceFullIsResourceExhaustedEarlierEntriesIntact) {
   std::filesystem::remove(dir);
 }
 
+// A device error (EIO, injected on chosen file offsets: a disk's bad
+// sectors) fails only the entries that touch them, DATA_LOSS naming the
+// file, the offset and the kernel's word; the others of the batch complete.
+TEST_P(FileRegionsTest, DeviceErrorFailsOnlyTheEntriesThatMeetIt) {
+  initiator_.reset();
+  peer_.reset();
+  EngineOptions o;
+  o.transport = GetParam();
+  o.listen_host = "127.0.0.1";
+  o.transfer_timeout = kWait;
+  o.testing.file_eio_offsets = {20000, 65536};
+  ASSERT_OK_AND_ASSIGN(initiator_, Engine::Create(o));
+  owner_ = initiator_.get();
+  if (GetParam() != "local") {
+    ASSERT_OK_AND_ASSIGN(peer_, Engine::Create(o));
+    owner_ = peer_.get();
+  }
+  ASSERT_OK_AND_ASSIGN(segment_, initiator_->OpenSegment(owner_->PeerId()));
+  TempFile file(131072);
+  uint64_t base = 0;
+  ASSERT_OK_AND_ASSIGN(base, RegisterFile({.path = file.path()}));
+  unsigned char* mem = Memory(131072);
+  FillPattern(mem, 131072, 31);
+  const std::vector<Piece> pieces = {
+      {0, 0, 16384}, {16384, 16384, 16384}, {32768, 32768, 32768}, {65536, 65536, 4096}};
+  const std::vector<Status> w = Run(Opcode::kWrite, mem, base, pieces);
+  EXPECT_OK(w[0]);
+  EXPECT_THAT(w[1],
+              StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(file.path()), MentionsNumber(16384),
+                                                    HasSubstr("Input/output error"))));
+  EXPECT_OK(w[2]);
+  EXPECT_THAT(w[3], StatusIs(StatusCode::kDataLoss,
+                             AllOf(HasSubstr(file.path()),
+                                   HasSubstr("write of 4096 bytes at offset 65536"))));
+  EXPECT_EQ(std::memcmp(file.Read(32768, 32768).data(), mem + 32768, 32768), 0);
+  const std::vector<Status> r = Run(Opcode::kRead, mem, base, {{0, 16384, 8192}});
+  EXPECT_THAT(r[0], StatusIs(StatusCode::kDataLoss, HasSubstr("read of 8192 bytes")));
+}
+
 // Once CancelBatch returns, no byte of the batch moves any more: reads from
 // the file into memory queued behind a ring of depth 1.
 TEST_P(FileRegionsTest, NoByteLandsAfterCancelReturns) {
