@@ -2,11 +2,14 @@
 range of a file and read back, through the engine's own segment (the local
 transport) and a second engine's over tcp (the engine that owns the file
 does the I/O); the range checks, read-only registrations and a descriptor
-closed by its owner."""
+closed by its owner; a writer killed mid-batch."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -93,3 +96,58 @@ def test_descriptor_closed_by_its_owner(pair, tmp_path):
     a.write(seg, buf, base + 8192)
     a.read(seg, back, base + 8192)
     assert np.array_equal(buf, back)
+
+
+# A child that writes KV pages to a durable file region in batches of 16 and
+# prints each batch's first index once the batch completed (so durable).
+WRITER = r'''
+import json, sys
+import numpy as np
+import ferry
+
+path, pages, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+e = ferry.Engine(transport="local", listen_host="127.0.0.1", file_queue_depth=4)
+seg = e.open_segment(e.peer_id)
+base = e.register_file(path, durable=True)
+buf = np.empty(pages * size, dtype=np.uint8)
+for k in range(pages):
+    buf[k * size:(k + 1) * size] = np.random.default_rng(k).integers(0, 256, size, np.uint8)
+e.register(buf)
+print(json.dumps({"ready": True}), flush=True)
+for first in range(0, pages, 16):
+    ks = range(first, min(first + 16, pages))
+    e.write_many(seg, [buf[k * size:(k + 1) * size] for k in ks], [base + k * size for k in ks])
+    print(json.dumps({"durable": first}), flush=True)
+'''
+
+
+@pytest.mark.multiprocess
+def test_killed_mid_batch_entries_reported_durable_are_in_the_file(tmp_path):
+    """SIGKILL while batches of durable writes are in flight: every page of a
+    batch reported complete is in the file, whole, as a new process reads it."""
+    from conftest import REPLY_TIMEOUT, child_env
+
+    pages, size = 1024, 16384
+    path = make_file(tmp_path, pages * size)
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    proc = subprocess.Popen([sys.executable, str(script), path, str(pages), str(size)],
+                            stdout=subprocess.PIPE, text=True, env=child_env())
+    try:
+        assert json.loads(proc.stdout.readline()) == {"ready": True}
+        reported = []
+        for line in proc.stdout:  # until 8 batches are reported (or the child finished)
+            reported.append(json.loads(line)["durable"])
+            if len(reported) == 8:
+                break
+        proc.kill()
+    finally:
+        proc.kill()
+        proc.wait(timeout=REPLY_TIMEOUT)
+    assert reported, "the writer reported no batch"
+    with open(path, "rb") as f:
+        data = f.read()
+    for first in reported:
+        for k in range(first, min(first + 16, pages)):
+            want = np.random.default_rng(k).integers(0, 256, size, np.uint8).tobytes()
+            assert data[k * size:(k + 1) * size] == want, f"page {k} reported durable"
