@@ -277,7 +277,12 @@ StatusOr<void*> Engine::RegisterFile(const FileRegion& file) {
   const MemoryKind kind = MemoryKind::File();
   FERRY_RETURN_IF_ERROR(impl_->target().registry().Register({&r, 1}, {&kind, 1},
                                                             &impl_->transports(), {&segment, 1}));
-  FERRY_RETURN_IF_ERROR(impl_->Republish());
+  if (Status published = impl_->Republish(); !published.ok()) {
+    // The caller gets no address to unregister it with: undo it.
+    (void)impl_->target().registry().Unregister(reinterpret_cast<uint64_t>(segment->base()),
+                                                &impl_->transports());
+    return published;
+  }
   return segment->base();
 }
 

@@ -227,7 +227,8 @@ void FileIo::Reap() {
       } else if (cqe->res == 0) {
         finished.emplace_back(op, FileError(op->op, at, left, EIO));
       } else if (static_cast<uint64_t>(cqe->res) < left) {
-        op->done += static_cast<uint64_t>(cqe->res);  // short: the rest goes again
+        op->done += static_cast<uint64_t>(cqe->res);        // short: the rest goes again,
+        if (op->op.direct) op->op.fd = op->op.buffered_fd;  // maybe unaligned now
         again.push_back(op);
       } else {
         finished.emplace_back(op, OkStatus());

@@ -39,9 +39,10 @@ namespace ferry::internal::storage {
 struct FileOp {
   bool write = false;  // true: buf → file; false: file → buf
   int fd = -1;
-  bool direct = false;  // fd was opened with O_DIRECT (and the op is aligned for it)
-  bool dsync = false;   // the write is done only once on stable storage (RWF_DSYNC)
-  int fail_errno = 0;   // tests: the kernel is not asked; the op fails with this errno
+  bool direct = false;   // fd was opened with O_DIRECT (and the op is aligned for it)
+  int buffered_fd = -1;  // the same file through the page cache: for the rest of a short op
+  bool dsync = false;    // the write is done only once on stable storage (RWF_DSYNC)
+  int fail_errno = 0;    // tests: the kernel is not asked; the op fails with this errno
   char* buf = nullptr;
   uint64_t length = 0;
   uint64_t offset = 0;                      // in the file

@@ -111,6 +111,7 @@ StatusOr<FileOp> FileSegment::MakeOp(bool write, char* buf, uint64_t addr, uint6
   op.direct = align_ != 0 && reinterpret_cast<uintptr_t>(buf) % align_ == 0 &&
               op.offset % align_ == 0 && length % align_ == 0;
   op.fd = op.direct ? direct_.get() : buffered_.get();
+  op.buffered_fd = buffered_.get();
   for (uint64_t bad : eio_offsets_) {
     if (bad >= op.offset && bad - op.offset < length) op.fail_errno = EIO;
   }

@@ -190,6 +190,14 @@ TEST_P(FileRegionsTest, WriteThenReadBack) {
   uint64_t bytes = 0;
   for (const Piece& p : pieces) bytes += 2 * p.length;
   EXPECT_EQ(m.file_direct_bytes + m.file_buffered_bytes, bytes);
+  // Where the file system has O_DIRECT, the aligned pieces used it (over
+  // tcp too: the target stages them in page-aligned buffers).
+  struct statx sx {};
+  if (::statx(AT_FDCWD, file.path().c_str(), 0, STATX_DIOALIGN, &sx) == 0 &&
+      (sx.stx_mask & STATX_DIOALIGN) != 0 && sx.stx_dio_offset_align != 0 &&
+      sx.stx_dio_offset_align <= 4096 && sx.stx_dio_mem_align <= 4096) {
+    EXPECT_GE(m.file_direct_ops, 2 * 4u) << "4 pieces are 4 KiB-aligned in memory and file";
+  }
   EXPECT_OK(owner_->UnregisterMemory(reinterpret_cast<void*>(base)));
   // Gone: a transfer naming it is refused.
   TransferRequest r{Opcode::kRead, dst, segment_, base, 4096};

@@ -1,10 +1,30 @@
 #include "transport/tcp/tcp_frames.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <new>
 
 #include "storage/file_segment.h"
 
 namespace ferry::internal::tcp {
+namespace {
+
+// Host memory for a frame's staged entries, page-aligned so that file
+// entries may go to the file with O_DIRECT.
+std::shared_ptr<char> StagingBytes(size_t n) {
+  const size_t rounded = std::max<size_t>(4096, (n + 4095) / 4096 * 4096);
+  void* p = std::aligned_alloc(4096, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  return std::shared_ptr<char>(static_cast<char*>(p), std::free);
+}
+
+// Where in the staging buffer an entry of `length` bytes goes after `at`:
+// one whose length O_DIRECT could take starts on a page.
+size_t StagedOffset(size_t at, uint32_t length) {
+  return length % 512 == 0 ? (at + 4095) / 4096 * 4096 : at;
+}
+
+}  // namespace
 
 void TcpFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes,
                              uint16_t wire_version, stream::RequestFrame* r) const {
@@ -73,11 +93,15 @@ Status TcpStreamService::ServeWrite(stream::Connection& c, const wire::FrameHead
       placed[i] = 1;
       continue;
     }
-    staged_.push_back({i, e.addr, last, staged_bytes, e.length});
-    staged_bytes += e.length;
+    const size_t at = StagedOffset(staged_bytes, e.length);
+    staged_.push_back({i, e.addr, last, at, e.length});
+    staged_bytes = at + e.length;
     placed[i] = 2;
   }
-  if (staged_bytes_.size() < staged_bytes) staged_bytes_.resize(staged_bytes);
+  if (staged_capacity_ < staged_bytes) {
+    staged_bytes_ = StagingBytes(staged_bytes);
+    staged_capacity_ = staged_bytes;
+  }
   size_t g = 0;
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
@@ -86,7 +110,7 @@ Status TcpStreamService::ServeWrite(stream::Connection& c, const wire::FrameHead
     } else if (placed[i] == 1) {
       reader.AddDestination(reinterpret_cast<char*>(e.addr), e.length);
     } else {
-      reader.AddDestination(staged_bytes_.data() + staged_[g++].offset, e.length);
+      reader.AddDestination(staged_bytes_.get() + staged_[g++].offset, e.length);
     }
   }
   return OkStatus();
@@ -144,8 +168,8 @@ void TcpStreamService::RunFileIo(const std::vector<StagedEntry>& staged, char* h
 Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeader& h) {
   // A kWrite payload has landed: staged entries go on to the device or the
   // file, then the regions are released and the frame acknowledged.
-  CopyGpu(staged_, staged_bytes_.data(), /*to_device=*/true, &failures_);
-  RunFileIo(staged_, staged_bytes_.data(), /*write=*/true, &failures_);
+  CopyGpu(staged_, staged_bytes_.get(), /*to_device=*/true, &failures_);
+  RunFileIo(staged_, staged_bytes_.get(), /*write=*/true, &failures_);
   staged_.clear();
   std::sort(
       failures_.begin(), failures_.end(),
@@ -180,16 +204,17 @@ Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeade
       placed[i] = 1;
       continue;
     }
-    staged.push_back({i, e.addr, last, staged_bytes, e.length});
-    staged_bytes += e.length;
+    const size_t at = StagedOffset(staged_bytes, e.length);
+    staged.push_back({i, e.addr, last, at, e.length});
+    staged_bytes = at + e.length;
     placed[i] = 2;
   }
-  std::shared_ptr<std::vector<char>> host;
+  std::shared_ptr<char> host;
   if (!staged.empty()) {
-    host = std::make_shared<std::vector<char>>(staged_bytes);
+    host = StagingBytes(staged_bytes);
     const size_t before = rep.failures.size();
-    CopyGpu(staged, host->data(), /*to_device=*/false, &rep.failures);
-    RunFileIo(staged, host->data(), /*write=*/false, &rep.failures);
+    CopyGpu(staged, host.get(), /*to_device=*/false, &rep.failures);
+    RunFileIo(staged, host.get(), /*write=*/false, &rep.failures);
     for (size_t k = before; k < rep.failures.size(); ++k) placed[rep.failures[k].index] = 0;
     std::sort(
         rep.failures.begin(), rep.failures.end(),
@@ -203,7 +228,7 @@ Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeade
     if (placed[i] == 1) {
       stream::AppendRange(&payload, reinterpret_cast<void*>(e.addr), e.length);
     } else if (placed[i] == 2) {
-      stream::AppendRange(&payload, host->data() + staged[g].offset, e.length);
+      stream::AppendRange(&payload, host.get() + staged[g].offset, e.length);
     }
     if (is_staged) ++g;
   }

@@ -61,7 +61,8 @@ class TcpStreamService : public stream::TargetService {
   std::vector<RegionPin> pins_;
   std::vector<wire::EntryFailure> failures_;
   std::vector<StagedEntry> staged_;
-  std::vector<char> staged_bytes_;  // the host buffer its staged entries land in
+  std::shared_ptr<char> staged_bytes_;  // the host buffer its staged entries land in
+  size_t staged_capacity_ = 0;
   std::unique_ptr<cuda::SyncCopies> copies_;
 };
 
