@@ -539,6 +539,25 @@ TEST(FileRegionsShutdown, QueuedFileOpsFailWhenTheOwnerIsDestroyed) {
   EXPECT_OK(a->FreeBatch(batch));
 }
 
+// This engine's file region as the local side of a request to another
+// engine over tcp is not built (only through the local transport): refused
+// at submit, naming the kinds.
+TEST(FileRegionsTcp, LocalFileRegionToAPeerIsRefusedNamingTheKinds) {
+  EngineOptions o;
+  o.transport = "tcp";
+  o.listen_host = "127.0.0.1";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> a, Engine::Create(o));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> b, Engine::Create(o));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, a->OpenSegment(b->PeerId()));
+  TempFile file(65536);
+  void* base = nullptr;
+  ASSERT_OK_AND_ASSIGN(base, a->RegisterFile({.path = file.path()}));
+  AlignedBuffer mem(65536);
+  ASSERT_OK(b->RegisterMemory(mem.data(), 65536, "cpu"));
+  EXPECT_THAT(a->TransferSync({Opcode::kWrite, base, seg, mem.addr(), 4096}),
+              IsError(HasSubstr("file")));
+}
+
 // Local only: this engine's file region as the request's local side (file →
 // memory with a write, memory → file with a read).
 TEST(FileRegionsLocal, FileAsTheLocalBuffer) {
