@@ -26,6 +26,10 @@ struct FileRegion {
   // true: a write to it completes only once its bytes are on stable storage
   // (each write is submitted with RWF_DSYNC).
   bool durable = false;
+  // true: reads and writes whose buffer, offset and length are aligned to
+  // the file's direct-I/O alignment bypass the page cache (O_DIRECT), where
+  // the file system has it; false: every one goes through the page cache.
+  bool direct = true;
   // Like MemoryRegion::exported: false keeps it to this engine's own
   // transfers (peers neither see it nor reach it).
   bool exported = true;

@@ -639,7 +639,7 @@ class Engine:
 
     def register_file(self, path_or_fd: str | os.PathLike | int, offset: int = 0,
                       length: int | None = None, writable: bool = True, durable: bool = False,
-                      exported: bool = True) -> int:
+                      direct: bool = True, exported: bool = True) -> int:
         """Registers a range of a file as a region of the memory kind "file"
         and returns its base address: addresses [base, base + length) stand
         for the file's bytes [offset, offset + length) (nothing is mapped
@@ -650,8 +650,10 @@ class Engine:
         file itself, so you may close yours at any time). ``length`` None:
         to the end of the file; the range must lie inside the file (extend
         it first). ``writable`` False refuses writes to it; ``durable``
-        completes a write only once it is on stable storage. Unregister with
-        :meth:`unregister` (the address)."""
+        completes a write only once it is on stable storage; ``direct`` False
+        keeps every read and write in the page cache (True: aligned ones
+        bypass it with O_DIRECT). Unregister with :meth:`unregister` (the
+        address)."""
         if isinstance(path_or_fd, bool):
             raise InvalidArgument("register_file takes a path or a file descriptor, not a bool")
         if isinstance(path_or_fd, int):
@@ -666,7 +668,7 @@ class Engine:
             raise InvalidArgument(f"file range offset {offset}, length {length}: offset must be "
                                   ">= 0 and length > 0 (or None: to the end of the file)")
         return self._native.register_file(path, fd, offset, 0 if length is None else length,
-                                          writable, durable, exported)
+                                          writable, durable, direct, exported)
 
     def unregister(self, obj: Any) -> None:
         """Unregisters the region starting at an address or object (waiting for

@@ -586,7 +586,7 @@ class NativeEngine {
   // A range of a file (Engine::RegisterFile): `path`, or `fd` >= 0; its
   // base address.
   uint64_t RegisterFile(const std::string& path, int fd, uint64_t offset, uint64_t length,
-                        bool writable, bool durable, bool exported) {
+                        bool writable, bool durable, bool direct, bool exported) {
     ferry::FileRegion r;
     r.path = path;
     r.fd = fd;
@@ -594,6 +594,7 @@ class NativeEngine {
     r.length = length;
     r.writable = writable;
     r.durable = durable;
+    r.direct = direct;
     r.exported = exported;
     void* base = Unwrap(Run([&](ferry::Engine& e) { return e.RegisterFile(r); }));
     return reinterpret_cast<uintptr_t>(base);
@@ -1115,7 +1116,7 @@ PYBIND11_MODULE(_ferry, m) {
       .def("unregister_memory", &NativeEngine::UnregisterMemory)
       .def("register_file", &NativeEngine::RegisterFile, py::arg("path"), py::arg("fd"),
            py::arg("offset"), py::arg("length"), py::arg("writable"), py::arg("durable"),
-           py::arg("exported"))
+           py::arg("direct"), py::arg("exported"))
       .def("open_segment", &NativeEngine::OpenSegment)
       .def("close_segment", &NativeEngine::CloseSegment)
       .def("query_segment", &NativeEngine::QuerySegment)

@@ -57,6 +57,19 @@ def test_write_then_read_back(pair, tmp_path):
     owner.unregister(base)
 
 
+def test_direct_false_keeps_every_op_in_the_page_cache(tmp_path):
+    path = make_file(tmp_path, 65536)
+    with ferry.Engine(transport="local", listen_host="127.0.0.1") as e:
+        seg = e.open_segment(e.peer_id)
+        base = e.register_file(path, direct=False)
+        buf = np.full(8192, 3, dtype=np.uint8)
+        e.register(buf)
+        e.write(seg, buf, base)
+        e.read(seg, buf, base + 8192)
+        counters = e.metrics()["counters"]
+        assert counters["file_direct_ops"] == 0 and counters["file_buffered_ops"] == 2
+
+
 def test_range_past_the_end_and_missing_file(tmp_path):
     path = make_file(tmp_path, 65536)
     with ferry.Engine(listen_host="127.0.0.1") as e:

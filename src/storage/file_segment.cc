@@ -72,7 +72,7 @@ StatusOr<std::shared_ptr<FileSegment>> FileSegment::Open(const FileRegion& r,
   }
   // O_DIRECT where the file system has it and says how to align for it.
   struct statx sx {};
-  if (::statx(f->buffered_.get(), "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+  if (r.direct && ::statx(f->buffered_.get(), "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
       (sx.stx_mask & STATX_DIOALIGN) != 0 && sx.stx_dio_offset_align != 0) {
     UniqueFd direct(::open(path.c_str(), flags | O_DIRECT));
     if (direct.valid()) {

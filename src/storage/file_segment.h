@@ -13,7 +13,8 @@
 // registration is still the one registered. Two descriptors: one through
 // the page cache, and one with O_DIRECT where the file system supports it;
 // an op uses O_DIRECT when its buffer, offset and length are aligned to the
-// file's direct-I/O alignment (statx STATX_DIOALIGN).
+// file's direct-I/O alignment (statx STATX_DIOALIGN), unless the region was
+// registered with FileRegion::direct false.
 //
 // Immutable after Open; the region's pins keep it alive while I/O runs.
 #pragma once

@@ -273,7 +273,9 @@ TEST_P(FileRegionsTest, DescriptorClosedByItsOwnerIsHarmless) {
   const int fd = ::open(file.path().c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(fd, 0);
   uint64_t base = 0;
-  ASSERT_OK_AND_ASSIGN(base, RegisterFile({.fd = fd}));
+  FileRegion by_fd;
+  by_fd.fd = fd;
+  ASSERT_OK_AND_ASSIGN(base, RegisterFile(by_fd));
   ASSERT_EQ(::close(fd), 0);  // the engine opened the file itself
   unsigned char* mem = Memory(8192);
   FillPattern(mem, 4096, 9);
