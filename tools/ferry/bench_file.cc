@@ -65,24 +65,44 @@ struct Figures {
 };
 
 // Ferry: batches of `batch` requests of `block` bytes at consecutive offsets
-// of the file (wrapping), each batch submitted at once (one ring entry per
-// request) and waited for, for `seconds`.
+// of the file (wrapping), two in flight (each on its half of `buf`): the ring
+// (file_queue_depth = batch) stays as full as fio's queue, for `seconds`.
 Figures RunFerry(Engine& e, SegmentHandle self, uint8_t* buf, uint64_t base, const BenchOptions& o,
                  uint64_t file_size, double seconds, uint64_t* cursor) {
   const Opcode op = o.op == Operation::kRead ? Opcode::kRead : Opcode::kWrite;
   std::vector<TransferRequest> reqs(o.batch);
-  Figures f;
-  const auto start = Clock::now();
-  while (Seconds(Clock::now() - start) < seconds) {
+  auto submit = [&](int half) {
     for (uint64_t k = 0; k < o.batch; ++k) {
       if (*cursor + o.block > file_size) *cursor = 0;
-      reqs[k] = {op, buf + k * o.block, self, base + *cursor, o.block};
+      reqs[k] = {op, buf + (half * o.batch + k) * o.block, self, base + *cursor, o.block};
       *cursor += o.block;
     }
-    Status s = e.TransferSync(reqs);
+    auto id = e.AllocateBatch(o.batch);
+    if (!id.ok()) Fail("cannot allocate a batch", id.status());
+    Status s = e.Submit(*id, reqs);
     if (!s.ok()) Fail("the Ferry phase failed", s);
+    return *id;
+  };
+  auto finish = [&](BatchId id) {
+    Status s = e.WaitBatch(id, std::chrono::minutes(10));
+    if (!s.ok()) Fail("the Ferry phase failed", s);
+    s = e.FreeBatch(id);
+    if (!s.ok()) Fail("cannot free a batch", s);
+  };
+  Figures f;
+  const auto start = Clock::now();
+  BatchId in_flight[2] = {submit(0), submit(1)};
+  for (int half = 0;; half ^= 1) {
+    finish(in_flight[half]);
     f.bytes += o.block * o.batch;
     f.ops += o.batch;
+    if (Seconds(Clock::now() - start) >= seconds) {
+      finish(in_flight[half ^ 1]);
+      f.bytes += o.block * o.batch;
+      f.ops += o.batch;
+      break;
+    }
+    in_flight[half] = submit(half);
   }
   f.seconds = Seconds(Clock::now() - start);
   return f;
@@ -154,7 +174,7 @@ int RunFileBench(const BenchOptions& o) {
   region.direct = o.direct;
   auto base = e.RegisterFile(region);
   if (!base.ok()) Fail("cannot register " + o.file, base.status());
-  Buffer buf(o.block * o.batch, true, o.hugepages);
+  Buffer buf(2 * o.block * o.batch, true, o.hugepages);  // two batches in flight
   Status st = e.RegisterMemory(buf.data(), buf.length(), "cpu");
   if (!st.ok()) Fail("cannot register the buffer", st);
 
