@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev
   libssl-dev libcpp-httplib-dev libhiredis-dev libcli11-dev nlohmann-json3-dev
-  libfabric-dev
+  libfabric-dev liburing-dev fio
   etcd-server etcd-client redis-server
   python3 python3-dev pybind11-dev python3-pytest python3-numpy
   python3-torch python3-matplotlib python3-pytest-timeout

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ferry/export.h"
+#include "ferry/file_region.h"
 #include "ferry/options.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
@@ -82,6 +83,24 @@ class FERRY_API Engine {
   Status UnregisterMemory(void* addr);
   // Unregisters each; returns the first error (the others are still tried).
   Status UnregisterMemory(std::span<void* const> addrs);
+
+  // ---- Files (docs/architecture.md, "Memory kinds: file") ---------------------
+  // Registers a range of a file as a region of the memory kind `file` and
+  // returns its base address: a reserved address range (nothing is mapped
+  // there; never dereference it) where address base + k stands for file
+  // offset file.offset + k. Transfers name it like memory (TransferRequest
+  // local or remote_addr); this engine's own transfers between it and cpu
+  // memory go through the `local` transport (open this engine's own
+  // segment), a peer's through tcp (this engine does the I/O). The bytes
+  // move through io_uring (EngineOptions::file_queue_depth), with O_DIRECT
+  // when buffer, offset and length are aligned for it. A write completes
+  // once the kernel completed it (durable: once on stable storage). The
+  // engine opens the file itself: the caller may close its descriptor.
+  // UnregisterMemory(base) unregisters it (and releases the file).
+  // kInvalidArgument: neither or both of path and fd, not a regular file, a
+  // range past the end of the file (naming it); kNotFound: no such file;
+  // kFailedPrecondition: the kernel refuses io_uring.
+  StatusOr<void*> RegisterFile(const FileRegion& file);
 
   // ---- Segments ------------------------------------------------------------
   // Opens the segment of the peer "host:port": exchanges descriptors

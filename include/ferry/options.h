@@ -133,6 +133,10 @@ struct FERRY_API EngineOptions {
   // wake-up on every small batch, while a spinning one takes CPU only from
   // its own thread.
   std::chrono::microseconds wait_spin{200};
+  // Entries of the io_uring ring of file regions (Engine::RegisterFile):
+  // at most this many file reads and writes in the kernel at once
+  // (1..4096); the others wait in order.
+  uint32_t file_queue_depth = 64;
 
   // Many peers (docs/architecture.md, "Peer links"). Engine::Create raises
   // the soft RLIMIT_NOFILE to the hard limit (as the Go runtime does), so

@@ -47,6 +47,11 @@ struct TestingOptions {
     int corrupt_percent = 0;
     std::chrono::milliseconds delay{5};
   } link_faults;
+  // File regions (Engine::RegisterFile): a read or write of a file region
+  // that covers one of these file offsets fails as if the device had
+  // answered EIO (it still goes through the ring, as a no-op), like a
+  // disk's bad sectors.
+  std::vector<uint64_t> file_eio_offsets;
 };
 
 }  // namespace ferry

@@ -188,6 +188,12 @@ struct EngineMetrics {
   uint64_t links_opened = 0;
   uint64_t links_closed_idle = 0;
   uint64_t links_evicted = 0;
+  // File regions (Engine::RegisterFile): reads and writes this engine handed
+  // to the kernel, with O_DIRECT (aligned) and through the page cache.
+  uint64_t file_direct_ops = 0;
+  uint64_t file_direct_bytes = 0;
+  uint64_t file_buffered_ops = 0;
+  uint64_t file_buffered_bytes = 0;
 };
 
 }  // namespace ferry

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import numbers
+import os
 import threading
 import time
 import weakref
@@ -636,6 +637,39 @@ class Engine:
                 self._registered[addr] = (nbytes, keep)
         return addrs
 
+    def register_file(self, path_or_fd: str | os.PathLike | int, offset: int = 0,
+                      length: int | None = None, writable: bool = True, durable: bool = False,
+                      direct: bool = True, exported: bool = True) -> int:
+        """Registers a range of a file as a region of the memory kind "file"
+        and returns its base address: addresses [base, base + length) stand
+        for the file's bytes [offset, offset + length) (nothing is mapped
+        there; use them only in transfers). Transfers reach it like memory:
+        this engine's own through its own segment, a peer's over tcp.
+
+        ``path_or_fd``: a path, or a descriptor you own (the engine opens the
+        file itself, so you may close yours at any time). ``length`` None:
+        to the end of the file; the range must lie inside the file (extend
+        it first). ``writable`` False refuses writes to it; ``durable``
+        completes a write only once it is on stable storage; ``direct`` False
+        keeps every read and write in the page cache (True: aligned ones
+        bypass it with O_DIRECT). Unregister with :meth:`unregister` (the
+        address)."""
+        if isinstance(path_or_fd, bool):
+            raise InvalidArgument("register_file takes a path or a file descriptor, not a bool")
+        if isinstance(path_or_fd, int):
+            path, fd = "", path_or_fd
+            if fd < 0:
+                raise InvalidArgument(f"file descriptor {fd} is negative")
+        else:
+            path, fd = os.fspath(path_or_fd), -1
+            if isinstance(path, bytes):
+                path = os.fsdecode(path)
+        if offset < 0 or (length is not None and length <= 0):
+            raise InvalidArgument(f"file range offset {offset}, length {length}: offset must be "
+                                  ">= 0 and length > 0 (or None: to the end of the file)")
+        return self._native.register_file(path, fd, offset, 0 if length is None else length,
+                                          writable, durable, direct, exported)
+
     def unregister(self, obj: Any) -> None:
         """Unregisters the region starting at an address or object (waiting for
         transfers in flight that touch it) and drops its reference."""
@@ -884,7 +918,8 @@ class Engine:
         ``transfer_latency`` (bounds_us, counts per bucket plus +Inf, count,
         sum_us) and ``counters`` (batches_finished, notifications_sent,
         notifications_received, cancelled_requests; peer_links_open,
-        links_opened, links_closed_idle, links_evicted)."""
+        links_opened, links_closed_idle, links_evicted; and of file regions:
+        file_direct_ops/bytes, file_buffered_ops/bytes)."""
         return self._native.metrics()
 
     def metrics_text(self) -> str:

@@ -583,6 +583,23 @@ class NativeEngine {
     }));
   }
 
+  // A range of a file (Engine::RegisterFile): `path`, or `fd` >= 0; its
+  // base address.
+  uint64_t RegisterFile(const std::string& path, int fd, uint64_t offset, uint64_t length,
+                        bool writable, bool durable, bool direct, bool exported) {
+    ferry::FileRegion r;
+    r.path = path;
+    r.fd = fd;
+    r.offset = offset;
+    r.length = length;
+    r.writable = writable;
+    r.durable = durable;
+    r.direct = direct;
+    r.exported = exported;
+    void* base = Unwrap(Run([&](ferry::Engine& e) { return e.RegisterFile(r); }));
+    return reinterpret_cast<uintptr_t>(base);
+  }
+
   void UnregisterMemory(uint64_t addr) {
     Check(Run([&](ferry::Engine& e) {
       return e.UnregisterMemory(reinterpret_cast<void*>(static_cast<uintptr_t>(addr)));
@@ -847,6 +864,10 @@ class NativeEngine {
     counters["links_opened"] = m.links_opened;
     counters["links_closed_idle"] = m.links_closed_idle;
     counters["links_evicted"] = m.links_evicted;
+    counters["file_direct_ops"] = m.file_direct_ops;
+    counters["file_direct_bytes"] = m.file_direct_bytes;
+    counters["file_buffered_ops"] = m.file_buffered_ops;
+    counters["file_buffered_bytes"] = m.file_buffered_bytes;
     py::dict out;
     out["routes"] = routes;
     out["transfer_latency"] = HistogramDict(m.transfer_latency);
@@ -1098,6 +1119,9 @@ PYBIND11_MODULE(_ferry, m) {
       .def("register_memory_list", &NativeEngine::RegisterMemoryList, py::arg("addrs"),
            py::arg("lengths"), py::arg("locations"), py::arg("exported") = true)
       .def("unregister_memory", &NativeEngine::UnregisterMemory)
+      .def("register_file", &NativeEngine::RegisterFile, py::arg("path"), py::arg("fd"),
+           py::arg("offset"), py::arg("length"), py::arg("writable"), py::arg("durable"),
+           py::arg("direct"), py::arg("exported"))
       .def("open_segment", &NativeEngine::OpenSegment)
       .def("close_segment", &NativeEngine::CloseSegment)
       .def("query_segment", &NativeEngine::QuerySegment)

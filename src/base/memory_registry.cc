@@ -68,10 +68,12 @@ StatusOr<std::vector<Range>> CheckList(std::span<const MemoryRegion> regions) {
 
 }  // namespace
 
-Status MemoryRegistry::Register(std::span<const MemoryRegion> regions,
-                                std::span<const MemoryKind> kinds, RegionHooks* hooks) {
-  if (!kinds.empty() && kinds.size() != regions.size()) {
-    return InternalError("a memory kind for every region is required");
+Status MemoryRegistry::Register(
+    std::span<const MemoryRegion> regions, std::span<const MemoryKind> kinds, RegionHooks* hooks,
+    std::span<const std::shared_ptr<const storage::FileSegment>> files) {
+  if ((!kinds.empty() && kinds.size() != regions.size()) ||
+      (!files.empty() && files.size() != regions.size())) {
+    return InternalError("a memory kind (and file, if any) for every region is required");
   }
   // Validate the whole list first (against itself and what is registered),
   // then insert: all or nothing.
@@ -96,6 +98,7 @@ Status MemoryRegistry::Register(std::span<const MemoryRegion> regions,
     reg->location = regions[i].location;
     reg->exported = regions[i].exported;
     reg->kind = kinds.empty() ? MemoryKind::Cpu() : kinds[i];
+    if (!files.empty()) reg->file = files[i];
     if (hooks != nullptr) {
       Status s = hooks->OnRegister(*reg);
       if (!s.ok()) {

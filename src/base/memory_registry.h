@@ -24,6 +24,10 @@
 
 namespace ferry::internal {
 
+namespace storage {
+class FileSegment;  // src/storage/file_segment.h (the file kind's I/O, a layer above)
+}
+
 struct Region {
   uint64_t addr = 0;
   uint64_t length = 0;
@@ -33,6 +37,9 @@ struct Region {
   // What peers need to reach it through transports with per-region keys
   // (filled by RegionHooks::OnRegister before the region is visible).
   std::vector<wire::RegionKey> keys;
+  // The file a region of the file kind stands for (Engine::RegisterFile);
+  // null for memory.
+  std::shared_ptr<const storage::FileSegment> file;
   uint64_t order = 0;  // registration order (the first registered region is 0)
   std::atomic<int> pins{0};
   uint64_t end() const { return addr + length; }
@@ -75,10 +82,12 @@ class RegionHooks {
 
 class MemoryRegistry {
  public:
-  // `kinds[i]` is the memory kind of regions[i] (none given: all cpu). All
+  // `kinds[i]` is the memory kind of regions[i] (none given: all cpu);
+  // `files[i]` the file of a file-kind region (none given: no files). All
   // or nothing.
   Status Register(std::span<const MemoryRegion> regions, std::span<const MemoryKind> kinds = {},
-                  RegionHooks* hooks = nullptr);
+                  RegionHooks* hooks = nullptr,
+                  std::span<const std::shared_ptr<const storage::FileSegment>> files = {});
   // kNotFound if no region starts at `addr`. Returns once no transfer holds
   // the region any more and the hooks have undone their registration.
   Status Unregister(uint64_t addr, RegionHooks* hooks = nullptr);

@@ -145,6 +145,15 @@ std::string Metrics::PrometheusText(const EngineMetrics& m) {
   family("ferry_peer_links_evicted_total", "counter",
          "Idle links to peers closed to make room under max_peer_links.");
   out += "ferry_peer_links_evicted_total " + std::to_string(m.links_evicted) + "\n";
+  family("ferry_file_ops_total", "counter",
+         "Reads and writes of file regions handed to the kernel, by I/O mode.");
+  out += "ferry_file_ops_total{mode=\"direct\"} " + std::to_string(m.file_direct_ops) + "\n";
+  out += "ferry_file_ops_total{mode=\"buffered\"} " + std::to_string(m.file_buffered_ops) + "\n";
+  family("ferry_file_bytes_total", "counter",
+         "Bytes of file regions' reads and writes handed to the kernel, by I/O mode.");
+  out += "ferry_file_bytes_total{mode=\"direct\"} " + std::to_string(m.file_direct_bytes) + "\n";
+  out +=
+      "ferry_file_bytes_total{mode=\"buffered\"} " + std::to_string(m.file_buffered_bytes) + "\n";
   return out;
 }
 

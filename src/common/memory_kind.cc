@@ -18,6 +18,7 @@ namespace ferry::internal {
 namespace {
 
 constexpr std::string_view kTestOpaqueName = "test-opaque";
+constexpr std::string_view kFileName = "file";
 
 // `prefix:N` → N; -1 if `s` is not of that form.
 int DeviceSuffix(std::string_view s, std::string_view prefix) {
@@ -177,6 +178,7 @@ StatusOr<MemoryKind> KindOfRegistration(std::string_view location, const void* a
 MemoryKind MemoryKind::FromName(std::string_view name) {
   if (name.empty() || name == "cpu") return Cpu();  // format-1 descriptors carry no kind
   if (name == kTestOpaqueName) return TestOpaque();
+  if (name == kFileName) return File();
   int n = DeviceSuffix(name, "cuda:");
   if (n >= 0) return MemoryKind(Type::kCuda, n);
   return MemoryKind(Type::kUnknown, 0);
@@ -190,6 +192,8 @@ std::string_view MemoryKind::TypeName(Type t) {
       return "cuda";
     case Type::kTestOpaque:
       return kTestOpaqueName;
+    case Type::kFile:
+      return kFileName;
     case Type::kUnknown:
       break;
   }
@@ -204,6 +208,8 @@ std::string MemoryKind::Name() const {
       return "cuda:" + std::to_string(device_);
     case Type::kTestOpaque:
       return std::string(kTestOpaqueName);
+    case Type::kFile:
+      return std::string(kFileName);
     case Type::kUnknown:
       break;
   }

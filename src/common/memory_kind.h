@@ -6,7 +6,10 @@
 // host ones and to move the bytes; no CPU copy ever touches it. `test-opaque` exists for the tests
 // of the seam: pages the CPU must not touch directly (mapped PROT_NONE), reached only through
 // CopyMemory; only engines created with EngineOptions::testing.
-// allow_test_memory_kind accept it. A kind read from a peer's descriptor that
+// allow_test_memory_kind accept it. `file` is a range of a file
+// (Engine::RegisterFile): its addresses are a reserved range nothing may
+// touch, address base+k standing for file offset+k; its bytes move only
+// through the file I/O of src/storage/. A kind read from a peer's descriptor that
 // this build does not know is kUnknown: nothing here can reach it.
 #pragma once
 
@@ -23,12 +26,14 @@ class CudaDriver;
 
 class MemoryKind {
  public:
-  enum class Type : uint8_t { kCpu, kCuda, kTestOpaque, kUnknown };
+  enum class Type : uint8_t { kCpu, kCuda, kTestOpaque, kFile, kUnknown };
 
   MemoryKind() = default;  // cpu
   static MemoryKind Cpu() { return MemoryKind(); }
   static MemoryKind TestOpaque() { return MemoryKind(Type::kTestOpaque, 0); }
   static MemoryKind Cuda(int device) { return MemoryKind(Type::kCuda, device); }
+  // Never from a location: only Engine::RegisterFile makes file regions.
+  static MemoryKind File() { return MemoryKind(Type::kFile, 0); }
 
   // The kind a registration's location names: "cpu", "cpu:N", "*" or "" →
   // cpu; "test-opaque" (only with `allow_test`); anything else
@@ -46,12 +51,13 @@ class MemoryKind {
   // The kind a peer advertised (its Name()); unknown names give kUnknown.
   static MemoryKind FromName(std::string_view name);
 
-  // The name of a kind of that type ("cpu", "cuda", "test-opaque", "unknown").
+  // The name of a kind of that type ("cpu", "cuda", "test-opaque", "file",
+  // "unknown").
   static std::string_view TypeName(Type t);
 
   Type type() const { return type_; }
   int device() const { return device_; }
-  // "cpu", "cuda:0", "test-opaque", or the unknown name's "unknown".
+  // "cpu", "cuda:0", "test-opaque", "file", or the unknown name's "unknown".
   std::string Name() const;
   // Whether plain CPU loads and stores (memcpy, sendmsg, process_vm_*v) may
   // touch this memory.

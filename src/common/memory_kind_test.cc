@@ -226,6 +226,12 @@ TEST(MemoryKind, NameAndFromNameRoundTrip) {
   EXPECT_NE(MemoryKind::FromName("cuda:0"), MemoryKind::FromName("cuda:1"));
   // A format-1 descriptor carries no kind: cpu.
   EXPECT_EQ(MemoryKind::FromName(""), MemoryKind::Cpu());
+  // File regions (Engine::RegisterFile): a kind of its own, never host memory.
+  EXPECT_EQ(MemoryKind::FromName("file"), MemoryKind::File());
+  EXPECT_EQ(MemoryKind::File().Name(), "file");
+  EXPECT_FALSE(MemoryKind::File().cpu_accessible());
+  EXPECT_FALSE(MemoryKind::FromLocation("file", /*allow_test=*/true).ok())
+      << "only RegisterFile makes file regions";
   // Names this build does not know.
   for (const char* name : {"martian", "cuda:", "cuda:x", "unknown"}) {
     const MemoryKind k = MemoryKind::FromName(name);

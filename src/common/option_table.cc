@@ -243,6 +243,10 @@ constexpr Row kRows[] = {
                "closed, and when all are in use a new peer waits for room until connect_timeout, "
                "then fails with RESOURCE_EXHAUSTED"),
            "no limit"),
+    Integer<&EngineOptions::file_queue_depth>(
+        "file_queue_depth", "", kEngine, "", 1, 4096,
+        "file reads and writes in the kernel at once (the io_uring ring of file regions); "
+        "the others wait in order"),
 };
 constexpr size_t kRowCount = std::size(kRows);
 

@@ -21,6 +21,7 @@
 #include "core/submit.h"
 #include "ferry/limits.h"
 #include "ferry/version.h"
+#include "storage/file_segment.h"
 
 namespace ferry {
 
@@ -50,6 +51,10 @@ Engine::Impl::~Impl() {
   if (metadata_) (void)metadata_->Remove(options_.local_name);
   if (segments_) segments_->RetireAll();
   if (transports_) transports_->Shutdown();
+  {
+    std::lock_guard<std::mutex> lock(file_io_mu_);
+    if (file_io_) file_io_->Shutdown();  // after the transports: nothing submits any more
+  }
   if (notifier_) notifier_->Stop();  // after the shutdown: a notification in flight has failed
   metadata_.reset();
   metrics_server_.reset();
@@ -260,6 +265,32 @@ Status Engine::RegisterMemory(std::span<const MemoryRegion> regions) {
     target.SetCudaDriver(cuda != nullptr ? cuda : &internal::CudaDriver::Get());
   }
   return impl_->Republish();
+}
+
+StatusOr<std::shared_ptr<internal::storage::FileIo>> Engine::Impl::file_io() {
+  std::lock_guard<std::mutex> lock(file_io_mu_);
+  if (!file_io_) {
+    FERRY_ASSIGN_OR_RETURN(file_io_, internal::storage::FileIo::Create(options_.file_queue_depth));
+  }
+  return file_io_;
+}
+
+StatusOr<void*> Engine::RegisterFile(const FileRegion& file) {
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<internal::storage::FileIo> io, impl_->file_io());
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const internal::storage::FileSegment> segment,
+                         internal::storage::FileSegment::Open(
+                             file, std::move(io), impl_->options().testing.file_eio_offsets));
+  MemoryRegion r{segment->base(), segment->length(), "file", file.exported};
+  const MemoryKind kind = MemoryKind::File();
+  FERRY_RETURN_IF_ERROR(impl_->target().registry().Register({&r, 1}, {&kind, 1},
+                                                            &impl_->transports(), {&segment, 1}));
+  if (Status published = impl_->Republish(); !published.ok()) {
+    // The caller gets no address to unregister it with: undo it.
+    (void)impl_->target().registry().Unregister(reinterpret_cast<uint64_t>(segment->base()),
+                                                &impl_->transports());
+    return published;
+  }
+  return segment->base();
 }
 
 Status Engine::UnregisterMemory(void* addr) {

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "base/batch.h"
@@ -32,6 +33,7 @@
 #include "core/segment_table.h"
 #include "ferry/engine.h"
 #include "metadata/metadata.h"
+#include "storage/file_io.h"
 #include "transport/registry.h"
 
 namespace ferry {
@@ -63,6 +65,19 @@ class Engine::Impl {
   internal::HandleTable<internal::PreparedList>& lists() { return lists_; }
   internal::HandleTable<internal::PreparedTransfer>& transfers() { return transfers_; }
 
+  // The engine's file I/O (io_uring), made by the first RegisterFile.
+  StatusOr<std::shared_ptr<internal::storage::FileIo>> file_io();
+  // Adds the file I/O counters (none before the first RegisterFile).
+  void FileCounters(EngineMetrics* m) {
+    std::lock_guard<std::mutex> lock(file_io_mu_);
+    if (!file_io_) return;
+    const internal::storage::FileIo::Counters c = file_io_->counters();
+    m->file_direct_ops = c.direct_ops;
+    m->file_direct_bytes = c.direct_bytes;
+    m->file_buffered_ops = c.buffered_ops;
+    m->file_buffered_bytes = c.buffered_bytes;
+  }
+
   // Makes the metadata store show the registry's current regions.
   Status Republish() { return publisher_->Publish(*metadata_); }
   // Whether the metadata store knows peers by "host:port" (P2P) rather than
@@ -93,6 +108,10 @@ class Engine::Impl {
   internal::HandleTable<internal::PreparedList> lists_;
   internal::HandleTable<internal::PreparedTransfer> transfers_;
   std::unique_ptr<internal::MetricsServer> metrics_server_;
+  // Shut down after the transports (nothing submits file I/O any more),
+  // which waits for the ops in the kernel; file regions may hold it longer.
+  std::mutex file_io_mu_;
+  std::shared_ptr<internal::storage::FileIo> file_io_;  // guarded by file_io_mu_
 };
 
 }  // namespace ferry

@@ -316,6 +316,7 @@ StatusOr<SegmentHandle> Engine::ImportMetadata(std::string_view bytes) {
 EngineMetrics Engine::GetMetrics() const {
   EngineMetrics m = impl_->metrics()->Snapshot(impl_->target().delivered());
   m.peer_links_open = impl_->segments().OpenLinks();
+  impl_->FileCounters(&m);
   return m;
 }
 

@@ -60,7 +60,7 @@ TEST(Registry, ListTransportsDescribesEachBuiltinTransport) {
   ASSERT_EQ(list.size(), 5u);
   EXPECT_EQ(list[0].name, "local");
   EXPECT_EQ(list[0].reach, "same process");
-  EXPECT_THAT(list[0].memory_kinds, ElementsAre("cpu", "test-opaque"));
+  EXPECT_THAT(list[0].memory_kinds, ElementsAre("cpu", "test-opaque", "file"));
   EXPECT_EQ(list[1].name, "cuda_ipc");
   EXPECT_EQ(list[1].reach, "same host");
   EXPECT_THAT(list[1].memory_kinds, ElementsAre("cpu", "cuda"));

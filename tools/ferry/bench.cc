@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "bench_baselines.h"
+#include "bench_file.h"
 #include "bench_options.h"
 #include "bench_phase.h"
 #include "bench_report.h"
@@ -191,6 +192,7 @@ int RunWithChild(const BenchOptions& o, uint64_t local_bytes) {
 }
 
 int Run(const BenchOptions& o) {
+  if (o.target_kind == "file") return RunFileBench(o);
   if (o.role == Role::kTarget) return RunTarget(o);
   const uint64_t local_bytes = LocalBytes(o);
   if (o.role == Role::kInitiator) return RunAgainstTarget(o, local_bytes);

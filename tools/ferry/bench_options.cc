@@ -84,6 +84,21 @@ Engine:
   --spin-us N               event-loop spin before blocking (EngineOptions.spin)
   --wait-spin-us N          waiting caller's spin before blocking (wait_spin)
 
+Files (issue 30):
+  --target-kind memory|file  file: write to / read from a file region of this
+                            engine (Engine::RegisterFile, io_uring, --transport
+                            local: its own segment), batches of --batch-size
+                            requests (the queue depth) at consecutive offsets,
+                            against fio (ioengine=io_uring, the same file, block
+                            size and queue depth), rounds Ferry, fio, Ferry, fio;
+                            takes --operation write|read, --block-size,
+                            --batch-size, --duration, --no-baseline, --json
+  --file PATH               the file (default ./ferry-bench.file; at least 256 MiB,
+                            created or extended, filled once for reads)
+  --direct                  O_DIRECT on both sides (default: the page cache)
+  --durable                 writes complete once on stable storage (Ferry's durable
+                            region, fio --sync=dsync)
+
 Checks and output:
   --verify                  check every byte of every block against a pattern
                             (writes: the target checks its own buffer; reads: the
@@ -160,6 +175,7 @@ void BenchOptions::AddFlags(CLI::App& app) {
   AddWorkloadFlags(app);
   AddEngineFlags(app);
   AddRunFlags(app);
+  AddFileFlags(app);
   AddOutputFlags(app);
 }
 
@@ -281,6 +297,21 @@ void BenchOptions::AddRunFlags(CLI::App& app) {
   app.add_flag("--hugepages", hugepages);
 }
 
+void BenchOptions::AddFileFlags(CLI::App& app) {
+  Value(app, "--target-kind", [this](const std::string& v) {
+    if (v != "memory" && v != "file") {
+      throw cli::UsageError("bad value '" + v + "' for --target-kind: expected memory or file");
+    }
+    target_kind = v;
+  });
+  Value(app, "--file", [this](const std::string& v) {
+    if (v.empty()) throw cli::UsageError("bad value '' for --file: expected a path");
+    file = v;
+  });
+  app.add_flag("--direct", direct);
+  app.add_flag("--durable", durable);
+}
+
 void BenchOptions::AddOutputFlags(CLI::App& app) {
   app.add_flag("--verify", verify);
   app.add_flag("--inject-mismatch", inject_mismatch);
@@ -306,11 +337,31 @@ void BenchOptions::AddOutputFlags(CLI::App& app) {
 }
 
 void BenchOptions::Finish() {
+  CheckFileTarget();
   CheckNames();
   CheckRoles();
   CheckWorkload();
   CheckTarget();
   FillDefaults();
+}
+
+void BenchOptions::CheckFileTarget() {
+  const BenchOptions& o = *this;
+  if (o.target_kind != "file") {
+    if (o.direct || o.durable || o.file != "ferry-bench.file") {
+      throw cli::UsageError("--file, --direct and --durable need --target-kind file");
+    }
+    return;
+  }
+  if (o.role != Role::kLauncher || (o.transport != "auto" && o.transport != "local") ||
+      o.op == Operation::kMixed || o.sweep || o.kv || o.prepared || o.sync || o.verify ||
+      o.threads_set || o.total_bytes > 0 || o.ByName()) {
+    throw cli::UsageError(
+        "--target-kind file measures this engine's own file region (--transport local) and "
+        "takes only --operation write|read, --block-size, --batch-size, --duration, --file, "
+        "--direct, --durable, --hugepages, --no-baseline and --json (a peer's file regions over "
+        "tcp are not in the bench yet)");
+  }
 }
 
 void BenchOptions::CheckNames() {

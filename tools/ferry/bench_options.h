@@ -68,6 +68,14 @@ struct BenchOptions {
   bool no_baseline = false;
   bool json = false;
 
+  // --target-kind file (with --file PATH, --direct, --durable): this
+  // engine's file region through its own segment against fio on the same
+  // file (bench_file.h); memory: everything else.
+  std::string target_kind = "memory";
+  std::string file = "ferry-bench.file";
+  bool direct = false;
+  bool durable = false;
+
   bool sweep = false;
   std::vector<uint64_t> sweep_blocks;
   std::vector<uint64_t> sweep_threads;
@@ -93,9 +101,11 @@ struct BenchOptions {
   void AddWorkloadFlags(CLI::App& app);  // what one batch is
   void AddEngineFlags(CLI::App& app);
   void AddRunFlags(CLI::App& app);  // how long, how much memory
+  void AddFileFlags(CLI::App& app);
   void AddOutputFlags(CLI::App& app);
   // Refuses combinations that make no sense and fills in the defaults.
   void Finish();
+  void CheckFileTarget();
   void CheckNames();  // --metadata, --name, --target NAME
   void CheckRoles();
   void CheckWorkload();

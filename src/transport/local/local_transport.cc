@@ -1,8 +1,11 @@
 #include "transport/local/local_transport.h"
 
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+
+#include "storage/file_segment.h"
 
 namespace ferry::internal {
 
@@ -37,6 +40,36 @@ std::shared_ptr<EngineTarget> LocalDirectory::Find(uint64_t instance_id) const {
 
 namespace {
 
+// The file writes a link has in flight: its notifications wait for them.
+class FileWrites {
+ public:
+  void Add() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++n_;
+  }
+  void Done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--n_ == 0) cv_.notify_all();
+  }
+  bool None() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return n_ == 0;
+  }
+  bool WaitUntil(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_until(lock, deadline, [&] { return n_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t n_ = 0;  // guarded by mu_
+};
+
+// The file ops of one Post, by the ring that runs them (each engine has its
+// own; a post mostly reaches one).
+using FileOpGroups = std::vector<std::pair<storage::FileIo*, std::vector<storage::FileOp>>>;
+
 class LocalLink : public PeerLink {
  public:
   LocalLink(std::shared_ptr<EngineTarget> self, std::weak_ptr<EngineTarget> target,
@@ -45,7 +78,38 @@ class LocalLink : public PeerLink {
 
   void Post(const PostContext& ctx, std::vector<Slice> slices) override {
     std::shared_ptr<EngineTarget> target = target_.lock();
-    BatchState::Completer done(*ctx.batch);
+    FileOpGroups file_ops;
+    {
+      BatchState::Completer done(*ctx.batch);
+      PostSlices(ctx, target, slices, done, file_ops);
+    }
+    for (auto& [io, ops] : file_ops) io->Submit(std::move(ops));
+  }
+
+  Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) override {
+    // Memory copies complete in Post; file writes on their ring: every
+    // earlier write is done once those are.
+    if (!file_writes_->WaitUntil(deadline)) {
+      return DeadlineExceededError("file writes to peer " + peer_id_ +
+                                   " still in flight at the notification's deadline");
+    }
+    std::shared_ptr<EngineTarget> target = target_.lock();
+    if (!target) return UnavailableError("peer engine " + peer_id_ + " was shut down");
+    return target->Deliver({body.sender, body.name, body.message})
+        .WithPrefix("peer " + peer_id_ + " refused");
+  }
+
+  bool Healthy() const override { return !target_.expired(); }
+  // Memory copies finish in Post; file writes run on their ring, and a
+  // notification on this link waits for them: the link may close (and the
+  // next request take a new one) only once none is in flight.
+  bool Idle() const override { return file_writes_->None(); }
+  void Retire() override {}
+
+ private:
+  void PostSlices(const PostContext& ctx, const std::shared_ptr<EngineTarget>& target,
+                  const std::vector<Slice>& slices, BatchState::Completer& done,
+                  FileOpGroups& file_ops) {
     for (const Slice& s : slices) {
       if (!target) {
         done.Complete(s.request, 1, UnavailableError("peer engine " + peer_id_ + " was shut down"));
@@ -66,6 +130,13 @@ class LocalLink : public PeerLink {
                 .ok()) {
           local_kind = found.kind;
         }
+      }
+      if (remote_kind.type() == MemoryKind::Type::kFile ||
+          local_kind.type() == MemoryKind::Type::kFile) {
+        // File I/O: queued on the file's ring below, completed by its thread.
+        Status queued = AddFileOp(ctx, s, std::move(*pin), remote_kind, local_kind, &file_ops);
+        if (!queued.ok()) done.Complete(s.request, 1, queued);
+        continue;
       }
       // A read stores into this engine's memory: not once its batch was
       // cancelled (BatchState::BeginLanding).
@@ -90,21 +161,57 @@ class LocalLink : public PeerLink {
     }
   }
 
-  Status Notify(const wire::NotifyBody& body, Clock::time_point) override {
-    // Writes complete synchronously in Post, so every earlier write is done.
-    std::shared_ptr<EngineTarget> target = target_.lock();
-    if (!target) return UnavailableError("peer engine " + peer_id_ + " was shut down");
-    return target->Deliver({body.sender, body.name, body.message})
-        .WithPrefix("peer " + peer_id_ + " refused");
+  // Queues the file op of slice `s`: between a file region (the peer's, or
+  // this engine's own local buffer) and cpu memory on the other side. The
+  // op holds both regions' pins and the batch's landing (so a cancelled
+  // batch moves no byte more), and completes the slice from the file's ring.
+  Status AddFileOp(const PostContext& ctx, const Slice& s, RegionPin remote_pin,
+                   MemoryKind remote_kind, MemoryKind local_kind, FileOpGroups* groups) {
+    const bool remote_file = remote_kind.type() == MemoryKind::Type::kFile;
+    const MemoryKind other = remote_file ? local_kind : remote_kind;
+    if (!other.cpu_accessible()) {
+      return UnimplementedError("cannot move bytes between file and " + other.Name() +
+                                " memory in this build");
+    }
+    RegionPin file_pin;
+    RegionPin other_pin;
+    char* buf = nullptr;
+    uint64_t file_addr = 0;
+    bool write_file = false;
+    const uint64_t local = reinterpret_cast<uint64_t>(s.local);
+    if (remote_file) {
+      file_pin = std::move(remote_pin);
+      buf = s.local;
+      file_addr = s.remote;
+      write_file = s.opcode == Opcode::kWrite;
+    } else {
+      FERRY_ASSIGN_OR_RETURN(file_pin, self_->registry().Pin(local, s.length, "local buffer"));
+      other_pin = std::move(remote_pin);
+      buf = reinterpret_cast<char*>(s.remote);
+      file_addr = local;
+      write_file = s.opcode == Opcode::kRead;
+    }
+    const storage::FileSegment& file = *file_pin.region()->file;
+    FERRY_ASSIGN_OR_RETURN(storage::FileOp op, file.MakeOp(write_file, buf, file_addr, s.length));
+    op.landing = ctx.batch;
+    op.pins.push_back(std::move(file_pin));
+    if (!remote_file) op.pins.push_back(std::move(other_pin));
+    if (write_file) file_writes_->Add();
+    op.done = [batch = ctx.batch, request = s.request,
+               writes = write_file ? file_writes_ : nullptr](const Status& status) {
+      batch->CompleteSlice(request, status);
+      if (writes) writes->Done();
+    };
+    storage::FileIo* io = &file.io();
+    if (groups->empty() || groups->back().first != io) {
+      groups->emplace_back(io, std::vector<storage::FileOp>());
+    }
+    groups->back().second.push_back(std::move(op));
+    return OkStatus();
   }
 
-  bool Healthy() const override { return !target_.expired(); }
-  // Post and Notify finish before they return: nothing is ever in flight.
-  bool Idle() const override { return true; }
-  void Retire() override {}
-
- private:
   const std::shared_ptr<EngineTarget> self_;
+  const std::shared_ptr<FileWrites> file_writes_ = std::make_shared<FileWrites>();
   std::weak_ptr<EngineTarget> target_;
   std::string peer_id_;
 };
@@ -147,8 +254,9 @@ TransportCaps LocalCaps() {
   TransportCaps c;
   c.name = "local";
   c.reach = Reach::kSameProcess;
-  // Copies go through CopyMemory, which reaches the test kind too.
-  c.memory_kinds = {MemoryKind::Type::kCpu, MemoryKind::Type::kTestOpaque};
+  // Copies go through CopyMemory, which reaches the test kind too; file
+  // regions (of either engine) through their io_uring ring.
+  c.memory_kinds = {MemoryKind::Type::kCpu, MemoryKind::Type::kTestOpaque, MemoryKind::Type::kFile};
   c.max_slice = 1u << 30;
   return c;
 }

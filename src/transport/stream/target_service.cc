@@ -4,7 +4,7 @@ namespace ferry::internal::stream {
 
 Status TargetService::PinEntry(uint64_t addr, uint32_t length, uint32_t index, const Region** last,
                                std::vector<RegionPin>* pins,
-                               std::vector<wire::EntryFailure>* failures, bool allow_gpu) const {
+                               std::vector<wire::EntryFailure>* failures, bool allow_staged) const {
   Status s;
   const Region* r = *last;
   if (length == 0) {
@@ -16,8 +16,10 @@ Status TargetService::PinEntry(uint64_t addr, uint32_t length, uint32_t index, c
     auto pin = target_->registry().PinExported(addr, length, "remote range");
     const bool reachable =
         pin.ok() && (pin->region()->kind.cpu_accessible() ||
-                     (allow_gpu && pin->region()->kind.type() == MemoryKind::Type::kCuda &&
-                      target_->cuda_driver() != nullptr));
+                     (allow_staged && pin->region()->kind.type() == MemoryKind::Type::kCuda &&
+                      target_->cuda_driver() != nullptr) ||
+                     (allow_staged && pin->region()->kind.type() == MemoryKind::Type::kFile &&
+                      pin->region()->file != nullptr));
     if (pin.ok() && !reachable) {
       s = InvalidArgumentError("remote range " + FormatRange(addr, length) + " is in " +
                                pin->region()->kind.Name() + " memory, which transport " +

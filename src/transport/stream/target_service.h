@@ -30,11 +30,12 @@ class TargetService : public FrameService {
   // it; on failure records it in `failures` (naming the range and why: not
   // registered, not exported, or memory this transport cannot touch) and
   // returns it. The entry must be in registered CPU memory (or, with
-  // `allow_gpu`, GPU memory, which the caller stages: *last tells the
-  // kind); other regions are reached only through their own transports.
+  // `allow_staged`, GPU memory or a file region, which the caller stages
+  // through host memory: *last tells the kind); other regions are reached
+  // only through their own transports.
   Status PinEntry(uint64_t addr, uint32_t length, uint32_t index, const Region** last,
                   std::vector<RegionPin>* pins, std::vector<wire::EntryFailure>* failures,
-                  bool allow_gpu = false) const;
+                  bool allow_staged = false) const;
 
   // kNotify: delivers to the inbox and acknowledges.
   Status ServeNotify(Connection& stream, const wire::FrameHeader& h, std::string_view body) const;

@@ -1,8 +1,30 @@
 #include "transport/tcp/tcp_frames.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <new>
+
+#include "storage/file_segment.h"
 
 namespace ferry::internal::tcp {
+namespace {
+
+// Host memory for a frame's staged entries, page-aligned so that file
+// entries may go to the file with O_DIRECT.
+std::shared_ptr<char> StagingBytes(size_t n) {
+  const size_t rounded = std::max<size_t>(4096, (n + 4095) / 4096 * 4096);
+  void* p = std::aligned_alloc(4096, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  return std::shared_ptr<char>(static_cast<char*>(p), std::free);
+}
+
+// Where in the staging buffer an entry of `length` bytes goes after `at`:
+// one whose length O_DIRECT could take starts on a page.
+size_t StagedOffset(size_t at, uint32_t length) {
+  return length % 512 == 0 ? (at + 4095) / 4096 * 4096 : at;
+}
+
+}  // namespace
 
 void TcpFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes,
                              uint16_t wire_version, stream::RequestFrame* r) const {
@@ -55,28 +77,31 @@ Status TcpStreamService::ServeWrite(stream::Connection& c, const wire::FrameHead
   }
   failures_.clear();
   pins_.clear();
-  gpu_.clear();
+  staged_.clear();
   stream::FrameReader& reader = c.reader();
   reader.ExpectPayload();
-  // Pinned first (GPU entries counted), then placed: the host buffer of the
-  // GPU entries is sized once, before any destination points into it.
-  std::vector<int8_t> placed(entries.size(), 0);  // 0 failed, 1 host, 2 GPU
-  size_t gpu_bytes = 0;
+  // Pinned first (staged entries counted), then placed: the host buffer of
+  // the staged entries is sized once, before any destination points into it.
+  std::vector<int8_t> placed(entries.size(), 0);  // 0 failed, 1 host, 2 staged
+  size_t staged_bytes = 0;
   const Region* last = nullptr;  // entries of a frame mostly share a region
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
-    if (!PinEntry(e.addr, e.length, i, &last, &pins_, &failures_, /*allow_gpu=*/true).ok())
+    if (!PinEntry(e.addr, e.length, i, &last, &pins_, &failures_, /*allow_staged=*/true).ok())
       continue;
-    if (last->kind.type() == MemoryKind::Type::kCuda) {
-      gpu_.push_back(
-          {i, reinterpret_cast<char*>(e.addr), last->kind.device(), gpu_bytes, e.length});
-      gpu_bytes += e.length;
-      placed[i] = 2;
-    } else {
+    if (last->kind.cpu_accessible()) {
       placed[i] = 1;
+      continue;
     }
+    const size_t at = StagedOffset(staged_bytes, e.length);
+    staged_.push_back({i, e.addr, last, at, e.length});
+    staged_bytes = at + e.length;
+    placed[i] = 2;
   }
-  if (gpu_bytes_.size() < gpu_bytes) gpu_bytes_.resize(gpu_bytes);
+  if (staged_capacity_ < staged_bytes) {
+    staged_bytes_ = StagingBytes(staged_bytes);
+    staged_capacity_ = staged_bytes;
+  }
   size_t g = 0;
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
@@ -85,7 +110,7 @@ Status TcpStreamService::ServeWrite(stream::Connection& c, const wire::FrameHead
     } else if (placed[i] == 1) {
       reader.AddDestination(reinterpret_cast<char*>(e.addr), e.length);
     } else {
-      reader.AddDestination(gpu_bytes_.data() + gpu_[g++].offset, e.length);
+      reader.AddDestination(staged_bytes_.get() + staged_[g++].offset, e.length);
     }
   }
   return OkStatus();
@@ -96,19 +121,56 @@ cuda::SyncCopies& TcpStreamService::Copies() {
   return *copies_;
 }
 
-Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeader& h) {
-  // A kWrite payload has landed: GPU entries go on to the device, then the
-  // regions are released and the frame acknowledged.
-  for (const GpuEntry& e : gpu_) {
-    Status s = Copies().Copy(e.ordinal, e.device, gpu_bytes_.data() + e.offset, e.length);
+void TcpStreamService::CopyGpu(const std::vector<StagedEntry>& staged, char* host, bool to_device,
+                               std::vector<wire::EntryFailure>* failures) {
+  for (const StagedEntry& e : staged) {
+    if (e.region->kind.type() != MemoryKind::Type::kCuda) continue;
+    const int ordinal = e.region->kind.device();
+    char* device = reinterpret_cast<char*>(e.addr);
+    Status s = to_device ? Copies().Copy(ordinal, device, host + e.offset, e.length)
+                         : Copies().Copy(ordinal, host + e.offset, device, e.length);
     if (!s.ok()) {
       s = s.WithPrefix("peer " + target().peer_id() + ": copying the bytes of " +
-                       FormatRange(reinterpret_cast<uintptr_t>(e.device), e.length) +
-                       " to cuda:" + std::to_string(e.ordinal));
-      failures_.push_back({e.index, s.code(), std::string(s.message())});
+                       FormatRange(e.addr, e.length) + (to_device ? " to" : " off") +
+                       " cuda:" + std::to_string(ordinal));
+      failures->push_back({e.index, s.code(), std::string(s.message())});
     }
   }
-  gpu_.clear();
+}
+
+void TcpStreamService::RunFileIo(const std::vector<StagedEntry>& staged, char* host, bool write,
+                                 std::vector<wire::EntryFailure>* failures) const {
+  std::vector<storage::FileOp> ops;
+  std::vector<uint32_t> index;  // the entry of each op
+  storage::FileIo* io = nullptr;
+  for (const StagedEntry& e : staged) {
+    if (e.region->kind.type() != MemoryKind::Type::kFile) continue;
+    const storage::FileSegment& file = *e.region->file;
+    auto op = file.MakeOp(write, host + e.offset, e.addr, e.length);
+    if (!op.ok()) {
+      const Status s = op.status().WithPrefix("peer " + target().peer_id() + " refused");
+      failures->push_back({e.index, s.code(), std::string(s.message())});
+      continue;
+    }
+    io = &file.io();  // one engine's regions: one ring
+    ops.push_back(*std::move(op));
+    index.push_back(e.index);
+  }
+  if (ops.empty()) return;
+  const std::vector<Status> done = io->Run(std::move(ops));
+  for (size_t k = 0; k < done.size(); ++k) {
+    if (done[k].ok()) continue;
+    const Status s = done[k].WithPrefix("peer " + target().peer_id());
+    failures->push_back({index[k], s.code(), std::string(s.message())});
+  }
+}
+
+Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeader& h) {
+  // A kWrite payload has landed: staged entries go on to the device or the
+  // file, then the regions are released and the frame acknowledged.
+  CopyGpu(staged_, staged_bytes_.get(), /*to_device=*/true, &failures_);
+  RunFileIo(staged_, staged_bytes_.get(), /*write=*/true, &failures_);
+  staged_.clear();
   std::sort(
       failures_.begin(), failures_.end(),
       [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
@@ -126,37 +188,49 @@ Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeade
                                    std::string_view body) {
   FERRY_ASSIGN_OR_RETURN(std::vector<wire::Entry> entries, wire::DecodeEntries(body));
   wire::Reply rep;
-  std::vector<iovec> payload;
   std::vector<RegionPin> pins;
-  // GPU entries are copied off the device into a host buffer the reply keeps.
-  std::shared_ptr<std::vector<char>> host;
-  size_t host_used = 0;
+  // Staged entries (GPU, file) are read into a host buffer the reply keeps;
+  // all of them first (a frame's file entries as one batch of the ring),
+  // then the payload is put together in entry order.
+  std::vector<StagedEntry> staged;
+  std::vector<int8_t> placed(entries.size(), 0);  // 0 failed, 1 host, 2 staged
+  size_t staged_bytes = 0;
   const Region* last = nullptr;
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
-    if (!PinEntry(e.addr, e.length, i, &last, &pins, &rep.failures, /*allow_gpu=*/true).ok())
+    if (!PinEntry(e.addr, e.length, i, &last, &pins, &rep.failures, /*allow_staged=*/true).ok())
       continue;
-    if (last->kind.type() != MemoryKind::Type::kCuda) {
+    if (last->kind.cpu_accessible()) {
+      placed[i] = 1;
+      continue;
+    }
+    const size_t at = StagedOffset(staged_bytes, e.length);
+    staged.push_back({i, e.addr, last, at, e.length});
+    staged_bytes = at + e.length;
+    placed[i] = 2;
+  }
+  std::shared_ptr<char> host;
+  if (!staged.empty()) {
+    host = StagingBytes(staged_bytes);
+    const size_t before = rep.failures.size();
+    CopyGpu(staged, host.get(), /*to_device=*/false, &rep.failures);
+    RunFileIo(staged, host.get(), /*write=*/false, &rep.failures);
+    for (size_t k = before; k < rep.failures.size(); ++k) placed[rep.failures[k].index] = 0;
+    std::sort(
+        rep.failures.begin(), rep.failures.end(),
+        [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
+  }
+  std::vector<iovec> payload;
+  size_t g = 0;
+  for (uint32_t i = 0; i < entries.size(); ++i) {
+    const wire::Entry& e = entries[i];
+    const bool is_staged = g < staged.size() && staged[g].index == i;
+    if (placed[i] == 1) {
       stream::AppendRange(&payload, reinterpret_cast<void*>(e.addr), e.length);
-      continue;
+    } else if (placed[i] == 2) {
+      stream::AppendRange(&payload, host.get() + staged[g].offset, e.length);
     }
-    if (!host) {
-      uint64_t total = 0;
-      for (const auto& x : entries) total += x.length;
-      host = std::make_shared<std::vector<char>>(total);
-    }
-    char* at = host->data() + host_used;
-    host_used += e.length;
-    Status s =
-        Copies().Copy(last->kind.device(), at, reinterpret_cast<const void*>(e.addr), e.length);
-    if (!s.ok()) {
-      s = s.WithPrefix("peer " + target().peer_id() + ": copying the bytes of " +
-                       FormatRange(e.addr, e.length) +
-                       " off cuda:" + std::to_string(last->kind.device()));
-      rep.failures.push_back({i, s.code(), std::string(s.message())});
-      continue;
-    }
-    stream::AppendRange(&payload, at, e.length);
+    if (is_staged) ++g;
   }
   std::string reply;
   wire::EncodeReply(rep, &reply);

@@ -2,9 +2,11 @@
 // (kWrite with the bytes as payload, kRead), and the target's service, which
 // validates and pins every range, then receives a write's payload straight
 // into registered memory (readv) or sends a read's bytes straight from it
-// (sendmsg). Ranges in GPU memory (issue 13) are staged through host memory
-// here: a write's bytes are received into a host buffer and copied to the
-// device before the acknowledgement; a read's are copied off the device
+// (sendmsg). Ranges in GPU memory (issue 13) and in file regions (issue 30)
+// are staged through host memory here: a write's bytes are received into a
+// host buffer and copied to the device, or written to the file (the frame's
+// file entries as one batch of the file's io_uring ring), before the
+// acknowledgement; a read's are copied off the device or read from the file
 // before they are sent.
 #pragma once
 
@@ -37,21 +39,30 @@ class TcpStreamService : public stream::TargetService {
   Status ServeWrite(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
   Status ServeRead(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
 
-  // GPU entries of a frame: where on the device, where in the host buffer.
-  struct GpuEntry {
+  // Staged entries of a frame (GPU or file): where in the region (pinned
+  // for the frame), where in the host buffer.
+  struct StagedEntry {
     uint32_t index;
-    char* device;
-    int ordinal;
+    uint64_t addr;
+    const Region* region;
     size_t offset;
     uint32_t length;
   };
   cuda::SyncCopies& Copies();
+  // Moves the GPU entries of `staged` between the host buffer at `host` and
+  // the device (to_device: a write), failures into `failures`.
+  void CopyGpu(const std::vector<StagedEntry>& staged, char* host, bool to_device,
+               std::vector<wire::EntryFailure>* failures);
+  // Does the file entries' I/O as one batch of their files' rings, waiting.
+  void RunFileIo(const std::vector<StagedEntry>& staged, char* host, bool write,
+                 std::vector<wire::EntryFailure>* failures) const;
 
   // The write frame whose payload is arriving.
   std::vector<RegionPin> pins_;
   std::vector<wire::EntryFailure> failures_;
-  std::vector<GpuEntry> gpu_;
-  std::vector<char> gpu_bytes_;  // the host buffer its GPU entries land in
+  std::vector<StagedEntry> staged_;
+  std::shared_ptr<char> staged_bytes_;  // the host buffer its staged entries land in
+  size_t staged_capacity_ = 0;
   std::unique_ptr<cuda::SyncCopies> copies_;
 };
 

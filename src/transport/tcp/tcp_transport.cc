@@ -151,8 +151,9 @@ TransportCaps TcpCaps() {
   TransportCaps c;
   c.name = "tcp";
   c.reach = Reach::kNetwork;
-  // The peer's GPU memory too: its stream service stages it (tcp_frames.h).
-  c.remote_kinds = {MemoryKind::Type::kCpu, MemoryKind::Type::kCuda};
+  // The peer's GPU memory and file regions too: its stream service stages
+  // them (tcp_frames.h).
+  c.remote_kinds = {MemoryKind::Type::kCpu, MemoryKind::Type::kCuda, MemoryKind::Type::kFile};
   return c;
 }
 

@@ -1,0 +1,249 @@
+#include "bench_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_report.h"
+#include "bench_util.h"
+#include "cli.h"
+#include "ferry/ferry.h"
+
+namespace ferry::bench {
+namespace {
+
+// The file a run uses: at least 256 MiB, and twice one batch.
+uint64_t FileSize(const BenchOptions& o) {
+  return RoundUp(std::max<uint64_t>(256ull << 20, 2 * o.block * o.batch), 1ull << 20);
+}
+
+// Creates or extends the file to `size` bytes; for reads, writes every byte
+// once (reads of a hole would measure nothing).
+void PrepareFile(const std::string& path, uint64_t size, bool fill) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw cli::RunError("cannot open " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  const bool grow = static_cast<uint64_t>(st.st_size) < size;
+  if (grow && ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    ::close(fd);
+    throw cli::RunError("cannot extend " + path + ": " + std::strerror(errno));
+  }
+  if (fill && grow) {
+    std::vector<char> chunk(8ull << 20, 'f');
+    for (uint64_t at = 0; at < size; at += chunk.size()) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), size - at));
+      if (::pwrite(fd, chunk.data(), n, static_cast<off_t>(at)) != static_cast<ssize_t>(n)) {
+        ::close(fd);
+        throw cli::RunError("cannot fill " + path + ": " + std::strerror(errno));
+      }
+    }
+    ::fsync(fd);
+  }
+  ::close(fd);
+}
+
+struct Figures {
+  double seconds = 0;
+  uint64_t bytes = 0;
+  uint64_t ops = 0;
+  void Add(const Figures& f) {
+    seconds += f.seconds;
+    bytes += f.bytes;
+    ops += f.ops;
+  }
+  double GBps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : kNaN; }
+  double Iops() const { return seconds > 0 ? static_cast<double>(ops) / seconds : kNaN; }
+};
+
+// Ferry: batches of `batch` requests of `block` bytes at consecutive offsets
+// of the file (wrapping), two in flight (each on its half of `buf`): the ring
+// (file_queue_depth = batch) stays as full as fio's queue, for `seconds`.
+Figures RunFerry(Engine& e, SegmentHandle self, uint8_t* buf, uint64_t base, const BenchOptions& o,
+                 uint64_t file_size, double seconds, uint64_t* cursor) {
+  const Opcode op = o.op == Operation::kRead ? Opcode::kRead : Opcode::kWrite;
+  std::vector<TransferRequest> reqs(o.batch);
+  auto submit = [&](int half) {
+    for (uint64_t k = 0; k < o.batch; ++k) {
+      if (*cursor + o.block > file_size) *cursor = 0;
+      reqs[k] = {op, buf + (half * o.batch + k) * o.block, self, base + *cursor, o.block};
+      *cursor += o.block;
+    }
+    auto id = e.AllocateBatch(o.batch);
+    if (!id.ok()) Fail("cannot allocate a batch", id.status());
+    Status s = e.Submit(*id, reqs);
+    if (!s.ok()) Fail("the Ferry phase failed", s);
+    return *id;
+  };
+  auto finish = [&](BatchId id) {
+    Status s = e.WaitBatch(id, std::chrono::minutes(10));
+    if (!s.ok()) Fail("the Ferry phase failed", s);
+    s = e.FreeBatch(id);
+    if (!s.ok()) Fail("cannot free a batch", s);
+  };
+  Figures f;
+  const auto start = Clock::now();
+  BatchId in_flight[2] = {submit(0), submit(1)};
+  for (int half = 0;; half ^= 1) {
+    finish(in_flight[half]);
+    f.bytes += o.block * o.batch;
+    f.ops += o.batch;
+    if (Seconds(Clock::now() - start) >= seconds) {
+      finish(in_flight[half ^ 1]);
+      f.bytes += o.block * o.batch;
+      f.ops += o.batch;
+      break;
+    }
+    in_flight[half] = submit(half);
+  }
+  f.seconds = Seconds(Clock::now() - start);
+  return f;
+}
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// fio's job of the same shape, as a command line.
+std::string FioCommand(const BenchOptions& o, uint64_t file_size, double seconds) {
+  const bool read = o.op == Operation::kRead;
+  char runtime[32];
+  std::snprintf(runtime, sizeof(runtime), "%.0fms", seconds * 1000);
+  std::string cmd = "fio --name=ferry-bench-baseline --filename=" + Quote(o.file) +
+                    " --ioengine=io_uring --rw=" + (read ? "read" : "write") +
+                    " --bs=" + std::to_string(o.block) + " --iodepth=" + std::to_string(o.batch) +
+                    " --direct=" + (o.direct ? "1" : "0") + " --size=" + std::to_string(file_size) +
+                    " --time_based --runtime=" + runtime + " --output-format=json";
+  if (o.durable && !read) cmd += " --sync=dsync";
+  return cmd;
+}
+
+// Runs fio; its figures, or an error.
+StatusOr<Figures> RunFio(const std::string& cmd, bool read) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return InternalError("cannot start fio: " + std::string(std::strerror(errno)));
+  std::string out;
+  char chunk[4096];
+  size_t n;
+  while ((n = std::fread(chunk, 1, sizeof(chunk), p)) > 0) out.append(chunk, n);
+  const int rc = ::pclose(p);
+  if (rc != 0) return UnavailableError("fio failed (status " + std::to_string(rc) + "): " + out);
+  // fio may print notes before its JSON.
+  const size_t brace = out.find('{');
+  if (brace == std::string::npos) return InternalError("fio printed no JSON: " + out);
+  Json j = Json::parse(out.substr(brace), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("jobs") || j["jobs"].empty()) {
+    return InternalError("cannot read fio's JSON: " + out.substr(0, 400));
+  }
+  const Json& side = j["jobs"][0][read ? "read" : "write"];
+  Figures f;
+  f.bytes = side.value("io_bytes", uint64_t{0});
+  f.ops = side.value("total_ios", uint64_t{0});
+  f.seconds = side.value("runtime", 0.0) / 1000.0;  // ms
+  return f;
+}
+
+}  // namespace
+
+int RunFileBench(const BenchOptions& o) {
+  const uint64_t file_size = FileSize(o);
+  const bool read = o.op == Operation::kRead;
+  PrepareFile(o.file, file_size, read);
+  EngineOptions eo = o.MakeEngineOptions();
+  eo.transport = "local";
+  eo.file_queue_depth = static_cast<uint32_t>(std::min<uint64_t>(o.batch, 4096));
+  auto engine = Engine::Create(eo);
+  if (!engine.ok()) Fail("cannot start the engine", engine.status());
+  Engine& e = **engine;
+  auto self = e.OpenSegment(e.PeerId());
+  if (!self.ok()) Fail("cannot open the engine's own segment", self.status());
+  FileRegion region;
+  region.path = o.file;
+  region.length = file_size;
+  region.durable = o.durable;
+  region.direct = o.direct;
+  auto base = e.RegisterFile(region);
+  if (!base.ok()) Fail("cannot register " + o.file, base.status());
+  Buffer buf(2 * o.block * o.batch, true, o.hugepages);  // two batches in flight
+  Status st = e.RegisterMemory(buf.data(), buf.length(), "cpu");
+  if (!st.ok()) Fail("cannot register the buffer", st);
+
+  // Ferry, fio, Ferry, fio: half the duration each, so drift in the
+  // machine's load weighs on both alike.
+  const double half = (o.duration > 0 ? o.duration : 1.5) / 2;
+  const std::string fio = FioCommand(o, file_size, half);
+  Figures ferry_figures, fio_figures;
+  std::string fio_error;
+  uint64_t cursor = 0;
+  for (int round = 0; round < 2; ++round) {
+    ferry_figures.Add(RunFerry(e, *self, buf.data(), reinterpret_cast<uint64_t>(*base), o,
+                               file_size, half, &cursor));
+    if (o.no_baseline || !fio_error.empty()) continue;
+    auto f = RunFio(fio, read);
+    if (f.ok()) {
+      fio_figures.Add(*f);
+    } else {
+      fio_error = f.status().ToString();
+    }
+  }
+  const EngineMetrics m = e.GetMetrics();
+  const double ratio_bw = Ratio(ferry_figures.GBps(), fio_figures.GBps());
+  const double ratio_iops = Ratio(ferry_figures.Iops(), fio_figures.Iops());
+  if (o.json) {
+    Json j;
+    j["ferry_version"] = Version();
+    j["target_kind"] = "file";
+    j["file"] = o.file;
+    j["file_bytes"] = file_size;
+    j["operation"] = std::string(OperationName(o.op));
+    j["block"] = o.block;
+    j["queue_depth"] = o.batch;
+    j["direct"] = o.direct;
+    j["durable"] = o.durable;
+    j["ferry"] = {{"gbps", Figure(ferry_figures.GBps())},
+                  {"iops", Figure(ferry_figures.Iops())},
+                  {"direct_ops", m.file_direct_ops},
+                  {"buffered_ops", m.file_buffered_ops}};
+    if (o.no_baseline) {
+      j["fio"] = nullptr;
+    } else {
+      j["fio"] = {{"job", fio},
+                  {"gbps", Figure(fio_figures.GBps())},
+                  {"iops", Figure(fio_figures.Iops())},
+                  {"error", fio_error}};
+    }
+    j["ratio"] = {{"gbps", Figure(ratio_bw)}, {"iops", Figure(ratio_iops)}};
+    PrintJson(j);
+    return 0;
+  }
+  std::cout << "ferry bench --target-kind file: " << OperationName(o.op) << " " << o.block
+            << " B blocks, queue depth " << o.batch << ", file " << o.file << " ("
+            << (file_size >> 20) << " MiB), " << (o.direct ? "O_DIRECT" : "page cache")
+            << (o.durable ? ", durable" : "") << "; rounds Ferry, fio, Ferry, fio of "
+            << Fixed(half, 2) << " s\n";
+  std::cout << Pad("", 10, true) << Pad("GB/s", 10) << Pad("IOPS", 12) << "\n";
+  std::cout << Pad("ferry", 10, true) << Pad(Fixed(ferry_figures.GBps(), 3), 10)
+            << Pad(Fixed(ferry_figures.Iops(), 0), 12) << "   (ops: " << m.file_direct_ops
+            << " O_DIRECT, " << m.file_buffered_ops << " page cache)\n";
+  if (!o.no_baseline) {
+    std::cout << Pad("fio", 10, true) << Pad(Fixed(fio_figures.GBps(), 3), 10)
+              << Pad(Fixed(fio_figures.Iops(), 0), 12) << "\n";
+    std::cout << Pad("ferry/fio", 10, true) << Pad(Fixed(ratio_bw, 2), 10)
+              << Pad(Fixed(ratio_iops, 2), 12) << "\n";
+    std::cout << "fio job: " << fio << "\n";
+    if (!fio_error.empty()) std::cout << "fio baseline not measured: " << fio_error << "\n";
+  }
+  return 0;
+}
+
+}  // namespace ferry::bench
