@@ -16,9 +16,10 @@ struct FileRegion {
   // /proc/self/fd), so the caller may close its descriptor at any time.
   std::string path;
   int fd = -1;
-  // The range: [offset, offset + length) must lie inside the file as it is
-  // now (a file that should grow is extended first: ftruncate, fallocate).
-  // length 0: to the end of the file.
+  // The range [offset, offset + length); length 0: to the end of the file
+  // as it is now. A writable range may reach past the end (writes there
+  // extend the file; reading bytes never written fails, naming the offset);
+  // a read-only one must lie inside the file.
   uint64_t offset = 0;
   uint64_t length = 0;
   // false: transfers may only read it (a write is refused, naming the file).

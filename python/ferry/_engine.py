@@ -648,8 +648,10 @@ class Engine:
 
         ``path_or_fd``: a path, or a descriptor you own (the engine opens the
         file itself, so you may close yours at any time). ``length`` None:
-        to the end of the file; the range must lie inside the file (extend
-        it first). ``writable`` False refuses writes to it; ``durable``
+        to the end of the file as it is now. A writable range may reach past
+        the end (writes there extend the file; reading bytes never written
+        fails, naming the offset); a read-only one must lie inside the file.
+        ``writable`` False refuses writes to it; ``durable``
         completes a write only once it is on stable storage; ``direct`` False
         keeps every read and write in the page cache (True: aligned ones
         bypass it with O_DIRECT). Unregister with :meth:`unregister` (the

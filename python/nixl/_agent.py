@@ -5,8 +5,9 @@ listens on a free 127.0.0.1 port unless FERRY_* settings or the config's
 ``ferryOptions`` say otherwise). Backends ``UCX``, ``LIBFABRIC``, ``FERRY``
 and ``MOCK_DRAM`` (NIXL's test backend) all run on Ferry's transport ``auto``
 (per peer the first of local, cuda_ipc, shm, fabric, tcp that reaches it);
-``POSIX`` answers ``queryMem`` for files (FILE memory does not move yet:
-registering it raises nixlNotSupportedError). Handles are ints.
+``POSIX`` moves FILE memory (``nixl._files``: rows ``(offset, len, fd)``)
+between the agent's host memory and its own files, and answers ``queryMem``;
+``GDS`` and ``GDS_MT`` are refused, naming why. Handles are ints.
 
 Metadata bytes (``getLocalMD``) are Ferry's, in an envelope: they load into
 this drop-in only. With ``useListenThread`` the agent serves them on
@@ -37,11 +38,12 @@ from ._bindings import (DEFAULT_COMM_PORT, NIXL_IN_PROG, NIXL_SUCCESS, NIXL_ERR_
                         nixlNotFoundError, nixlNotPostedError, nixlNotSupportedError,
                         nixlRemoteDisconnectError, nixlRepostActiveError, nixlXferTelemetry)
 from ._dlist import nixlRegDList, nixlXferDList
+from ._files import GDS_PLUGINS, FileRegistrations, gds_refusal, refuse_remote_files
 
 log = logging.getLogger("nixl")
 
 # Plugins: name -> (memory types, parameters). Every transfer backend is
-# Ferry's transport "auto"; POSIX only answers queryMem for files.
+# Ferry's transport "auto"; POSIX moves FILE memory (and answers queryMem).
 _MOVERS = ("UCX", "LIBFABRIC", "FERRY", "MOCK_DRAM")
 PLUGINS = {name: (["DRAM", "VRAM"], {}) for name in _MOVERS}
 PLUGINS["POSIX"] = (["FILE"], {})
@@ -122,10 +124,10 @@ def _check_list(dlist, cls: type, what: str) -> None:
     if not isinstance(dlist, cls):
         raise nixlInvalidParamError(f"{what}: takes a {cls.__name__}, not {type(dlist).__name__}")
     mem = dlist.getType()
-    if mem not in (nixl_mem_t.DRAM_SEG, nixl_mem_t.VRAM_SEG):
+    if mem not in (nixl_mem_t.DRAM_SEG, nixl_mem_t.VRAM_SEG, nixl_mem_t.FILE_SEG):
         raise nixlNotSupportedError(
-            f"{what}: {mem.name[:-4]} memory is not supported by Ferry's NIXL agent (DRAM and "
-            "VRAM move; FILE can only be queried with queryMem)")
+            f"{what}: {mem.name[:-4]} memory is not supported by Ferry's NIXL agent (DRAM, "
+            "VRAM and FILE move)")
     if dlist.isEmpty():
         raise nixlInvalidParamError(f"{what}: an empty list")
 
@@ -216,6 +218,7 @@ class nixlAgent:
         from ._telemetry import AgentTelemetry
 
         self._telemetry = AgentTelemetry.configure(name, config.captureTelemetry)
+        self._files = FileRegistrations(self._engine)
         self._channel = None
         if config.useListenThread:
             self._channel = self._make_channel(listen=True)
@@ -268,6 +271,8 @@ class nixlAgent:
         return list(PLUGINS)
 
     def getPluginParams(self, type: str) -> tuple:  # noqa: A002 (NIXL's name)
+        if type in GDS_PLUGINS:
+            raise nixlNotSupportedError(gds_refusal(type))
         if type not in PLUGINS:
             raise nixlNotFoundError(f"plugin {type!r} does not exist here; available: "
                                     f"{', '.join(PLUGINS)}")
@@ -288,6 +293,11 @@ class nixlAgent:
     def registerMem(self, descs: nixlRegDList, backends: list = []) -> int:
         self._check_backends(backends)
         _check_list(descs, nixlRegDList, "registerMem")
+        if descs.getType() == nixl_mem_t.FILE_SEG:
+            with self._mapped():
+                total = self._files.register(descs.rows, descs.metas())
+            self._telemetry.memory_registered(total)
+            return NIXL_SUCCESS
         addrs = [int(a) for a in descs.rows[:, 0]]
         lengths = [int(n) for n in descs.rows[:, 1]]
         with self._mapped():
@@ -303,6 +313,11 @@ class nixlAgent:
         if not isinstance(descs, nixlRegDList):
             raise nixlInvalidParamError(f"deregisterMem takes a nixlRegDList, not "
                                         f"{type(descs).__name__}")
+        if descs.getType() == nixl_mem_t.FILE_SEG:
+            with self._mapped():
+                freed = self._files.unregister(descs.rows)
+            self._telemetry.memory_deregistered(freed)
+            return NIXL_SUCCESS
         addrs = [int(a) for a in descs.rows[:, 0]]
         freed = 0
         with self._mapped():
@@ -531,17 +546,22 @@ class nixlAgent:
     # ---- prepared lists and transfers --------------------------------------------
     def _prepare(self, descs: nixlXferDList, remote: _Remote | None) -> ferry.DescList:
         _check_list(descs, nixlXferDList, "a transfer list")
+        rows = descs.rows
+        if descs.getType() == nixl_mem_t.FILE_SEG:
+            if remote is not None and remote.name != self.name:
+                refuse_remote_files(remote.name)
+            rows = self._files.addresses(rows)  # this agent's own files
         if remote is None:
             with self._mapped():
-                return self._engine.prepare(descs.rows)
+                return self._engine.prepare(rows)
         if remote.removed:
             raise nixlNotFoundError(f"remote agent {remote.name!r} was removed")
-        bad = remote.outside(descs.rows)
+        bad = remote.outside(rows)
         if bad >= 0:
             raise nixlNotFoundError(f"row {bad} lies outside the regions agent {remote.name!r} "
                                     "made visible (its partial metadata)")
         with self._mapped(remote):
-            return self._engine.prepare(descs.rows, remote.segment)
+            return self._engine.prepare(rows, remote.segment)
 
     def prepXferDlist(self, *args, **kwargs) -> int:
         """prepXferDlist(agent_name, descs, backend=[]) or prepXferDlist(descs,

@@ -26,8 +26,12 @@ whole list). The path follows from the registrations of both sides:
 - two agents of one process: the ``local`` transport moves host memory only
   and CUDA IPC does not open a process's own handles, so GPU memory between
   them takes shm (local VRAM only) or tcp.
-``BLOCK``, ``OBJ`` and ``FILE`` lists can be made; registering or moving them
-raises nixlNotSupportedError (``query_memory`` takes FILE lists).
+``FILE`` memory moves with the ``POSIX`` backend (rows ``(offset, len, fd)``,
+a path in the meta field when fd is 0): between this agent's host memory
+and its own files, a transfer to its own name, through Ferry's io_uring
+file regions (``nixl._files``); ``query_memory`` takes FILE lists. ``GDS``
+and ``GDS_MT`` are refused, naming why. ``BLOCK`` and ``OBJ`` lists can be
+made; registering or moving them raises nixlNotSupportedError.
 
 NIXL 1.5's strided rows: ``get_xfer_descs`` / ``prep_xfer_dlist`` take an
 (N, 5) integer array (addr, len, dev, stride, count) with a ``mem_type``;

@@ -74,7 +74,7 @@ def test_range_past_the_end_and_missing_file(tmp_path):
     path = make_file(tmp_path, 65536)
     with ferry.Engine(listen_host="127.0.0.1") as e:
         with pytest.raises(ferry.InvalidArgument, match="past its end"):
-            e.register_file(path, offset=4096, length=65536)
+            e.register_file(path, offset=4096, length=65536, writable=False)
         with pytest.raises(ferry.NotFound, match="missing"):
             e.register_file(path + ".missing")
         with pytest.raises(ferry.InvalidArgument):

@@ -151,7 +151,9 @@ def test_config_backends_and_memory_types(agents):
     b.create_backend("LIBFABRIC", {})
     assert list(b.backends) == ["LIBFABRIC"]
     with pytest.raises(nixlNotFoundError, match="UCX, LIBFABRIC, FERRY"):
-        b.create_backend("GDS", {})
+        b.create_backend("NO_SUCH_PLUGIN", {})
+    with pytest.raises(nixlNotSupportedError, match="cuFile"):
+        b.create_backend("GDS", {})  # named: what it would need, and POSIX instead
     c = agents("cfg-c", nixl_agent_config(backends=["GDS"]))  # skipped with a warning, as NIXL
     assert c.backends == {}
     assert b.get_plugin_mem_types("LIBFABRIC") == ["DRAM", "VRAM"] == b.backend_mems["LIBFABRIC"]
@@ -161,8 +163,8 @@ def test_config_backends_and_memory_types(agents):
     with pytest.raises((nixlBackendError, nixlInvalidParamError), match="cuda:0"):
         b.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "VRAM")
     assert b.get_xfer_descs([(buf.ctypes.data, 16, 0)], "cuda").getType() == nixlBind.VRAM_SEG
-    with pytest.raises(nixlNotSupportedError, match="FILE memory is not supported"):
-        b.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "FILE")
+    with pytest.raises(nixlNotSupportedError, match="OBJ memory is not supported"):
+        b.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "OBJ")
     reg = b.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "cpu", is_sorted=False)
     with pytest.raises(nixlNotFoundError):
         b.prep_xfer_dlist("", [(buf.ctypes.data, 16, 0)], "DRAM", backends=["UCX"])  # not created

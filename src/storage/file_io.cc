@@ -223,7 +223,8 @@ void FileIo::Reap() {
         finished.emplace_back(
             op, FailedPreconditionError(Describe(op->op, at, left) +
                                         ": the file ends there (its size is now " + size +
-                                        "; truncated under its registration?)"));
+                                        ": not written that far yet, or truncated under its "
+                                        "registration)"));
       } else if (cqe->res == 0) {
         finished.emplace_back(op, FileError(op->op, at, left, EIO));
       } else if (static_cast<uint64_t>(cqe->res) < left) {

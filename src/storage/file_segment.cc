@@ -64,11 +64,20 @@ StatusOr<std::shared_ptr<FileSegment>> FileSegment::Open(const FileRegion& r,
                                 std::to_string(r.offset) + " (its size is " + std::to_string(size) +
                                 " bytes)");
   }
-  if (r.offset + f->length_ < r.offset || r.offset + f->length_ > size) {
-    return InvalidArgumentError("file '" + f->name() + "': the range [" + std::to_string(r.offset) +
-                                ", " + std::to_string(r.offset + f->length_) +
-                                ") goes past its end (its size is " + std::to_string(size) +
-                                " bytes; extend the file first)");
+  // A writable region may reach past the end: writes there extend the file
+  // (as NIXL's POSIX backend lets a new, empty file be registered and
+  // written), and a read of bytes not written yet fails naming the offset.
+  // A read-only region can only ever read, so it must lie inside the file.
+  if (r.offset + f->length_ < r.offset) {
+    return InvalidArgumentError("file '" + f->name() + "': the range at offset " +
+                                std::to_string(r.offset) + " of " + std::to_string(f->length_) +
+                                " bytes overflows");
+  }
+  if (!r.writable && r.offset + f->length_ > size) {
+    return InvalidArgumentError(
+        "file '" + f->name() + "': the read-only range [" + std::to_string(r.offset) + ", " +
+        std::to_string(r.offset + f->length_) + ") goes past its end (its size is " +
+        std::to_string(size) + " bytes)");
   }
   // O_DIRECT where the file system has it and says how to align for it.
   struct statx sx {};

@@ -220,10 +220,11 @@ TEST_P(FileRegionsTest, RegionAtAnOffsetOfTheFile) {
   EXPECT_THAT(initiator_->TransferSync(r), StatusIs(StatusCode::kInvalidArgument));
 }
 
-TEST_P(FileRegionsTest, RangePastTheEndOfTheFileIsRefusedNamingIt) {
+TEST_P(FileRegionsTest, ReadOnlyRangePastTheEndOfTheFileIsRefusedNamingIt) {
   TempFile file(65536);
   EXPECT_THAT(
-      owner_->RegisterFile({.path = file.path(), .offset = 4096, .length = 65536}),
+      owner_->RegisterFile(
+          {.path = file.path(), .offset = 4096, .length = 65536, .writable = false}),
       StatusIs(StatusCode::kInvalidArgument,
                AllOf(HasSubstr(file.path()), HasSubstr("past its end"), MentionsNumber(65536))));
   EXPECT_THAT(owner_->RegisterFile({.path = file.path(), .offset = 65536}),
@@ -231,6 +232,29 @@ TEST_P(FileRegionsTest, RangePastTheEndOfTheFileIsRefusedNamingIt) {
   EXPECT_THAT(owner_->RegisterFile({.path = file.path() + ".missing"}),
               StatusIs(StatusCode::kNotFound, HasSubstr(".missing")));
   EXPECT_THAT(owner_->RegisterFile({}), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// A writable region past the end (NIXL registers a new, empty file and
+// writes it): a write there extends the file; a read of bytes never written
+// fails FAILED_PRECONDITION naming the file and the offset.
+TEST_P(FileRegionsTest, WritableRangePastTheEndGrowsTheFileOnWrite) {
+  TempFile file(0);
+  uint64_t base = 0;
+  ASSERT_OK_AND_ASSIGN(base, RegisterFile({.path = file.path(), .length = 65536}));
+  unsigned char* mem = Memory(65536);
+  TransferRequest r{Opcode::kRead, mem, segment_, base + 8192, 4096};
+  EXPECT_THAT(initiator_->TransferSync(r),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(file.path()), HasSubstr("ends there"), HasSubstr("8192"))));
+  FillPattern(mem, 16384, 9);
+  r = {Opcode::kWrite, mem, segment_, base + 8192, 16384};
+  ASSERT_OK(initiator_->TransferSync(r));
+  const auto got = file.Read(8192, 16384);
+  EXPECT_EQ(std::memcmp(got.data(), mem, 16384), 0);
+  std::memset(mem, 0, 16384);
+  r.opcode = Opcode::kRead;
+  ASSERT_OK(initiator_->TransferSync(r));
+  EXPECT_EQ(DescribePatternMismatch(mem, 16384, 9), "");
 }
 
 TEST_P(FileRegionsTest, ReadOnlyRegionWrittenIsRefusedOthersOfTheBatchComplete) {
