@@ -765,14 +765,14 @@ class Engine:
                    lengths: Sequence[int] | None = None) -> None:
         """Writes several ranges to one segment in one synchronous batch."""
         addrs, sizes = self._lists(locals_, lengths, writable=False)
-        self._native.transfer_sync([int(Opcode.WRITE)], [self._handle(segment)], addrs,
-                                   remote_addrs, sizes)
+        self._native.transfer_sync_columns(int(Opcode.WRITE), self._handle(segment), addrs,
+                                           remote_addrs, sizes)
 
     def read_many(self, segment, locals_: Sequence, remote_addrs: Sequence[int],
                   lengths: Sequence[int] | None = None) -> None:
         addrs, sizes = self._lists(locals_, lengths, writable=True)
-        self._native.transfer_sync([int(Opcode.READ)], [self._handle(segment)], addrs,
-                                   remote_addrs, sizes)
+        self._native.transfer_sync_columns(int(Opcode.READ), self._handle(segment), addrs,
+                                           remote_addrs, sizes)
 
     def _columns(self, requests: Sequence[Request]):
         ops, segs, addrs, remotes, sizes = [], [], [], [], []
@@ -799,24 +799,38 @@ class Engine:
     def write_async(self, segment, locals_: Sequence, remote_addrs: Sequence[int],
                     lengths: Sequence[int] | None = None) -> Batch:
         addrs, sizes = self._lists(locals_, lengths, writable=False)
-        return self._submit([int(Opcode.WRITE)], [self._handle(segment)], addrs, remote_addrs, sizes)
+        return self._submit_columns(Opcode.WRITE, self._handle(segment), addrs, remote_addrs, sizes)
 
     def read_async(self, segment, locals_: Sequence, remote_addrs: Sequence[int],
                    lengths: Sequence[int] | None = None) -> Batch:
         addrs, sizes = self._lists(locals_, lengths, writable=True)
-        return self._submit([int(Opcode.READ)], [self._handle(segment)], addrs, remote_addrs, sizes)
+        return self._submit_columns(Opcode.READ, self._handle(segment), addrs, remote_addrs, sizes)
 
     def _submit(self, ops, segs, addrs, remotes, sizes) -> Batch:
+        return self._submit_to_new_batch(
+            len(addrs), lambda batch_id: self._native.submit(batch_id, ops, segs, addrs, remotes,
+                                                             sizes))
+
+    def _submit_columns(self, opcode, segment: int, addrs, remotes, sizes) -> Batch:
+        """_submit for one opcode and one segment: the three lists (or integer
+        arrays) are read in C++ in one pass, with no Python object per request."""
+        return self._submit_to_new_batch(
+            len(addrs), lambda batch_id: self._native.submit_columns(
+                batch_id, int(opcode), segment, addrs, remotes, sizes))
+
+    def _submit_to_new_batch(self, count: int, submit) -> Batch:
+        """A new batch of ``count`` requests, given to ``submit(batch_id)``;
+        freed again if that raises (nothing was submitted)."""
         if self._orphans:
             self._sweep_orphans()
         native = self._native
-        batch_id = native.allocate_batch(max(1, len(addrs)))
+        batch_id = native.allocate_batch(max(1, count))
         try:
-            native.submit(batch_id, ops, segs, addrs, remotes, sizes)
+            submit(batch_id)
         except BaseException:
-            native.free_batch(batch_id)  # nothing was submitted
+            native.free_batch(batch_id)
             raise
-        return Batch(self, batch_id, len(addrs))
+        return Batch(self, batch_id, count)
 
     def _release_batch(self, batch_id: int) -> None:
         """Frees a collected batch, or remembers it while it is still pending."""

@@ -915,6 +915,150 @@ class NativeEngine {
 
 void* Address(uint64_t addr) { return reinterpret_cast<void*>(static_cast<uintptr_t>(addr)); }
 
+// ---- Bulk request columns ------------------------------------------------------
+// transfer_sync_columns / submit_columns: one opcode and one segment for the
+// whole batch, and three columns (local addresses, remote addresses,
+// lengths), each a 1-D integer array or a sequence of ints. The requests are
+// built in one pass over the columns, with no per-element Python object
+// (Mooncake's batch calls and ferry.Engine's *_many / *_async hand their
+// lists straight here). As with the list arguments of transfer_sync, an
+// element that is not a non-negative 64-bit integer raises TypeError.
+
+// One column, open for reading (a buffer export or the sequence's items).
+class RequestColumn {
+ public:
+  RequestColumn(const py::handle& obj, const char* name) : name_(name) {
+    PyObject* o = obj.ptr();
+    if (PyUnicode_Check(o) || PyBytes_Check(o) || PyByteArray_Check(o)) {
+      throw py::type_error(std::string(name) +
+                           " must be a 1-D integer array or a sequence of "
+                           "ints, got " +
+                           Py_TYPE(o)->tp_name);
+    }
+    if (buffer_.Open(obj)) {
+      const Py_buffer& v = buffer_.view();
+      std::optional<IntFormat> f = ParseIntFormat(v.format, v.itemsize);
+      if (!f || v.ndim != 1) {
+        throw py::type_error(std::string(name) +
+                             " must be a 1-D integer array or a sequence of "
+                             "ints, got " +
+                             Describe(v));
+      }
+      format_ = *f;
+      size_ = static_cast<size_t>(v.shape[0]);
+      return;
+    }
+    PyObject* seq = PySequence_Fast(obj.ptr(), "");
+    if (seq == nullptr) {
+      PyErr_Clear();
+      throw py::type_error(std::string(name) +
+                           " must be a 1-D integer array or a sequence of "
+                           "ints, got " +
+                           Py_TYPE(obj.ptr())->tp_name);
+    }
+    seq_ = py::reinterpret_steal<py::object>(seq);
+    items_ = PySequence_Fast_ITEMS(seq);
+    size_ = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq));
+  }
+
+  size_t size() const { return size_; }
+
+  // Element i (i < size()); raises TypeError for a negative, too large or
+  // non-integer element.
+  uint64_t operator[](size_t i) const {
+    if (items_ == nullptr) {
+      const Py_buffer& v = buffer_.view();
+      IntValue x = ReadInt(
+          static_cast<const char*>(v.buf) + static_cast<Py_ssize_t>(i) * v.strides[0], format_);
+      if (x.negative) Fail(i, "is negative");
+      return x.value;
+    }
+    PyObject* o = items_[i];
+    if (PyLong_CheckExact(o)) {  // the common case: no new reference
+      const unsigned long long value = PyLong_AsUnsignedLongLong(o);
+      if (value == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+        PyErr_Clear();
+        Fail(i, "is negative or does not fit in 64 bits");
+      }
+      return value;
+    }
+    if (PyFloat_Check(o)) Fail(i, "is not an integer (float)");
+    PyObject* index = PyNumber_Index(o);
+    if (index == nullptr) {
+      PyErr_Clear();
+      Fail(i, std::string("is not an integer (") + Py_TYPE(o)->tp_name + ")");
+    }
+    const unsigned long long value = PyLong_AsUnsignedLongLong(index);
+    Py_DECREF(index);
+    if (value == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+      PyErr_Clear();
+      Fail(i, "is negative or does not fit in 64 bits");
+    }
+    return value;
+  }
+
+ private:
+  [[noreturn]] void Fail(size_t i, const std::string& what) const {
+    throw py::type_error(std::string(name_) + "[" + std::to_string(i) + "] " + what);
+  }
+
+  const char* name_;
+  IntBuffer buffer_;
+  IntFormat format_;
+  py::object seq_;              // keeps the items alive
+  PyObject** items_ = nullptr;  // null: read from buffer_
+  size_t size_ = 0;
+};
+
+// The requests of one batch; needs the GIL (reads Python objects).
+StatusOr<std::vector<ferry::TransferRequest>> RequestsFromColumns(int opcode, uint64_t segment,
+                                                                  const py::handle& locals,
+                                                                  const py::handle& remotes,
+                                                                  const py::handle& lengths) {
+  if (opcode != static_cast<int>(ferry::Opcode::kRead) &&
+      opcode != static_cast<int>(ferry::Opcode::kWrite)) {
+    return ferry::InvalidArgumentError("unknown opcode " + std::to_string(opcode));
+  }
+  const RequestColumn local(locals, "local addresses");
+  const RequestColumn remote(remotes, "remote addresses");
+  const RequestColumn length(lengths, "lengths");
+  const size_t n = local.size();
+  if (remote.size() != n || length.size() != n) {
+    return ferry::InvalidArgumentError("request lists differ in length: " + std::to_string(n) +
+                                       " local addresses, " + std::to_string(remote.size()) +
+                                       " remote addresses, " + std::to_string(length.size()) +
+                                       " lengths");
+  }
+  std::vector<ferry::TransferRequest> requests(n);
+  for (size_t i = 0; i < n; ++i) {
+    ferry::TransferRequest& r = requests[i];
+    r.opcode = static_cast<ferry::Opcode>(opcode);
+    r.local = Address(local[i]);
+    r.segment = ferry::SegmentHandle{segment};
+    r.remote_addr = remote[i];
+    r.length = length[i];
+  }
+  return requests;
+}
+
+void TransferSyncColumns(NativeEngine& engine, int opcode, uint64_t segment,
+                         const py::object& locals, const py::object& remotes,
+                         const py::object& lengths) {
+  std::vector<ferry::TransferRequest> requests =
+      Unwrap(RequestsFromColumns(opcode, segment, locals, remotes, lengths));
+  Check(engine.Run([&](ferry::Engine& e) -> Status {
+    if (requests.size() == 1) return e.TransferSync(requests[0]);
+    return e.TransferSync(std::span<const ferry::TransferRequest>(requests));
+  }));
+}
+
+void SubmitColumns(NativeEngine& engine, uint64_t batch, int opcode, uint64_t segment,
+                   const py::object& locals, const py::object& remotes, const py::object& lengths) {
+  std::vector<ferry::TransferRequest> requests =
+      Unwrap(RequestsFromColumns(opcode, segment, locals, remotes, lengths));
+  Check(engine.Run([&](ferry::Engine& e) { return e.Submit(ferry::BatchId{batch}, requests); }));
+}
+
 // Copies below this size are not worth dropping the GIL for.
 constexpr size_t kReleaseGilAbove = 64 * 1024;
 
@@ -1158,4 +1302,11 @@ PYBIND11_MODULE(_ferry, m) {
       .def("metrics_text", &NativeEngine::MetricsText)
       .def("metrics_address", &NativeEngine::MetricsAddress)
       .def("completion_fd", &NativeEngine::CompletionFd, py::arg("dup") = false);
+
+  // Bulk request columns (see RequestColumn).
+  py::reinterpret_borrow<py::class_<NativeEngine>>(m.attr("NativeEngine"))
+      .def("transfer_sync_columns", &TransferSyncColumns, py::arg("opcode"), py::arg("segment"),
+           py::arg("locals"), py::arg("remotes"), py::arg("lengths"))
+      .def("submit_columns", &SubmitColumns, py::arg("batch"), py::arg("opcode"),
+           py::arg("segment"), py::arg("locals"), py::arg("remotes"), py::arg("lengths"));
 }

@@ -120,6 +120,12 @@ class NativeEngine:
     def transfer_sync(self, arg0: Sequence[int], arg1: Sequence[int], arg2: Sequence[int],
                       arg3: Sequence[int], arg4: Sequence[int]) -> None:
         """transfer_sync(opcodes, segments, local addrs, remote addrs, lengths)."""
+    # Bulk request columns: one opcode and segment; each column a 1-D integer
+    # array or a sequence of ints, read in one pass (TypeError for a bad element).
+    def transfer_sync_columns(self, opcode: int, segment: int, locals: Any, remotes: Any,
+                              lengths: Any) -> None: ...
+    def submit_columns(self, batch: int, opcode: int, segment: int, locals: Any, remotes: Any,
+                       lengths: Any) -> None: ...
     # Notifications
     def send_notification(self, arg0: int, arg1: str, arg2: str) -> None: ...
     def get_notifications(self) -> List[Tuple[str, str, bytes]]:

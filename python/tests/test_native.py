@@ -288,6 +288,46 @@ def test_async_batches(engine, target):
     batch.free()
 
 
+def test_request_columns_take_lists_and_integer_arrays(engine, target):
+    """write_many / read_many / *_async hand their lists to C++ in one pass
+    (transfer_sync_columns, submit_columns): lists or 1-D integer arrays;
+    an element that is not a non-negative 64-bit int raises TypeError."""
+    n, chunk = 64, 1024
+    local = np.zeros(n * chunk, np.uint8)
+    engine.register(local)
+    local[:] = pattern(9, local.size)
+    seg = engine.open_segment(target.hello["peer_id"])
+    remote = target.hello["addr"]
+    order = np.arange(n, dtype=np.uint64)[::-1]  # reversed, strided view
+    locals_ = local.ctypes.data + np.arange(n, dtype=np.uint64) * chunk
+    remotes = remote + order * chunk
+    engine.write_many(seg, locals_.astype(np.int64), remotes, np.full(n, chunk, np.uint32))
+    expected = local.reshape(n, chunk)[::-1].reshape(-1)
+    assert target.request("sha", length=n * chunk)["sha"] == sha(expected)
+
+    back = np.zeros_like(local)
+    engine.register(back)
+    with engine.read_async(seg, [back.ctypes.data + i * chunk for i in range(n)],
+                           remotes.tolist(), [chunk] * n) as batch:
+        batch.wait(60)
+    assert np.array_equal(back, local)
+
+    base = local.ctypes.data
+    for bad, what in (([base, 1.5], r"\[1\] is not an integer \(float\)"),
+                      ([base, -1], r"\[1\] is negative"),
+                      ([base, "x"], r"\[1\] is not an integer \(str\)"),
+                      (np.array([base, base], np.float64), "1-D integer array"),
+                      (np.array([-1, 1], np.int64), r"\[0\] is negative")):
+        with pytest.raises(TypeError, match=what):
+            engine.write_many(seg, [base, base], bad, [1, 1])
+        with pytest.raises(TypeError, match=what):
+            engine.write_async(seg, [base, base], bad, [1, 1])
+    with pytest.raises(ferry.InvalidArgument, match="differ in length"):
+        engine.write_async(seg, [base], np.array([remote, remote], np.uint64), [1])
+    engine._sweep_orphans()
+    assert not engine._orphans  # the refused submits freed their batches
+
+
 def test_transfer_errors(engine, target):
     local = np.zeros(4096, np.uint8)
     engine.register(local)
