@@ -5,7 +5,8 @@
 // Engine::Create and driven through the C++ API, one made with
 // ferry_engine_new and driven through include/ferry/ferry_c.h. Both run the
 // same loops against the same target buffer, in alternating rounds (C++, C,
-// C++, C, ...) so drift in the machine's load hits both alike:
+// C, C++, C++, C, ...: neither always goes first) so drift in the machine's
+// load hits both alike:
 //   - sync-4k: one synchronous 4 KiB write at a time (Engine::TransferSync /
 //     ferry_transfer_sync); p50 and p99 latency;
 //   - kv-page16: the KV preset of `ferry bench --workload
@@ -251,9 +252,10 @@ int main(int argc, char** argv) {
     Round(cxx, std::max<size_t>(1, sync_ops / 4), pages, warm);
     Round(c, std::max<size_t>(1, sync_ops / 4), pages, warm);
     Figures fc, fcc;
-    for (size_t r = 0; r < rounds; ++r) {
-      Round(cxx, sync_ops, pages, fcc);
+    for (size_t r = 0; r < rounds; ++r) {  // C++ then C, C then C++, ...
+      if (r % 2 == 0) Round(cxx, sync_ops, pages, fcc);
       Round(c, sync_ops, pages, fc);
+      if (r % 2 == 1) Round(cxx, sync_ops, pages, fcc);
     }
     auto row = [&](const char* what, const std::vector<double>& a, const std::vector<double>& b,
                    const char* unit) {

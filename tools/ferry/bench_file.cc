@@ -9,6 +9,7 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -65,17 +66,23 @@ struct Figures {
 };
 
 // Ferry: batches of `batch` requests of `block` bytes at consecutive offsets
-// of the file (wrapping), two in flight (each on its half of `buf`): the ring
-// (file_queue_depth = batch) stays as full as fio's queue, for `seconds`.
+// of the file (wrapping; --random: block-aligned offsets drawn by `rng`), two
+// in flight (each on its half of `buf`): the ring (file_queue_depth = batch)
+// stays as full as fio's queue, for `seconds`.
 Figures RunFerry(Engine& e, SegmentHandle self, uint8_t* buf, uint64_t base, const BenchOptions& o,
-                 uint64_t file_size, double seconds, uint64_t* cursor) {
+                 uint64_t file_size, double seconds, uint64_t* cursor, std::mt19937_64* rng) {
   const Opcode op = o.op == Operation::kRead ? Opcode::kRead : Opcode::kWrite;
   std::vector<TransferRequest> reqs(o.batch);
+  std::uniform_int_distribution<uint64_t> slot(0, file_size / o.block - 1);
   auto submit = [&](int half) {
     for (uint64_t k = 0; k < o.batch; ++k) {
-      if (*cursor + o.block > file_size) *cursor = 0;
+      if (o.random) {
+        *cursor = slot(*rng) * o.block;
+      } else if (*cursor + o.block > file_size) {
+        *cursor = 0;
+      }
       reqs[k] = {op, buf + (half * o.batch + k) * o.block, self, base + *cursor, o.block};
-      *cursor += o.block;
+      if (!o.random) *cursor += o.block;
     }
     auto id = e.AllocateBatch(o.batch);
     if (!id.ok()) Fail("cannot allocate a batch", id.status());
@@ -120,8 +127,9 @@ std::string FioCommand(const BenchOptions& o, uint64_t file_size, double seconds
   char runtime[32];
   std::snprintf(runtime, sizeof(runtime), "%.0fms", seconds * 1000);
   std::string cmd = "fio --name=ferry-bench-baseline --filename=" + Quote(o.file) +
-                    " --ioengine=io_uring --rw=" + (read ? "read" : "write") +
-                    " --bs=" + std::to_string(o.block) + " --iodepth=" + std::to_string(o.batch) +
+                    " --ioengine=io_uring --rw=" + (o.random ? "rand" : "") +
+                    (read ? "read" : "write") + " --bs=" + std::to_string(o.block) +
+                    " --iodepth=" + std::to_string(o.batch) +
                     " --direct=" + (o.direct ? "1" : "0") + " --size=" + std::to_string(file_size) +
                     " --time_based --runtime=" + runtime + " --output-format=json";
   if (o.durable && !read) cmd += " --sync=dsync";
@@ -185,9 +193,10 @@ int RunFileBench(const BenchOptions& o) {
   Figures ferry_figures, fio_figures;
   std::string fio_error;
   uint64_t cursor = 0;
+  std::mt19937_64 rng(42);
   for (int round = 0; round < 2; ++round) {
     ferry_figures.Add(RunFerry(e, *self, buf.data(), reinterpret_cast<uint64_t>(*base), o,
-                               file_size, half, &cursor));
+                               file_size, half, &cursor, &rng));
     if (o.no_baseline || !fio_error.empty()) continue;
     auto f = RunFio(fio, read);
     if (f.ok()) {
@@ -210,6 +219,7 @@ int RunFileBench(const BenchOptions& o) {
     j["queue_depth"] = o.batch;
     j["direct"] = o.direct;
     j["durable"] = o.durable;
+    j["random"] = o.random;
     j["ferry"] = {{"gbps", Figure(ferry_figures.GBps())},
                   {"iops", Figure(ferry_figures.Iops())},
                   {"direct_ops", m.file_direct_ops},
@@ -229,8 +239,8 @@ int RunFileBench(const BenchOptions& o) {
   std::cout << "ferry bench --target-kind file: " << OperationName(o.op) << " " << o.block
             << " B blocks, queue depth " << o.batch << ", file " << o.file << " ("
             << (file_size >> 20) << " MiB), " << (o.direct ? "O_DIRECT" : "page cache")
-            << (o.durable ? ", durable" : "") << "; rounds Ferry, fio, Ferry, fio of "
-            << Fixed(half, 2) << " s\n";
+            << (o.durable ? ", durable" : "") << (o.random ? ", random offsets" : "")
+            << "; rounds Ferry, fio, Ferry, fio of " << Fixed(half, 2) << " s\n";
   std::cout << Pad("", 10, true) << Pad("GB/s", 10) << Pad("IOPS", 12) << "\n";
   std::cout << Pad("ferry", 10, true) << Pad(Fixed(ferry_figures.GBps(), 3), 10)
             << Pad(Fixed(ferry_figures.Iops(), 0), 12) << "   (ops: " << m.file_direct_ops

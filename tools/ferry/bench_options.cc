@@ -98,6 +98,8 @@ Files (issue 30):
   --direct                  O_DIRECT on both sides (default: the page cache)
   --durable                 writes complete once on stable storage (Ferry's durable
                             region, fio --sync=dsync)
+  --random                  block-aligned random offsets (fio --rw=randread /
+                            randwrite) instead of consecutive ones
 
 Checks and output:
   --verify                  check every byte of every block against a pattern
@@ -310,6 +312,7 @@ void BenchOptions::AddFileFlags(CLI::App& app) {
   });
   app.add_flag("--direct", direct);
   app.add_flag("--durable", durable);
+  app.add_flag("--random", random);
 }
 
 void BenchOptions::AddOutputFlags(CLI::App& app) {
@@ -348,8 +351,8 @@ void BenchOptions::Finish() {
 void BenchOptions::CheckFileTarget() {
   const BenchOptions& o = *this;
   if (o.target_kind != "file") {
-    if (o.direct || o.durable || o.file != "ferry-bench.file") {
-      throw cli::UsageError("--file, --direct and --durable need --target-kind file");
+    if (o.direct || o.durable || o.random || o.file != "ferry-bench.file") {
+      throw cli::UsageError("--file, --direct, --durable and --random need --target-kind file");
     }
     return;
   }
@@ -359,7 +362,8 @@ void BenchOptions::CheckFileTarget() {
     throw cli::UsageError(
         "--target-kind file measures this engine's own file region (--transport local) and "
         "takes only --operation write|read, --block-size, --batch-size, --duration, --file, "
-        "--direct, --durable, --hugepages, --no-baseline and --json (a peer's file regions over "
+        "--direct, --durable, --random, --hugepages, --no-baseline and --json (a peer's file "
+        "regions over "
         "tcp are not in the bench yet)");
   }
 }

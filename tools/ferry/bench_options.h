@@ -75,6 +75,7 @@ struct BenchOptions {
   std::string file = "ferry-bench.file";
   bool direct = false;
   bool durable = false;
+  bool random = false;  // --random: block-aligned offsets by a fixed-seed PRNG
 
   bool sweep = false;
   std::vector<uint64_t> sweep_blocks;
