@@ -176,6 +176,17 @@ PYEOF
   bench_baseline_json)
     check_json "d['throughput_gbps'] > 0 and d['baseline']['socket_gbps'] > 0 and d['baseline']['socket_rtt_us'] > 0 and d['baseline']['memcpy_gbps'] > 0 and d['baseline']['scatter_gbps'] > 0 and d['latency_us']['p50'] > 0" \
       "$FERRY" bench --block-size 64K --batch-size 64 --duration 0.5 --json ;;
+  bench_file_json)
+    # This engine's file region against fio (both ran: their ops counted),
+    # random 4 KiB reads and sequential writes; the bench's own file in a
+    # temporary folder. --file without --target-kind file is refused.
+    dir=$(mktemp -d)
+    check_json "d['target_kind'] == 'file' and d['random'] and d['ferry']['iops'] > 0 and d['ferry']['direct_ops'] + d['ferry']['buffered_ops'] > 0 and (d['fio']['iops'] > 0 or d['fio']['error'] != '')" \
+      "$FERRY" bench --target-kind file --file "$dir/f" --random --operation read --block-size 4K --batch-size 16 --duration 0.4 --json
+    check_json "d['operation'] == 'write' and not d['random'] and d['ferry']['gbps'] > 0" \
+      "$FERRY" bench --target-kind file --file "$dir/f" --operation write --block-size 64K --batch-size 4 --duration 0.4 --no-baseline --json
+    expect_status 2 "$FERRY" bench --file "$dir/f"
+    rm -rf "$dir" ;;
   sweep)
     # Two points, no baselines: the CSV names the transport; the chart is drawn
     # when matplotlib is there (Debian's python3-matplotlib, installed by
