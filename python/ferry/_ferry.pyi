@@ -68,6 +68,7 @@ class EngineOptions:
     raise_fd_limit: int
     idle_link_timeout: float
     max_peer_links: int
+    file_queue_depth: int
     # Test-only (ferry/testing_options.h).
     testing_wire_version_min: int
     testing_wire_version_max: int
