@@ -229,13 +229,15 @@ TEST(LinkBudget, LeastRecentlyUsedIdleLinkMakesRoom) {
   EngineOptions i = ConformanceOptions("tcp");
   i.max_peer_links = 2;
   i.idle_link_timeout = std::chrono::milliseconds(0);
-  ASSERT_OK_AND_ASSIGN(auto initiator, Engine::Create(i));
+  // Buffers before engines: the engines (their threads, which read and
+  // write them) are gone before the buffers are freed.
   constexpr size_t kLen = 64 * 1024;
   AlignedBuffer src(kLen), back(kLen);
+  ASSERT_OK_AND_ASSIGN(auto initiator, Engine::Create(i));
   ASSERT_OK(initiator->RegisterMemory(src.data(), kLen));
   ASSERT_OK(initiator->RegisterMemory(back.data(), kLen));
+  std::vector<std::unique_ptr<AlignedBuffer>> dst;  // outlives the targets
   std::vector<std::unique_ptr<Engine>> targets;
-  std::vector<std::unique_ptr<AlignedBuffer>> dst;
   std::vector<SegmentHandle> seg;
   for (int k = 0; k < 4; ++k) {
     ASSERT_OK_AND_ASSIGN(auto t, Engine::Create(ConformanceOptions("tcp")));
@@ -281,10 +283,12 @@ TEST(LinkBudget, AllLinksBusyWaitsThenResourceExhausted) {
   i.max_peer_links = 1;
   i.idle_link_timeout = std::chrono::milliseconds(0);
   i.connect_timeout = std::chrono::milliseconds(300);
-  ASSERT_OK_AND_ASSIGN(auto initiator, Engine::Create(i));
-  ASSERT_OK_AND_ASSIGN(auto target, Engine::Create(ConformanceOptions("tcp")));
+  // Buffers before engines: the engines (their threads, which read and
+  // write them) are gone before the buffers are freed.
   constexpr size_t kLen = 64 * 1024;
   AlignedBuffer src(kLen), back(kLen), dst(kLen);
+  ASSERT_OK_AND_ASSIGN(auto initiator, Engine::Create(i));
+  ASSERT_OK_AND_ASSIGN(auto target, Engine::Create(ConformanceOptions("tcp")));
   ASSERT_OK(initiator->RegisterMemory(src.data(), kLen));
   ASSERT_OK(initiator->RegisterMemory(back.data(), kLen));
   ASSERT_OK(target->RegisterMemory(dst.data(), kLen));
@@ -317,9 +321,11 @@ TEST(LinkBudget, AllLinksBusyWaitsThenResourceExhausted) {
 TEST(IdleLinkRestart, TargetRestartedWhileIdleIsReachedAtItsNewInstance) {
   EngineOptions i = ConformanceOptions("tcp");
   i.idle_link_timeout = std::chrono::milliseconds(20);
-  ASSERT_OK_AND_ASSIGN(auto initiator, Engine::Create(i));
+  // Buffers before engines: the engines (their threads, which read and
+  // write them) are gone before the buffers are freed.
   constexpr size_t kLen = 64 * 1024;
   AlignedBuffer src(kLen), back(kLen), dst(kLen);
+  ASSERT_OK_AND_ASSIGN(auto initiator, Engine::Create(i));
   ASSERT_OK(initiator->RegisterMemory(src.data(), kLen));
   ASSERT_OK(initiator->RegisterMemory(back.data(), kLen));
   ASSERT_OK_AND_ASSIGN(auto target, Engine::Create(ConformanceOptions("tcp")));
@@ -349,9 +355,11 @@ TEST(IdleLinkRestart, TargetClosesItsEndWhenTheInitiatorClosesAnIdleLink) {
   EngineOptions i = ConformanceOptions("tcp");
   i.idle_link_timeout = std::chrono::milliseconds(50);
   i.tcp_streams = 2;
-  ASSERT_OK_AND_ASSIGN(auto initiator, Engine::Create(i));
+  // Buffers before engines: the engines (their threads, which read and
+  // write them) are gone before the buffers are freed.
   constexpr size_t kLen = 64 * 1024;
   AlignedBuffer src(kLen), back(kLen);
+  ASSERT_OK_AND_ASSIGN(auto initiator, Engine::Create(i));
   ASSERT_OK(initiator->RegisterMemory(src.data(), kLen));
   ASSERT_OK(initiator->RegisterMemory(back.data(), kLen));
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator->OpenSegment(peer.peer_id()));
@@ -375,9 +383,11 @@ TEST(FdLimit, ExhaustionIsResourceExhaustedAndLeavesOtherLinksWorking) {
   ASSERT_TRUE(b.Start(FERRY_TEST_PEER_PATH, {"--size", "65536"}));
   EngineOptions i = ConformanceOptions("tcp");
   i.raise_fd_limit = false;
-  ASSERT_OK_AND_ASSIGN(auto initiator, Engine::Create(i));
+  // Buffers before engines: the engines (their threads, which read and
+  // write them) are gone before the buffers are freed.
   constexpr size_t kLen = 64 * 1024;
   AlignedBuffer src(kLen), back(kLen);
+  ASSERT_OK_AND_ASSIGN(auto initiator, Engine::Create(i));
   ASSERT_OK(initiator->RegisterMemory(src.data(), kLen));
   ASSERT_OK(initiator->RegisterMemory(back.data(), kLen));
   ASSERT_OK_AND_ASSIGN(SegmentHandle sa, initiator->OpenSegment(a.peer_id()));
