@@ -98,11 +98,22 @@ std::vector<Piece> MixedPieces() {
 // "local", the initiator owns it and reaches it through its own segment.
 class FileRegionsTest : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override {
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(Start(Options())); }
+
+  // The engines' options: the parameter's transport, on loopback.
+  EngineOptions Options() const {
     EngineOptions o;
     o.transport = GetParam();
     o.listen_host = "127.0.0.1";
     o.transfer_timeout = kWait;
+    return o;
+  }
+
+  // (Re)starts the initiator and, but for "local", the file's owner with
+  // `o`, and opens the owner's segment.
+  void Start(const EngineOptions& o) {
+    initiator_.reset();
+    peer_.reset();
     ASSERT_OK_AND_ASSIGN(initiator_, Engine::Create(o));
     if (GetParam() == "local") {
       owner_ = initiator_.get();
@@ -152,10 +163,12 @@ class FileRegionsTest : public ::testing::TestWithParam<std::string> {
     return out;
   }
 
+  // Buffers first: freed only once the engines (whose threads read and
+  // write them) are gone.
+  std::vector<std::unique_ptr<AlignedBuffer>> buffers_;
   std::unique_ptr<Engine> initiator_, peer_;
   Engine* owner_ = nullptr;
   SegmentHandle segment_;
-  std::vector<std::unique_ptr<AlignedBuffer>> buffers_;
 };
 
 INSTANTIATE_TEST_SUITE_P(Transports, FileRegionsTest, ::testing::Values("local", "tcp"),
@@ -365,20 +378,9 @@ TEST_P(FileRegionsTest, DeviceFullIsResourceExhaustedEarlierEntriesIntact) {
 // sectors) fails only the entries that touch them, DATA_LOSS naming the
 // file, the offset and the kernel's word; the others of the batch complete.
 TEST_P(FileRegionsTest, DeviceErrorFailsOnlyTheEntriesThatMeetIt) {
-  initiator_.reset();
-  peer_.reset();
-  EngineOptions o;
-  o.transport = GetParam();
-  o.listen_host = "127.0.0.1";
-  o.transfer_timeout = kWait;
+  EngineOptions o = Options();
   o.testing.file_eio_offsets = {20000, 65536};
-  ASSERT_OK_AND_ASSIGN(initiator_, Engine::Create(o));
-  owner_ = initiator_.get();
-  if (GetParam() != "local") {
-    ASSERT_OK_AND_ASSIGN(peer_, Engine::Create(o));
-    owner_ = peer_.get();
-  }
-  ASSERT_OK_AND_ASSIGN(segment_, initiator_->OpenSegment(owner_->PeerId()));
+  ASSERT_NO_FATAL_FAILURE(Start(o));
   TempFile file(131072);
   uint64_t base = 0;
   ASSERT_OK_AND_ASSIGN(base, RegisterFile({.path = file.path()}));
@@ -403,20 +405,9 @@ TEST_P(FileRegionsTest, DeviceErrorFailsOnlyTheEntriesThatMeetIt) {
 // Once CancelBatch returns, no byte of the batch moves any more: reads from
 // the file into memory queued behind a ring of depth 1.
 TEST_P(FileRegionsTest, NoByteLandsAfterCancelReturns) {
-  initiator_.reset();
-  peer_.reset();
-  EngineOptions o;
-  o.transport = GetParam();
-  o.listen_host = "127.0.0.1";
-  o.transfer_timeout = kWait;
+  EngineOptions o = Options();
   o.file_queue_depth = 1;
-  ASSERT_OK_AND_ASSIGN(initiator_, Engine::Create(o));
-  owner_ = initiator_.get();
-  if (GetParam() != "local") {
-    ASSERT_OK_AND_ASSIGN(peer_, Engine::Create(o));
-    owner_ = peer_.get();
-  }
-  ASSERT_OK_AND_ASSIGN(segment_, initiator_->OpenSegment(owner_->PeerId()));
+  ASSERT_NO_FATAL_FAILURE(Start(o));
   constexpr size_t kEntries = 256, kLen = 65536;
   TempFile file(kEntries * kLen);
   {
