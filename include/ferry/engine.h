@@ -84,6 +84,22 @@ class FERRY_API Engine {
   // Unregisters each; returns the first error (the others are still tried).
   Status UnregisterMemory(std::span<void* const> addrs);
 
+  // ---- Shared memory (docs/architecture.md, "Mapped segments") ---------------
+  // Allocates `length` bytes of host memory that same-host peers can map (a
+  // memfd sealed against shrinking, zero-filled), registers it (`location`,
+  // `exported` as in MemoryRegion) and returns its address. A peer on this
+  // host copies into and out of it with plain loads and stores through its
+  // own mapping (shm transport), without a request to this engine; others
+  // reach it like any registered memory. Freed by FreeShared, or unmapped
+  // when the engine is destroyed. kInvalidArgument: length 0 or a location
+  // that is not host memory; kResourceExhausted: no memory or descriptor.
+  StatusOr<void*> AllocateShared(size_t length, std::string_view location = "cpu",
+                                 bool exported = true);
+  // Unregisters memory from AllocateShared (with UnregisterMemory's
+  // guarantee; peers' copies through their mappings have ended too, and
+  // later ones are refused) and unmaps it. kNotFound: not such memory.
+  Status FreeShared(void* addr);
+
   // ---- Files (docs/architecture.md, "Memory kinds: file") ---------------------
   // Registers a range of a file as a region of the memory kind `file` and
   // returns its base address: a reserved address range (nothing is mapped

@@ -137,6 +137,11 @@ struct FERRY_API EngineOptions {
   // at most this many file reads and writes in the kernel at once
   // (1..4096); the others wait in order.
   uint32_t file_queue_depth = 64;
+  // Same-host peers' shared memory (Engine::AllocateShared, MemoryRegion::fd)
+  // is mapped into this process and copied with plain loads and stores, no
+  // request to the peer (docs/architecture.md, "Mapped segments"); false:
+  // every same-host copy goes through the peer (cross-memory attach).
+  bool map_shared_memory = true;
 
   // Many peers (docs/architecture.md, "Peer links"). Engine::Create raises
   // the soft RLIMIT_NOFILE to the hard limit (as the Go runtime does), so

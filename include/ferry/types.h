@@ -112,6 +112,16 @@ struct MemoryRegion {
   // see it, and a peer's request naming it is refused like one outside every
   // region.
   bool exported = true;
+  // Optional (host memory only): the descriptor this range is a MAP_SHARED
+  // mapping of, and the file offset of its first byte. Same-host peers then
+  // map the same pages and copy with plain loads and stores instead of
+  // asking this engine (docs/architecture.md, "Mapped segments"). The
+  // descriptor must be a memfd sealed against shrinking (F_SEAL_SHRINK),
+  // and the range must really map it there; the engine keeps a duplicate,
+  // so the caller may close its own. -1: not shared (peers' copies go
+  // through this engine). Engine::AllocateShared makes such memory.
+  int fd = -1;
+  uint64_t fd_offset = 0;
 };
 
 // A region as advertised by a peer.

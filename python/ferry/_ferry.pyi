@@ -69,6 +69,7 @@ class EngineOptions:
     idle_link_timeout: float
     max_peer_links: int
     file_queue_depth: int
+    map_shared_memory: int
     # Test-only (ferry/testing_options.h).
     testing_wire_version_min: int
     testing_wire_version_max: int

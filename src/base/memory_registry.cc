@@ -78,6 +78,23 @@ Status MemoryRegistry::Register(
   // Validate the whole list first (against itself and what is registered),
   // then insert: all or nothing.
   FERRY_ASSIGN_OR_RETURN(std::vector<Range> ranges, CheckList(regions));
+  std::vector<std::shared_ptr<const SharedBacking>> shared(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    if (regions[i].fd < 0) continue;
+    const bool host = kinds.empty() || kinds[i].type() == MemoryKind::Type::kCpu;
+    std::string where = regions.size() > 1 ? " (region " + std::to_string(i) + " of the list)" : "";
+    if (!host) {
+      return InvalidArgumentError("region " + FormatRange(ranges[i].first, ranges[i].second) +
+                                  " of kind " + kinds[i].Name() +
+                                  " names a shared-memory descriptor: only host memory can be "
+                                  "shared" +
+                                  where);
+    }
+    auto backing =
+        VerifySharedMapping(regions[i].addr, ranges[i].second, regions[i].fd, regions[i].fd_offset);
+    if (!backing.ok()) return Status(backing.status().code(), backing.status().message() + where);
+    shared[i] = *std::move(backing);
+  }
   std::unique_lock lock(mu_);
   for (auto [a, len] : ranges) {
     auto it = regions_.upper_bound(a + len - 1);  // first region starting after our end
@@ -99,6 +116,7 @@ Status MemoryRegistry::Register(
     reg->exported = regions[i].exported;
     reg->kind = kinds.empty() ? MemoryKind::Cpu() : kinds[i];
     if (!files.empty()) reg->file = files[i];
+    reg->shared = shared[i];
     if (hooks != nullptr) {
       Status s = hooks->OnRegister(*reg);
       if (!s.ok()) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/memory_kind.h"
+#include "common/shared_mapping.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
 #include "wire/descriptor.h"
@@ -40,6 +41,9 @@ struct Region {
   // The file a region of the file kind stands for (Engine::RegisterFile);
   // null for memory.
   std::shared_ptr<const storage::FileSegment> file;
+  // The shared mapping the range is (MemoryRegion::fd), which same-host
+  // peers may map; null if none.
+  std::shared_ptr<const SharedBacking> shared;
   uint64_t order = 0;  // registration order (the first registered region is 0)
   std::atomic<int> pins{0};
   uint64_t end() const { return addr + length; }

@@ -155,6 +155,10 @@ struct TransportCaps {
   // Whether peers need a per-region key from it (RegisterRegion) to reach
   // registered memory.
   bool needs_region_keys = false;
+  // Whether it hears of every registration (RegisterRegion, and may publish
+  // keys) although peers reach memory without them (shm: the regions
+  // same-host peers may map).
+  bool sees_registrations = false;
   // Largest slice; 0 = the engine's slice_size.
   uint32_t max_slice = 0;
   SliceOrder order = SliceOrder::kByDestination;
@@ -199,7 +203,7 @@ class Transport {
   virtual StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> peer,
                                                       uint16_t wire_version,
                                                       Clock::time_point deadline) = 0;
-  // The memory half (caps.needs_region_keys): registers `region` with this
+  // The memory half (caps.needs_region_keys or sees_registrations): registers `region` with this
   // transport's devices and returns the keys peers use for it, each named
   // ("fabric"; a transport with several devices may add "fabric.1", ...);
   // undone by UnregisterRegion once no transfer uses the region any more.

@@ -247,6 +247,10 @@ constexpr Row kRows[] = {
         "file_queue_depth", "", kEngine, "", 1, 4096,
         "file reads and writes in the kernel at once (the io_uring ring of file regions); "
         "the others wait in order"),
+    Integer<&EngineOptions::map_shared_memory>(
+        "map_shared_memory", "FERRY_MAP_SHARED_MEMORY", kEngine, "", 0, 1,
+        "1 = same-host peers' shared memory (AllocateShared) is mapped and copied with loads and "
+        "stores; 0 = every same-host copy goes through the peer"),
 };
 constexpr size_t kRowCount = std::size(kRows);
 

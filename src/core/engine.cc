@@ -293,6 +293,34 @@ StatusOr<void*> Engine::RegisterFile(const FileRegion& file) {
   return segment->base();
 }
 
+StatusOr<void*> Engine::AllocateShared(size_t length, std::string_view location, bool exported) {
+  FERRY_ASSIGN_OR_RETURN(internal::SharedMemory mem,
+                         internal::SharedMemory::Create(length, "ferry-shared"));
+  MemoryRegion r{mem.data(), length, std::string(location), exported};
+  r.fd = mem.fd();
+  FERRY_RETURN_IF_ERROR(RegisterMemory({&r, 1}));
+  void* addr = mem.data();
+  std::lock_guard<std::mutex> lock(impl_->shared_mu_);
+  impl_->shared_.emplace(reinterpret_cast<uint64_t>(addr), std::move(mem));
+  return addr;
+}
+
+Status Engine::FreeShared(void* addr) {
+  const uint64_t a = reinterpret_cast<uint64_t>(addr);
+  {
+    std::lock_guard<std::mutex> lock(impl_->shared_mu_);
+    if (impl_->shared_.count(a) == 0) {
+      return NotFoundError("no memory from AllocateShared starts at " + internal::FormatAddr(a));
+    }
+  }
+  // Already unregistered (kNotFound) is fine: nothing reaches it any more.
+  Status s = UnregisterMemory(addr);
+  if (!s.ok() && s.code() != StatusCode::kNotFound) return s;
+  std::lock_guard<std::mutex> lock(impl_->shared_mu_);
+  impl_->shared_.erase(a);
+  return OkStatus();
+}
+
 Status Engine::UnregisterMemory(void* addr) {
   FERRY_RETURN_IF_ERROR(impl_->target().registry().Unregister(reinterpret_cast<uint64_t>(addr),
                                                               &impl_->transports()));

@@ -17,6 +17,7 @@
 // layer's view of the core.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +26,7 @@
 #include "base/metrics.h"
 #include "base/target.h"
 #include "common/handle_table.h"
+#include "common/shared_mapping.h"
 #include "core/completion_signal.h"
 #include "core/metrics_server.h"
 #include "core/notifier.h"
@@ -96,6 +98,14 @@ class Engine::Impl {
 
   // First: destroyed last, after every batch and post that may notify it.
   std::unique_ptr<internal::CompletionSignal> completion_;
+
+ public:
+  // Engine::AllocateShared's memory by address: unmapped by FreeShared, or
+  // after everything else of the engine is gone.
+  std::mutex shared_mu_;
+  std::map<uint64_t, internal::SharedMemory> shared_;  // guarded by shared_mu_
+
+ private:
   EngineOptions options_;
   std::shared_ptr<internal::EngineTarget> target_;
   std::unique_ptr<internal::TransportSet> transports_;

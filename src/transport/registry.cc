@@ -93,14 +93,20 @@ void TransportSet::Describe(wire::PeerDescriptor* self) const {
   for (const auto& t : transports_) t->Describe(self);
 }
 
+namespace {
+bool HearsRegistrations(const Transport& t) {
+  return t.caps().needs_region_keys || t.caps().sees_registrations;
+}
+}  // namespace
+
 Status TransportSet::OnRegister(Region& region) {
   for (size_t i = 0; i < transports_.size(); ++i) {
     Transport& t = *transports_[i];
-    if (!t.caps().needs_region_keys) continue;
+    if (!HearsRegistrations(t)) continue;
     auto keys = t.RegisterRegion(region);
     if (!keys.ok()) {
       for (size_t k = 0; k < i; ++k) {
-        if (transports_[k]->caps().needs_region_keys) transports_[k]->UnregisterRegion(region);
+        if (HearsRegistrations(*transports_[k])) transports_[k]->UnregisterRegion(region);
       }
       region.keys.clear();
       return keys.status().WithPrefix("transport " + std::string(t.Name()));
@@ -112,7 +118,7 @@ Status TransportSet::OnRegister(Region& region) {
 
 void TransportSet::OnUnregister(const Region& region) {
   for (const auto& t : transports_) {
-    if (t->caps().needs_region_keys) t->UnregisterRegion(region);
+    if (HearsRegistrations(*t)) t->UnregisterRegion(region);
   }
 }
 

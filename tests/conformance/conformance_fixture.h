@@ -40,6 +40,9 @@ inline const std::vector<std::string> kTransports = [] {
     }
     for (const char* p : kFabricProviders) names.push_back("fabric_" + std::string(p));
   }
+  // shm again with the target's buffers in shared memory: the initiator
+  // maps them and copies itself (docs/architecture.md, "Mapped segments").
+  if (std::find(names.begin(), names.end(), "shm") != names.end()) names.push_back("shm_mapped");
   return names;
 }();
 
@@ -69,6 +72,7 @@ class EnginePair {
  public:
   void Start(const std::string& transport) {
     FERRY_SKIP_UNLESS_TRANSPORT_WORKS(transport);
+    share_target_memory_ = SharesTargetMemory(transport);
     Start(ConformanceOptions(transport), ConformanceOptions(transport));
   }
   void Start(const EngineOptions& initiator_options, const EngineOptions& target_options) {
@@ -86,6 +90,10 @@ class EnginePair {
     segment_ = *seg;
   }
 
+  // Whether Alloc makes the target's buffers shared memory (Start(transport)
+  // sets it from the parameter; call before the two-options Start).
+  void ShareTargetMemory(bool on) { share_target_memory_ = on; }
+
   Engine& initiator() { return *initiator_; }
   // Destroys the target engine (its buffers stay allocated).
   void DestroyTarget() { target_.reset(); }
@@ -94,13 +102,17 @@ class EnginePair {
 
   // A zeroed buffer that lives as long as the engines, registered with
   // `engine` unless it is null. Null (after a test failure) if registering
-  // failed.
+  // failed. The target's buffers are shared memory, registered with their
+  // memfd, when the transport parameter says so ("shm_mapped").
   unsigned char* Alloc(size_t size, Engine* engine) {
     std::lock_guard<std::mutex> lock(mu_);
-    buffers_.push_back(std::make_unique<AlignedBuffer>(size));
+    const bool shared = share_target_memory_ && engine != nullptr && engine == target_.get();
+    buffers_.push_back(std::make_unique<AlignedBuffer>(size, shared));
     unsigned char* p = buffers_.back()->data();
     if (engine != nullptr) {
-      const Status s = engine->RegisterMemory(p, size);
+      MemoryRegion region{p, size};
+      region.fd = buffers_.back()->fd();
+      const Status s = engine->RegisterMemory({&region, 1});
       EXPECT_THAT(s, IsOk()) << "registering " << size << " bytes";
       if (!s.ok()) return nullptr;
     }
@@ -180,6 +192,7 @@ class EnginePair {
 
  private:
   std::mutex mu_;
+  bool share_target_memory_ = false;
   // Declared before the engines so it is destroyed after them.
   std::vector<std::unique_ptr<AlignedBuffer>> buffers_;
   std::unique_ptr<Engine> initiator_;

@@ -34,11 +34,9 @@ class FaultsTest : public ::testing::TestWithParam<std::string> {
   // One batch of writes under faults; returns each request's final state.
   // (Reads: the target's bytes into the initiator's memory.)
   std::vector<TransferState> RunOnce(uint32_t seed, Opcode op = Opcode::kWrite) {
-    if (GetParam() == "shm") {
-      const std::string& why = SameHostCopyRefusal();
-      if (!why.empty()) return {};
-    }
+    if (!TransportRefusal(GetParam()).empty()) return {};
     EnginePair pair;
+    pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
     pair.Start(Faulty(GetParam(), seed), ConformanceOptions(GetParam()));
     if (::testing::Test::HasFatalFailure()) return {};
     unsigned char* src = pair.Alloc(kRequests * kBlock, &pair.initiator());

@@ -33,6 +33,7 @@ TEST_P(LimitsTest, FullNotificationInboxRefusesTheNextOneUntilDrained) {
   EngineOptions t = ConformanceOptions(GetParam());
   t.notify_inbox_bytes = 64 * 1024;
   EnginePair pair;
+  pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
   pair.Start(ConformanceOptions(GetParam()), t);
   if (HasFatalFailure()) return;
   const std::string big(30000, 'n');
@@ -62,6 +63,7 @@ TEST_P(LimitsTest, SmallPeerBudgetDelaysButLosesNothing) {
   i.peer_max_requests = 16;
   i.peer_max_bytes = 1 << 20;
   EnginePair pair;
+  pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
   pair.Start(i, ConformanceOptions(GetParam()));
   if (HasFatalFailure()) return;
   constexpr size_t kN = 4000, kLen = 1024;

@@ -80,6 +80,7 @@ TEST_P(IdleLinks, ClosedWhenIdleAndReopenedUnnoticed) {
   EngineOptions i = ConformanceOptions(GetParam());
   i.idle_link_timeout = std::chrono::milliseconds(20);
   EnginePair pair;
+  pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
   pair.Start(i, ConformanceOptions(GetParam()));
   if (HasFatalFailure()) return;
   constexpr size_t kLen = 256 * 1024;
@@ -135,6 +136,7 @@ TEST_P(IdleLinks, CloseRacingPostsLosesNoRequest) {
   EngineOptions i = ConformanceOptions(GetParam());
   i.idle_link_timeout = std::chrono::milliseconds(1);
   EnginePair pair;
+  pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
   pair.Start(i, ConformanceOptions(GetParam()));
   if (HasFatalFailure()) return;
   constexpr int kThreads = 6, kRounds = 80;
@@ -192,6 +194,7 @@ TEST_P(IdleLinks, StagedGpuTransfersRacingIdleCloses) {
   UseTestCudaDriver(&i);
   i.idle_link_timeout = std::chrono::milliseconds(1);
   EnginePair pair;
+  pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
   pair.Start(i, ConformanceOptions(GetParam()));
   if (HasFatalFailure()) return;
   constexpr uint64_t kSize = 4 << 20;

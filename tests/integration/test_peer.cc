@@ -5,7 +5,7 @@
 //                   [--wire-min V] [--wire-max V] [--handshake-timeout-ms MS]
 //                   [--transfer-timeout-ms MS] [--refuse-same-host-copy 1]
 //                   [--fabric-provider NAME] [--buffer-file PATH]
-//                   [--gpu DRIVER] [--gpu-device N]
+//                   [--gpu DRIVER] [--gpu-device N] [--shared 1]
 //
 // With --gpu the buffer is GPU memory of device --gpu-device (default 0),
 // allocated through the CUDA driver DRIVER ("libcuda.so.1", or the path of
@@ -94,6 +94,7 @@ struct Options {
   int64_t handshake_timeout_ms = -1;
   int64_t transfer_timeout_ms = -1;
   bool refuse_same_host_copy = false;
+  bool shared = false;          // --shared 1: the buffer is a sealed memfd, registered with it
   std::string fabric_provider;  // EngineOptions::fabric_provider
   std::string fabric_nics;      // EngineOptions::fabric_nics
   // The buffer is this file, mapped shared (the test reads it after killing
@@ -147,9 +148,11 @@ class GpuBuffer {
 // The peer's buffer: anonymous, or a shared mapping of --buffer-file.
 class PeerBuffer {
  public:
-  PeerBuffer(uint64_t size, const std::string& file) : size_(size) {
+  // `shared`: a sealed memfd's pages (fd()), registered with it, which a
+  // same-host initiator maps.
+  PeerBuffer(uint64_t size, const std::string& file, bool shared) : size_(size) {
     if (file.empty()) {
-      anon_ = std::make_unique<ferry::test::AlignedBuffer>(size);
+      anon_ = std::make_unique<ferry::test::AlignedBuffer>(size, shared);
       data_ = anon_->data();
       return;
     }
@@ -167,6 +170,7 @@ class PeerBuffer {
   }
   unsigned char* data() { return data_; }
   uint64_t addr() const { return reinterpret_cast<uintptr_t>(data_); }
+  int fd() const { return anon_ ? anon_->fd() : -1; }
 
  private:
   uint64_t size_;
@@ -207,6 +211,8 @@ Options ParseArgs(int argc, char** argv) {
       o.gpu_driver = value;
     } else if (flag == "--gpu-device") {
       o.gpu_device = static_cast<int>(ParseNumber(argv[i - 1], value));
+    } else if (flag == "--shared") {
+      o.shared = ParseNumber(argv[i - 1], value) != 0;
     } else if (flag == "--refuse-same-host-copy") {
       o.refuse_same_host_copy = ParseNumber(argv[i - 1], value) != 0;
     } else {
@@ -369,7 +375,8 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  PeerBuffer host_buffer(opt.gpu_driver.empty() ? opt.size : 64, opt.buffer_file);
+  PeerBuffer host_buffer(opt.gpu_driver.empty() ? opt.size : 64, opt.buffer_file,
+                         opt.shared && opt.gpu_driver.empty());
   std::unique_ptr<GpuBuffer> gpu;
   if (!opt.gpu_driver.empty())
     gpu = std::make_unique<GpuBuffer>(CudaDriver::Load(opt.gpu_driver), opt.gpu_device, opt.size);
@@ -402,7 +409,9 @@ int main(int argc, char** argv) {
   if (!engine_or.ok()) Fail("Engine::Create: " + engine_or.status().ToString());
   std::unique_ptr<ferry::Engine> engine = std::move(engine_or).value();
   const std::string location = gpu ? "cuda:" + std::to_string(opt.gpu_device) : "*";
-  const ferry::Status reg = engine->RegisterMemory(buffer, opt.size, location);
+  ferry::MemoryRegion region{buffer, opt.size, location};
+  if (!gpu) region.fd = host_buffer.fd();
+  const ferry::Status reg = engine->RegisterMemory({&region, 1});
   if (!reg.ok()) Fail("RegisterMemory: " + reg.ToString());
 
   int rc = 0;

@@ -1,7 +1,10 @@
 // Page-aligned heap buffers and pattern-layout checks shared by the suites.
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -16,19 +19,40 @@
 
 namespace ferry::test {
 
-// A zero-filled, 4 KiB-aligned heap buffer.
+// A zero-filled, 4 KiB-aligned heap buffer; or, `shared`, the pages of a
+// memfd sealed against shrinking, mapped shared (fd(): what to register it
+// with, MemoryRegion::fd).
 class AlignedBuffer {
  public:
-  explicit AlignedBuffer(size_t size) : size_(size) {
-    const size_t rounded = ((size == 0 ? 1 : size) + 4095) / 4096 * 4096;
-    data_ = static_cast<unsigned char*>(std::aligned_alloc(4096, rounded));
+  explicit AlignedBuffer(size_t size, bool shared = false) : size_(size) {
+    rounded_ = ((size == 0 ? 1 : size) + 4095) / 4096 * 4096;
+    if (shared) {
+      fd_ = memfd_create("ferry-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(rounded_)) != 0 ||
+          fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+        throw std::bad_alloc();
+      }
+      void* p = mmap(nullptr, rounded_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      data_ = static_cast<unsigned char*>(p);
+      return;
+    }
+    data_ = static_cast<unsigned char*>(std::aligned_alloc(4096, rounded_));
     if (data_ == nullptr) throw std::bad_alloc();
-    std::memset(data_, 0, rounded);
+    std::memset(data_, 0, rounded_);
   }
-  ~AlignedBuffer() { std::free(data_); }
+  ~AlignedBuffer() {
+    if (fd_ < 0) {
+      std::free(data_);
+      return;
+    }
+    munmap(data_, rounded_);
+    close(fd_);
+  }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
 
+  int fd() const { return fd_; }  // -1 unless shared
   unsigned char* data() const { return data_; }
   size_t size() const { return size_; }
   uint64_t addr() const { return reinterpret_cast<uintptr_t>(data_); }
@@ -36,6 +60,8 @@ class AlignedBuffer {
  private:
   unsigned char* data_ = nullptr;
   size_t size_ = 0;
+  size_t rounded_ = 0;
+  int fd_ = -1;
 };
 
 // A range of a buffer expected to hold stream `seed` from position `pos`.

@@ -1,6 +1,8 @@
 // Test parameters that name a transport, and for the fabric transport a
 // provider: "tcp", "shm", "local", "fabric_tcp" (the fabric transport on
-// libfabric's tcp;ofi_rxm), "fabric_shm". Shared by the conformance suite
+// libfabric's tcp;ofi_rxm), "fabric_shm"; "shm_mapped" is shm with the
+// target's memory shared (registered with its memfd: the initiator maps it,
+// docs/architecture.md "Mapped segments"). Shared by the conformance suite
 // and the multi-process tests.
 #pragma once
 
@@ -16,8 +18,11 @@ namespace ferry::test {
 // A test parameter's transport ("fabric_tcp" -> "fabric") and fabric
 // provider ("tcp"; "" for the others).
 inline std::string TransportOf(const std::string& param) {
+  if (param == "shm_mapped") return "shm";
   return param.starts_with("fabric_") ? "fabric" : param;
 }
+// Whether the target's buffers are shared memory (the initiator maps them).
+inline bool SharesTargetMemory(const std::string& param) { return param == "shm_mapped"; }
 inline std::string FabricProviderOf(const std::string& param) {
   return param.starts_with("fabric_") ? param.substr(7) : "";
 }
@@ -25,7 +30,7 @@ inline std::string FabricProviderOf(const std::string& param) {
 // Why `param` cannot run on this machine ("" if it can): shm without
 // same-host copies, a fabric provider libfabric does not list here.
 inline std::string TransportRefusal(const std::string& param) {
-  if (param == "shm") return SameHostCopyRefusal();
+  if (param == "shm" || param == "shm_mapped") return SameHostCopyRefusal();
   if (param.starts_with("fabric_")) {
     const FabricInfo f = DescribeFabric(FabricProviderOf(param), "127.0.0.1");
     if (f.chosen.empty()) return "fabric provider " + FabricProviderOf(param) + ": " + f.why_none;

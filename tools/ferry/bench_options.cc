@@ -66,6 +66,12 @@ Workload:
                             needs, at least 64M; --role target: 1G)
   --hugepages               back the buffers (both sides) with transparent huge
                             pages (madvise); default: ordinary 4 KiB pages
+  --target-memory shared|private   the target process's buffer: shared (default:
+                            a sealed memfd registered with its descriptor, which
+                            a same-host initiator maps and copies with plain
+                            loads and stores) or private (anonymous memory:
+                            same-host copies go through the target, cross-memory
+                            attach)
 
 Engine:
   --transport auto|tcp|local|shm|fabric   (auto: shm for the target this bench
@@ -297,6 +303,13 @@ void BenchOptions::AddRunFlags(CLI::App& app) {
     if (buffer_size == 0) throw cli::UsageError("bad value '0' for --buffer-size");
   });
   app.add_flag("--hugepages", hugepages);
+  Value(app, "--target-memory", [this](const std::string& v) {
+    if (v != "shared" && v != "private") {
+      throw cli::UsageError("bad value '" + v +
+                            "' for --target-memory: expected shared or private");
+    }
+    target_shared = v == "shared";
+  });
 }
 
 void BenchOptions::AddFileFlags(CLI::App& app) {
@@ -452,6 +465,7 @@ void BenchOptions::CheckTarget() {
       o.threads_set || o.duration > 0 || o.total_bytes > 0 || o.no_baseline) {
     throw cli::UsageError(
         "--role target takes only --listen, --metadata, --name, --buffer-size, --hugepages, "
+        "--target-memory, "
         "--transport, --fabric-provider, --streams, --io-threads, --slice-size, --spin-us and "
         "--wait-spin-us; the initiator chooses the workload");
   }
@@ -481,6 +495,7 @@ std::vector<std::string> BenchOptions::TargetArgs(uint64_t buffer_size) const {
                                 std::to_string(buffer_size)};
   if (ByName()) a.insert(a.end(), {"--metadata", metadata, "--name", name});
   if (hugepages) a.push_back("--hugepages");
+  if (!target_shared) a.insert(a.end(), {"--target-memory", "private"});
   if (transport != "auto") a.insert(a.end(), {"--transport", transport});
   if (!fabric_provider.empty()) a.insert(a.end(), {"--fabric-provider", fabric_provider});
   if (streams > 0) a.insert(a.end(), {"--streams", std::to_string(streams)});

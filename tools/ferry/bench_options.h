@@ -60,6 +60,10 @@ struct BenchOptions {
   uint64_t total_bytes = 0;
   uint64_t buffer_size = 0;  // 0: what the workload needs (target alone: 1 GiB)
   bool hugepages = false;    // madvise(MADV_HUGEPAGE) on the buffers (both sides)
+  // The target's buffer: a sealed memfd registered with its descriptor
+  // (same-host initiators map it: "Mapped segments"), or private memory
+  // (same-host copies go through the target).
+  bool target_shared = true;
 
   bool verify = false;
   // Test-only (--inject-mismatch): damages the first entry of the first measured

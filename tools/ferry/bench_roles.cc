@@ -54,7 +54,7 @@ int RunTarget(const BenchOptions& o) {
   sigset_t sigs = BlockStopSignals();
 
   const uint64_t size = o.buffer_size > 0 ? o.buffer_size : (1ull << 30);
-  Buffer buffer(size, o.buffer_size > 0, o.hugepages);
+  Buffer buffer(size, o.buffer_size > 0, o.hugepages, o.target_shared);
   ControlServer control(o.listen, buffer.data(), size, o.ByName() ? o.name : "");
   const std::string control_addr = JoinHostPort(o.listen, control.port());
 
@@ -66,7 +66,9 @@ int RunTarget(const BenchOptions& o) {
       o.ByName() ? o.name : std::string(kDefaultTargetName) + ",control=" + control_addr;
   auto engine = Engine::Create(eo);
   if (!engine.ok()) Fail("cannot start the engine", engine.status());
-  Status s = (*engine)->RegisterMemory(buffer.data(), size, "cpu:0");
+  MemoryRegion region{buffer.data(), size, "cpu:0"};
+  region.fd = buffer.fd();  // -1 unless --target-memory shared
+  Status s = (*engine)->RegisterMemory({&region, 1});
   if (!s.ok()) Fail("cannot register the target buffer", s);
 
   PrintWhereTargetIs(o, **engine, control_addr);

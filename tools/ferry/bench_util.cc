@@ -1,6 +1,8 @@
 #include "bench_util.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -43,9 +45,20 @@ void Fail(const std::string& what, const Status& s) {
   throw cli::RunError(what + ": " + s.ToString());
 }
 
-Buffer::Buffer(uint64_t length, bool populate, bool huge) : length_(length) {
-  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | (populate && !huge ? MAP_POPULATE : 0), -1, 0);
+Buffer::Buffer(uint64_t length, bool populate, bool huge, bool shared) : length_(length) {
+  if (shared) {
+    fd_ = memfd_create("ferry-bench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(length)) != 0 ||
+        fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+      throw cli::RunError("cannot make a " + cli::FormatSize(length) +
+                          " shared-memory buffer: " + std::strerror(errno));
+    }
+  }
+  const int populate_flag = populate && !huge ? MAP_POPULATE : 0;
+  void* p = shared
+                ? mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | populate_flag, fd_, 0)
+                : mmap(nullptr, length, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | populate_flag, -1, 0);
   if (p == MAP_FAILED) {
     throw cli::RunError("cannot allocate a " + cli::FormatSize(length) +
                         " buffer: " + std::strerror(errno));
@@ -60,6 +73,9 @@ Buffer::Buffer(uint64_t length, bool populate, bool huge) : length_(length) {
   }
 }
 
-Buffer::~Buffer() { munmap(data_, length_); }
+Buffer::~Buffer() {
+  munmap(data_, length_);
+  if (fd_ >= 0) close(fd_);
+}
 
 }  // namespace ferry::bench

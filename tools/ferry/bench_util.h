@@ -51,17 +51,20 @@ double Median(std::vector<double> v);
 // first transfer does not pay for it. huge: madvise(MADV_HUGEPAGE).
 class Buffer {
  public:
-  // Throws cli::RunError when the memory cannot be mapped.
-  Buffer(uint64_t length, bool populate, bool huge = false);
+  // Throws cli::RunError when the memory cannot be mapped. `shared`: the
+  // pages of a memfd sealed against shrinking (fd()), mapped shared.
+  Buffer(uint64_t length, bool populate, bool huge = false, bool shared = false);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   uint8_t* data() const { return data_; }
   uint64_t length() const { return length_; }
+  int fd() const { return fd_; }  // -1 unless shared
 
  private:
   uint8_t* data_;
   uint64_t length_;
+  int fd_ = -1;
 };
 
 }  // namespace ferry::bench

@@ -1,5 +1,6 @@
 #include "transport/shm/shm_transport.h"
 
+#include <poll.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -7,6 +8,7 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "common/fd_limit.h"
@@ -14,6 +16,7 @@
 #include "common/net.h"
 #include "transport/shm/copy_frames.h"
 #include "transport/shm/copy_service.h"
+#include "transport/shm/mapped_segments.h"
 #include "transport/shm/same_host_probe.h"
 #include "transport/stream/connection.h"
 #include "transport/stream/listener.h"
@@ -36,6 +39,92 @@ bool ParseEndpoint(const std::string& ep, std::string* boot_id, std::string* soc
   return true;
 }
 
+// A same-host link whose peer publishes mapped segments: slices to and from
+// its shared regions are copied here, in Post, through mappings of the same
+// pages (mapped_segments.h); every other slice, notifications and flushes
+// go through the stream link as before.
+class MappedLink : public PeerLink {
+ public:
+  MappedLink(std::shared_ptr<PeerLink> inner, std::shared_ptr<shm::PeerMaps> maps, UniqueFd pidfd)
+      : inner_(std::move(inner)), maps_(std::move(maps)), pidfd_(std::move(pidfd)) {}
+
+  void Post(const PostContext& ctx, std::vector<Slice> slices) override {
+    if (!PeerRuns()) {  // the stream link reports the peer gone
+      inner_->Post(ctx, std::move(slices));
+      return;
+    }
+    std::vector<Slice> rest;
+    {
+      BatchState::Completer done(*ctx.batch);
+      const size_t n = slices.size();
+      size_t i = 0;
+      while (i < n) {
+        // A group of slices to one region of the peer (slices come sorted).
+        const uint32_t region = slices[i].remote_region;
+        size_t end = i + 1;
+        while (end < n && slices[end].remote_region == region) ++end;
+        std::shared_ptr<const shm::MappedRegion> m;
+        std::optional<uint64_t> key;
+        if (region != kNoRegion) key = ctx.peer->KeyOf(region, shm::kMapKey);
+        if (key) m = maps_->Find(*key);
+        if (m && !m->Begin()) {  // revoked since: the peer answers for it
+          maps_->Forget(*key);
+          m = nullptr;
+        }
+        if (!m) {
+          rest.insert(rest.end(), slices.begin() + static_cast<ptrdiff_t>(i),
+                      slices.begin() + static_cast<ptrdiff_t>(end));
+          i = end;
+          continue;
+        }
+        for (; i < end; ++i) {
+          const Slice& s = slices[i];
+          char* there = m->Translate(s.remote, s.length);
+          if (there == nullptr) {  // outside the region as mapped: the peer judges it
+            rest.push_back(s);
+            continue;
+          }
+          if (s.opcode == Opcode::kWrite) {
+            std::memcpy(there, s.local, s.length);
+          } else {
+            // A read stores into this engine's memory: not once its batch
+            // was cancelled (BatchState::BeginLanding).
+            if (!ctx.batch->BeginLanding()) {
+              done.Complete(s.request, 1, CancelledError("the request's batch was cancelled"));
+              continue;
+            }
+            std::memcpy(s.local, there, s.length);
+            ctx.batch->EndLanding();
+          }
+          done.Complete(s.request, 1, OkStatus());
+        }
+        m->End();
+      }
+    }
+    if (!rest.empty()) inner_->Post(ctx, std::move(rest));
+  }
+  Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) override {
+    return inner_->Notify(body, deadline);  // mapped writes completed in Post
+  }
+  Status Flush(Clock::time_point deadline) override { return inner_->Flush(deadline); }
+  bool Healthy() const override { return inner_->Healthy(); }
+  bool Idle() const override { return inner_->Idle(); }
+  void Retire() override { inner_->Retire(); }
+
+ private:
+  // False once the peer process exited (its pidfd turns readable): its
+  // memory may still be mapped here, but nobody reads it any more.
+  bool PeerRuns() const {
+    if (!inner_->Healthy()) return false;
+    pollfd p{pidfd_.get(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 0;
+  }
+
+  const std::shared_ptr<PeerLink> inner_;
+  const std::shared_ptr<shm::PeerMaps> maps_;
+  const UniqueFd pidfd_;
+};
+
 class ShmTransport : public Transport {
  public:
   ShmTransport(TransportCaps caps, const TransportContext& ctx)
@@ -44,7 +133,8 @@ class ShmTransport : public Transport {
         local_peer_id_(ctx.peer_id),
         local_instance_(ctx.instance_id),
         credentials_(ctx.credentials()),
-        pool_(ctx.streams->loops()) {
+        pool_(ctx.streams->loops()),
+        map_peers_(ctx.options->map_shared_memory) {
     std::random_device rd;
     for (char& c : probe_) c = static_cast<char>(rd());
     char name[64];
@@ -63,6 +153,16 @@ class ShmTransport : public Transport {
 
   Status Start(const TransportContext& ctx) {
     if (BootId().empty()) return UnavailableError("same-host transport: this host has no boot id");
+    // Mapped segments: without a slot table, peers copy through this engine.
+    auto table = shm::SlotTable::Create();
+    if (table.ok()) {
+      slots_ = *std::move(table);
+    } else {
+      FERRY_LOG(kWarning,
+                "same-host peers copy through this engine (no slot table for mapped "
+                "segments: "
+                    << table.status() << ")");
+    }
     FERRY_ASSIGN_OR_RETURN(UniqueFd fd, ListenUnix(socket_name_));
     shm::CopyOpenerConfig opener{ctx.hello_policy(), ctx.options->testing.refuse_same_host_copy};
     auto openers = std::make_shared<stream::FirstFrames>();
@@ -89,6 +189,24 @@ class ShmTransport : public Transport {
 
   void Describe(wire::PeerDescriptor* self) const override {
     self->transports.push_back({"shm", Endpoint(socket_name_)});
+    if (slots_) self->transports.push_back({shm::kMapEndpoint, slots_->Endpoint()});
+  }
+  // Shared regions get a slot (and the key "shm") that same-host peers map
+  // them by; others none.
+  StatusOr<std::vector<wire::RegionKey>> RegisterRegion(const Region& region) override {
+    std::vector<wire::RegionKey> keys;
+    if (slots_) {
+      if (std::optional<uint64_t> key = slots_->Publish(region)) {
+        keys.emplace_back(shm::kMapKey, *key);
+      }
+    }
+    return keys;
+  }
+  void UnregisterRegion(const Region& region) override {
+    if (!slots_) return;
+    for (const wire::RegionKey& k : region.keys) {
+      if (k.transport == shm::kMapKey) slots_->Revoke(k.key);
+    }
   }
   // Same kernel (boot id); whether the processes can reach each other (same
   // network namespace for the socket, ptrace access for the copies) only
@@ -173,18 +291,46 @@ class ShmTransport : public Transport {
                            << " are copied by the peer (an older build that does not lend "
                               "its ranges): a read that fails may still be written later");
     }
-    return stream::StreamLink::Open(cfg, info->Label(), version, std::move(streams));
+    std::shared_ptr<PeerLink> link =
+        stream::StreamLink::Open(cfg, info->Label(), version, std::move(streams));
+    return MapPeer(*info, target_pid, std::move(link));
   }
 
-  void Shutdown() override { pool_->Stop(); }
+  void Shutdown() override {
+    if (slots_) slots_->RevokeAll();  // peers stop copying through their mappings
+    pool_->Stop();
+  }
 
  private:
+  // `link` itself, or wrapped to copy through mappings of the peer's shared
+  // regions if the peer publishes them and this process can map them.
+  std::shared_ptr<PeerLink> MapPeer(const PeerInfo& info, int pid, std::shared_ptr<PeerLink> link) {
+    const wire::TransportEndpoint* ep = info.desc().FindTransport(shm::kMapEndpoint);
+    if (!map_peers_ || ep == nullptr || pid <= 0) return link;
+    UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    if (!pidfd.valid()) {
+      FERRY_LOG(kInfo, "copies to and from " << info.Label()
+                                             << " go through the peer (no pidfd to follow it: "
+                                             << ErrnoString(errno) << ")");
+      return link;
+    }
+    auto maps = shm::PeerMaps::Open(ep->endpoint, pid, info.Label());
+    if (!maps.ok()) {
+      FERRY_LOG(kInfo,
+                "copies to and from " << info.Label() << " go through the peer: " << maps.status());
+      return link;
+    }
+    return std::make_shared<MappedLink>(std::move(link), *std::move(maps), std::move(pidfd));
+  }
+
   const int streams_;
   const std::string local_peer_id_;
   const uint64_t local_instance_;
   const stream::Credentials credentials_;
   const std::shared_ptr<stream::LoopPool> pool_;
   stream::StreamLinkConfig link_cfg_;
+  const bool map_peers_;                   // EngineOptions::map_shared_memory
+  std::unique_ptr<shm::SlotTable> slots_;  // null: peers copy through this engine
   std::shared_ptr<stream::Listener> listener_;
   std::string socket_name_;
   // Read by targets through process_vm_readv (see ProbePeer); never changes.
@@ -201,6 +347,9 @@ TransportCaps ShmCaps() {
   // remote side), so the initiator's ranges should be adjacent; the target's
   // side is plain loads and stores.
   c.order = SliceOrder::kByLocal;
+  // Shared regions get a slot that same-host peers map them by
+  // (mapped_segments.h); every region stays reachable without one.
+  c.sees_registrations = true;
   return c;
 }
 
