@@ -177,7 +177,9 @@ SegmentInfo SegmentTable::Info(Segment& seg) {
   info.capabilities.version = d.version;
   info.capabilities.wire_version_min = d.wire_min;
   info.capabilities.wire_version_max = d.wire_max;
-  for (const auto& t : d.transports) info.capabilities.transports.push_back(t.name);
+  for (const auto& t : d.transports) {
+    if (t.IsTransport()) info.capabilities.transports.push_back(t.name);
+  }
   info.capabilities.features = d.features;
   for (const auto& r : d.regions) info.regions.push_back({r.addr, r.length, r.location, r.kind});
   return info;
@@ -210,7 +212,9 @@ Status SegmentTable::Adopt(Segment& seg, const wire::PeerDescriptor& self,
   Transport* chosen = PickTransport(seg, desc, MemoryKind::Cpu(), MemoryKind::Cpu(), nullptr);
   if (chosen == nullptr) {
     std::string offered;
-    for (const auto& e : desc.transports) offered += (offered.empty() ? "" : ", ") + e.name;
+    for (const auto& e : desc.transports) {
+      if (e.IsTransport()) offered += (offered.empty() ? "" : ", ") + e.name;
+    }
     return FailedPreconditionError("no transport reaches peer " + seg.name() +
                                    " (this engine uses '" + options_.transport +
                                    "', the peer offers: " + offered + ")");
@@ -270,7 +274,7 @@ Transport* SegmentTable::PickTransport(const Segment& seg, const wire::PeerDescr
 std::string SegmentTable::NoRoute(const Segment& seg, MemoryKind local, MemoryKind remote) const {
   std::string offered, kinds;
   for (const auto& e : seg.peer_->desc().transports) {
-    offered += (offered.empty() ? "" : ", ") + e.name;
+    if (e.IsTransport()) offered += (offered.empty() ? "" : ", ") + e.name;
   }
   for (const auto& t : transports_.transports()) {
     if (!t->Handles(local, remote)) continue;

@@ -52,6 +52,10 @@ struct RegionEntry {
 struct TransportEndpoint {
   std::string name;      // "tcp", "local"
   std::string endpoint;  // "host:port" for tcp; process token for local
+  // False for entries that describe a facility of a transport rather than a
+  // transport ("shm-map": the shm transport's slot table of mapped
+  // segments); they are not listed among the peer's transports.
+  bool IsTransport() const { return name != "shm-map"; }
 };
 
 struct PeerDescriptor {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <thread>
@@ -24,9 +25,44 @@ StatusOr<std::unique_ptr<SlotTable>> SlotTable::Create(uint32_t slots,
 }
 
 SlotTable::SlotTable(SharedMemory mem, uint32_t slots, std::chrono::milliseconds revoke_wait)
-    : mem_(std::move(mem)), slots_(slots), revoke_wait_(revoke_wait) {}
+    : mem_(std::move(mem)), slots_(slots), revoke_wait_(revoke_wait) {
+  own_.resize(1);  // the header's slot is never published
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&header().alive, &attr);
+  pthread_mutexattr_destroy(&attr);
+  alive_ = std::thread([this] { HoldAlive(); });
+  std::unique_lock<std::mutex> lock(alive_mu_);
+  alive_cv_.wait(lock, [&] { return held_; });  // peers may look once the table is advertised
+}
 
-SlotTable::~SlotTable() { RevokeAll(); }
+SlotTable::~SlotTable() { Close(); }
+
+void SlotTable::HoldAlive() {
+  pthread_mutex_lock(&header().alive);
+  std::unique_lock<std::mutex> lock(alive_mu_);
+  held_ = true;
+  alive_cv_.notify_all();
+  alive_cv_.wait(lock, [&] { return closing_; });
+  pthread_mutex_unlock(&header().alive);
+}
+
+void SlotTable::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint32_t i = 1; i < own_.size(); ++i) {
+      if (own_[i].live) RevokeSlot(i);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(alive_mu_);
+    closing_ = true;
+  }
+  alive_cv_.notify_all();
+  if (alive_.joinable()) alive_.join();
+}
 
 std::string SlotTable::Endpoint() const {
   struct stat st {};
@@ -75,7 +111,8 @@ std::optional<uint64_t> SlotTable::Publish(const Region& region) {
 void SlotTable::Revoke(uint64_t key) {
   const uint32_t i = static_cast<uint32_t>(key);
   std::lock_guard<std::mutex> lock(mu_);
-  if (i >= own_.size() || !own_[i].live || own_[i].generation != static_cast<uint32_t>(key >> 32)) {
+  if (i == 0 || i >= own_.size() || !own_[i].live ||
+      own_[i].generation != static_cast<uint32_t>(key >> 32)) {
     return;
   }
   RevokeSlot(i);
@@ -109,13 +146,6 @@ void SlotTable::RevokeSlot(uint32_t i) {
   s.fd.store(-1);
   s.state.store(kSlotFree);
   if (drained) free_.push_back(i);
-}
-
-void SlotTable::RevokeAll() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (uint32_t i = 0; i < own_.size(); ++i) {
-    if (own_[i].live) RevokeSlot(i);
-  }
 }
 
 // ---- the initiator's mappings ------------------------------------------------
@@ -178,6 +208,19 @@ std::shared_ptr<const MappedRegion> PeerMaps::Find(uint64_t key) {
   return *mapped;
 }
 
+bool PeerMaps::PeerRuns() {
+  if (gone_.load(std::memory_order_relaxed)) return false;
+  auto* header = reinterpret_cast<TableHeader*>(table_->data());
+  const int r = pthread_mutex_trylock(&header->alive);
+  if (r == EBUSY) return true;
+  // Ours now: the holder died (EOWNERDEAD), or let go when its engine shut
+  // down (0). Either way the target is gone; let the next one see it too.
+  if (r == EOWNERDEAD) pthread_mutex_consistent(&header->alive);
+  if (r == 0 || r == EOWNERDEAD) pthread_mutex_unlock(&header->alive);
+  gone_.store(true, std::memory_order_relaxed);
+  return false;
+}
+
 void PeerMaps::Forget(uint64_t key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = maps_.find(key);
@@ -185,7 +228,7 @@ void PeerMaps::Forget(uint64_t key) {
 }
 
 StatusOr<std::shared_ptr<const MappedRegion>> PeerMaps::Map(uint32_t index, uint32_t generation) {
-  if (index >= slots_) return InvalidArgumentError("no such slot");
+  if (index == 0 || index >= slots_) return InvalidArgumentError("no such slot");
   MapSlot& s = slot(index);
   if (s.state.load() != kSlotLive || s.generation.load() != generation) {
     return NotFoundError("the region was unregistered");

@@ -17,6 +17,14 @@
 //   target (UnregisterMemory): state = revoked; wait until active == 0;
 //              generation += 1; state = free
 //
+// Slot 0 is the table's header instead: a process-shared robust mutex the
+// target holds (from a thread of its own) while its transport runs. An
+// initiator's trylock, a few loads and no syscall, tells it before every post
+// whether the target still runs: busy = yes; "owner died" (the kernel marks
+// it while the process exits, before anyone can reap it) or free (the engine
+// shut down) = no, and the slices go through the stream link, which fails
+// them naming the peer.
+//
 // With sequentially consistent operations on both sides either the
 // initiator sees the revocation (and sends the request through the peer,
 // which refuses it) or the target waits for its copy: no byte moves through
@@ -26,13 +34,17 @@
 // peers ask the target instead of copying, nothing more.
 #pragma once
 
+#include <pthread.h>
+
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -70,6 +82,11 @@ struct MapSlot {
 static_assert(sizeof(MapSlot) == 64);
 static_assert(std::atomic<uint32_t>::is_always_lock_free &&
               std::atomic<uint64_t>::is_always_lock_free);
+// Slot 0: the header.
+struct TableHeader {
+  pthread_mutex_t alive;  // process-shared, robust; held by the target while it runs
+};
+static_assert(sizeof(TableHeader) <= sizeof(MapSlot));
 
 // The target's side: publishes regions, revokes them.
 class SlotTable {
@@ -86,20 +103,24 @@ class SlotTable {
   // Revokes the region published under `key`: returns once no peer copies
   // through its mapping any more (or after kRevokeWait, logged).
   void Revoke(uint64_t key);
-  // Revokes every region (the transport's shutdown).
-  void RevokeAll();
+  // Revokes every region and releases the header's mutex: peers see this
+  // engine gone (the transport's shutdown). Idempotent.
+  void Close();
 
  private:
   SlotTable(SharedMemory mem, uint32_t slots, std::chrono::milliseconds revoke_wait);
   MapSlot& slot(uint32_t i) const { return static_cast<MapSlot*>(mem_.data())[i]; }
+  TableHeader& header() const { return *static_cast<TableHeader*>(mem_.data()); }
   void RevokeSlot(uint32_t i);
+  // The thread that holds the header's mutex until Close.
+  void HoldAlive();
 
   const SharedMemory mem_;
   const uint32_t slots_;
   const std::chrono::milliseconds revoke_wait_;
   std::mutex mu_;
   std::vector<uint32_t> free_;  // guarded by mu_
-  uint32_t next_ = 0;           // first never-used slot; guarded by mu_
+  uint32_t next_ = 1;           // first never-used slot (0: header); guarded by mu_
   bool full_logged_ = false;    // guarded by mu_
   // This process's own record of each slot (peers can write the table):
   // its generation and whether it is published. Guarded by mu_.
@@ -108,6 +129,12 @@ class SlotTable {
     bool live = false;
   };
   std::vector<Own> own_;
+  // The header's holder: locks it, waits for Close, unlocks.
+  std::mutex alive_mu_;
+  std::condition_variable alive_cv_;
+  bool held_ = false;     // guarded by alive_mu_
+  bool closing_ = false;  // guarded by alive_mu_
+  std::thread alive_;
 };
 
 // A peer's region, mapped here.
@@ -156,6 +183,9 @@ class PeerMaps {
   std::shared_ptr<const MappedRegion> Find(uint64_t key);
   // Drops the mapping of a key whose region was revoked (Begin said so).
   void Forget(uint64_t key);
+  // Whether the target's transport still runs (the header's mutex is held);
+  // once false, false for good. No syscall while it runs.
+  bool PeerRuns();
 
  private:
   PeerMaps(int pid, std::unique_ptr<PeerMapping> table, uint32_t slots, std::string label)
@@ -167,6 +197,7 @@ class PeerMaps {
   const std::unique_ptr<PeerMapping> table_;
   const uint32_t slots_;
   const std::string label_;
+  std::atomic<bool> gone_{false};
   std::mutex mu_;
   // By key; null: that key could not be mapped (asked once).
   std::unordered_map<uint64_t, std::shared_ptr<const MappedRegion>> maps_;  // guarded by mu_

@@ -85,6 +85,15 @@ TEST(MappedSegments, PublishMapCopyRevoke) {
   ASSERT_TRUE(again.has_value());
   EXPECT_NE(*again, *key);
   EXPECT_NE((*maps)->Find(*again), nullptr);
+
+  // The target runs while its table is open; closed (its engine shut
+  // down), it is gone for good, and its regions are revoked.
+  EXPECT_TRUE((*maps)->PeerRuns());
+  std::shared_ptr<const MappedRegion> last = (*maps)->Find(*again);
+  (*table)->Close();
+  EXPECT_FALSE((*maps)->PeerRuns());
+  EXPECT_FALSE((*maps)->PeerRuns());
+  EXPECT_FALSE(last->Begin());
 }
 
 TEST(MappedSegments, MalformedOrForeignEndpointsAreRefused) {
@@ -96,6 +105,10 @@ TEST(MappedSegments, MalformedOrForeignEndpointsAreRefused) {
                 StatusIs(StatusCode::kInvalidArgument, HasSubstr("malformed")))
         << bad;
   }
+  // Slot 0 is the header, never a region.
+  auto maps = PeerMaps::Open((*table)->Endpoint(), ::getpid(), "p");
+  ASSERT_TRUE(maps.ok());
+  EXPECT_EQ((*maps)->Find(0), nullptr);
   // Another process's table (the pid that answers the socket differs).
   EXPECT_THAT(PeerMaps::Open((*table)->Endpoint(), ::getpid() + 1, "p").status(),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("answers its socket")));
@@ -125,7 +138,8 @@ TEST(MappedSegments, GarbageInTheTableNeverLeadsOutsideAMapping) {
             5);
   auto view = PeerMapping::Open(fd, 0, slots * sizeof(MapSlot), dev, ino, "table");
   ASSERT_TRUE(view.ok()) << view.status();
-  auto* raw = reinterpret_cast<unsigned char*>((*view)->data());
+  auto* table_raw = reinterpret_cast<unsigned char*>((*view)->data());
+  unsigned char* raw = table_raw + sizeof(MapSlot) * static_cast<uint32_t>(*key);  // its slot
   unsigned char good[sizeof(MapSlot)];
   std::memcpy(good, raw, sizeof(MapSlot));
   std::mt19937_64 rng(20261204);
@@ -144,6 +158,7 @@ TEST(MappedSegments, GarbageInTheTableNeverLeadsOutsideAMapping) {
     // A new initiator each round (a link caches what a key maps to).
     auto maps = PeerMaps::Open((*table)->Endpoint(), ::getpid(), "test peer");
     ASSERT_TRUE(maps.ok());
+    (void)(*maps)->PeerRuns();  // whatever the header holds: an answer, no crash
     for (uint64_t k : {*key, probe_key}) {
       std::shared_ptr<const MappedRegion> m = (*maps)->Find(k);
       if (m == nullptr || !m->Begin()) continue;

@@ -1,6 +1,5 @@
 #include "transport/shm/shm_transport.h"
 
-#include <poll.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -45,8 +44,8 @@ bool ParseEndpoint(const std::string& ep, std::string* boot_id, std::string* soc
 // go through the stream link as before.
 class MappedLink : public PeerLink {
  public:
-  MappedLink(std::shared_ptr<PeerLink> inner, std::shared_ptr<shm::PeerMaps> maps, UniqueFd pidfd)
-      : inner_(std::move(inner)), maps_(std::move(maps)), pidfd_(std::move(pidfd)) {}
+  MappedLink(std::shared_ptr<PeerLink> inner, std::shared_ptr<shm::PeerMaps> maps)
+      : inner_(std::move(inner)), maps_(std::move(maps)) {}
 
   void Post(const PostContext& ctx, std::vector<Slice> slices) override {
     if (!PeerRuns()) {  // the stream link reports the peer gone
@@ -112,17 +111,13 @@ class MappedLink : public PeerLink {
   void Retire() override { inner_->Retire(); }
 
  private:
-  // False once the peer process exited (its pidfd turns readable): its
-  // memory may still be mapped here, but nobody reads it any more.
-  bool PeerRuns() const {
-    if (!inner_->Healthy()) return false;
-    pollfd p{pidfd_.get(), POLLIN, 0};
-    return ::poll(&p, 1, 0) == 0;
-  }
+  // False once the peer process exited or its engine shut down (the slot
+  // table's header says so): its memory may still be mapped here, but
+  // nobody reads it any more.
+  bool PeerRuns() const { return inner_->Healthy() && maps_->PeerRuns(); }
 
   const std::shared_ptr<PeerLink> inner_;
   const std::shared_ptr<shm::PeerMaps> maps_;
-  const UniqueFd pidfd_;
 };
 
 class ShmTransport : public Transport {
@@ -297,7 +292,7 @@ class ShmTransport : public Transport {
   }
 
   void Shutdown() override {
-    if (slots_) slots_->RevokeAll();  // peers stop copying through their mappings
+    if (slots_) slots_->Close();  // peers stop copying through their mappings
     pool_->Stop();
   }
 
@@ -307,20 +302,13 @@ class ShmTransport : public Transport {
   std::shared_ptr<PeerLink> MapPeer(const PeerInfo& info, int pid, std::shared_ptr<PeerLink> link) {
     const wire::TransportEndpoint* ep = info.desc().FindTransport(shm::kMapEndpoint);
     if (!map_peers_ || ep == nullptr || pid <= 0) return link;
-    UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
-    if (!pidfd.valid()) {
-      FERRY_LOG(kInfo, "copies to and from " << info.Label()
-                                             << " go through the peer (no pidfd to follow it: "
-                                             << ErrnoString(errno) << ")");
-      return link;
-    }
     auto maps = shm::PeerMaps::Open(ep->endpoint, pid, info.Label());
     if (!maps.ok()) {
       FERRY_LOG(kInfo,
                 "copies to and from " << info.Label() << " go through the peer: " << maps.status());
       return link;
     }
-    return std::make_shared<MappedLink>(std::move(link), *std::move(maps), std::move(pidfd));
+    return std::make_shared<MappedLink>(std::move(link), *std::move(maps));
   }
 
   const int streams_;
