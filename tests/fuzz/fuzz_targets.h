@@ -25,6 +25,9 @@ void FuzzDescriptor(
     std::string_view in);  // descriptor, handshake response, version negotiation, peer ids
 void FuzzAuth(std::string_view in);        // AuthHello, AuthChallenge, AuthProof bodies
 void FuzzCopyFrames(std::string_view in);  // shm's CopyEntryList, CopyHello; fabric's messages
+// The slot table of mapped segments that same-host peers write
+// (slot_fuzz.cc): lookups, mappings and range translation.
+void FuzzSlotTable(std::string_view in);
 void FuzzStoreEntries(
     std::string_view in);  // a store's value: DecodeEntry raw/base64, CheckClaim, keys
 #ifdef FERRY_FUZZ_STORES

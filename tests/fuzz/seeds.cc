@@ -171,6 +171,20 @@ std::vector<std::string> AuthSeeds() {
   return seeds;
 }
 
+// A live slot (state 1, generation 0) whose fields a mutation changes, a
+// key, and ranges inside and across the region's end.
+std::vector<std::string> SlotTableSeeds() {
+  std::vector<std::string> seeds;
+  std::string slot(64, '\0');
+  slot[0] = 1;
+  seeds.push_back(slot);
+  std::string s = slot;
+  const uint64_t vals[] = {1, 0, 4096, 100, 65530, 10};
+  for (uint64_t v : vals) s.append(reinterpret_cast<const char*>(&v), 8);
+  seeds.push_back(s);
+  return seeds;
+}
+
 std::vector<std::string> CopyFrameSeeds() {
   namespace shm = ferry::internal::shm;
   std::vector<std::string> seeds;
@@ -305,6 +319,7 @@ std::vector<std::string> Seeds(std::string_view target) {
   if (target == "fuzz_auth") return AuthSeeds();
   if (target == "fuzz_copy_frames") return CopyFrameSeeds();
   if (target == "fuzz_store_entries") return StoreEntrySeeds();
+  if (target == "fuzz_slot_table") return SlotTableSeeds();
 #ifdef FERRY_FUZZ_STORES
   if (target == "fuzz_etcd_json") return EtcdSeeds();
   if (target == "fuzz_http_store") return HttpSeeds();
