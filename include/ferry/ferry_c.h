@@ -207,6 +207,35 @@ FERRY_C_API ferry_status_t ferry_memory_register(ferry_engine_t* engine, void* a
  * touches the region any more (ferry/engine.h says the details). */
 FERRY_C_API ferry_status_t ferry_memory_unregister(ferry_engine_t* engine, void* addr);
 
+/* Shared memory (docs/architecture.md, "Mapped segments"): memory a peer on
+ * the same host maps, so its copies into and out of it are plain loads and
+ * stores (shm transport) without a request to this engine.
+ *
+ * ferry_memory_allocate_shared: `length` bytes of zero-filled host memory
+ * (a sealed memfd), registered (`location`: "cpu", "cpu:N" or "*"; NULL =
+ * "cpu"; `exported` 0: for this engine's own transfers only); its address in
+ * *out (NULL on failure). It belongs to the engine: free it with
+ * ferry_memory_free_shared (not ferry_memory_unregister); it is unmapped
+ * when the engine is destroyed. FERRY_INVALID_ARGUMENT: length 0 or a
+ * location that is not host memory; FERRY_RESOURCE_EXHAUSTED: no memory or
+ * descriptor. */
+FERRY_C_API ferry_status_t ferry_memory_allocate_shared(ferry_engine_t* engine, size_t length,
+                                                        const char* location, int exported,
+                                                        void** out);
+/* Unregisters memory from ferry_memory_allocate_shared (as
+ * ferry_memory_unregister; peers' copies through their mappings have ended
+ * too) and unmaps it. FERRY_NOT_FOUND: not such memory of this engine. */
+FERRY_C_API ferry_status_t ferry_memory_free_shared(ferry_engine_t* engine, void* addr);
+/* Registers host memory that is a MAP_SHARED mapping of `fd` (a memfd sealed
+ * against shrinking: F_SEAL_SHRINK), `addr` mapping file offset `fd_offset`,
+ * so same-host peers map it too. The engine keeps a duplicate of `fd` (close
+ * yours when you like); unregister with ferry_memory_unregister.
+ * FERRY_INVALID_ARGUMENT, naming what is wrong: a descriptor that is not
+ * such a memfd, not sealed, or not what [addr, addr + length) maps there. */
+FERRY_C_API ferry_status_t ferry_memory_register_shared(ferry_engine_t* engine, void* addr,
+                                                        size_t length, const char* location, int fd,
+                                                        uint64_t fd_offset);
+
 /* ---- Segments ----------------------------------------------------------- */
 
 /* Opens the segment of a peer: its peer id ("host:port") or, with a

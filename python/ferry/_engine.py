@@ -8,7 +8,8 @@ Lifetime: memory registered through :meth:`Engine.register` is kept alive by
 the engine (a reference to the object, or for buffers an export that also
 stops e.g. a bytearray from being resized) until it is unregistered or the
 engine is closed. Addresses registered as plain ints are the caller's to keep
-valid.
+valid. Memory from :meth:`Engine.allocate_shared` is the engine's: it is
+unmapped by :meth:`Engine.free_shared` or when the engine is closed.
 """
 
 from __future__ import annotations
@@ -594,7 +595,7 @@ class Engine:
 
     # ---- Memory ---------------------------------------------------------------
     def register(self, obj: Any, length: int | None = None, location: str = "*",
-                 exported: bool = True) -> int:
+                 exported: bool = True, fd: int | None = None, fd_offset: int = 0) -> int:
         """Registers an address (with ``length``) or an object's memory; returns
         its address. The object is kept alive until unregistered. ``exported``
         False: for this engine's own transfers only; peers neither see it nor
@@ -604,9 +605,23 @@ class Engine:
         tensor on a CUDA device registers as its "cuda:N"), else host memory;
         "cpu" / "cpu:N" host memory (a device pointer is refused); "cuda:N"
         GPU memory of device N, checked against the CUDA driver (refused
-        where there is none, or where the range is not that device's)."""
+        where there is none, or where the range is not that device's).
+
+        ``fd`` (host memory only): the descriptor the range is a MAP_SHARED
+        mapping of, at file offset ``fd_offset``. It must be a memfd sealed
+        against shrinking (``F_SEAL_SHRINK``); same-host peers then map the
+        same pages and copy with plain loads and stores, without a request
+        to this engine ("Mapped segments" in docs/architecture.md). The
+        engine checks the descriptor and the mapping (InvalidArgument naming
+        what is wrong) and keeps a duplicate, so you may close yours. None
+        (default): peers' copies go through this engine."""
+        if fd is not None and (isinstance(fd, bool) or fd < 0):
+            raise InvalidArgument(f"fd {fd!r} is not a file descriptor (None: not shared)")
+        if fd_offset < 0:
+            raise InvalidArgument(f"fd_offset {fd_offset} is negative")
         addr, nbytes, keep = resolve_memory(obj, length, writable=True)
-        self._native.register_memory(addr, nbytes, _location_of(obj, location), exported)
+        self._native.register_memory(addr, nbytes, _location_of(obj, location), exported,
+                                     -1 if fd is None else fd, fd_offset)
         with self._lock:
             self._registered[addr] = (nbytes, keep)
         return addr
@@ -671,6 +686,30 @@ class Engine:
                                   ">= 0 and length > 0 (or None: to the end of the file)")
         return self._native.register_file(path, fd, offset, 0 if length is None else length,
                                           writable, durable, direct, exported)
+
+    def allocate_shared(self, length: int, location: str = "cpu", exported: bool = True) -> int:
+        """Allocates ``length`` bytes of zero-filled host memory that same-host
+        peers can map (a sealed memfd), registers it (``location`` and
+        ``exported`` as for :meth:`register`) and returns its address.
+
+        A peer on this host copies into and out of it through its own mapping
+        (transport "shm"), without a request to this engine, even while this
+        process is busy or stopped. Free it with :meth:`free_shared`, not
+        :meth:`unregister`. Lifetime: the memory belongs to the engine and is
+        unmapped when the engine closes (:meth:`close`, or the engine being
+        collected), so the address must not be used after that.
+        InvalidArgument: length <= 0 or a location that is not host memory;
+        ResourceExhausted: no memory or descriptor."""
+        if isinstance(length, bool) or length <= 0:
+            raise InvalidArgument(f"cannot allocate {length!r} bytes of shared memory")
+        return self._native.allocate_shared(length, location, exported)
+
+    def free_shared(self, addr: int) -> None:
+        """Frees memory from :meth:`allocate_shared`: unregisters it (waiting
+        for transfers in flight, peers' copies through their mappings
+        included; later ones are refused) and unmaps it. NotFound if ``addr``
+        is not such memory of this engine."""
+        self._native.free_shared(int(addr))
 
     def unregister(self, obj: Any) -> None:
         """Unregisters the region starting at an address or object (waiting for

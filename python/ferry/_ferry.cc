@@ -554,11 +554,30 @@ class NativeEngine {
         Run([](ferry::Engine& e) -> StatusOr<ferry::EngineOptions> { return e.options(); }));
   }
 
-  void RegisterMemory(uint64_t addr, uint64_t length, const std::string& location, bool exported) {
+  // `fd` >= 0: the memfd the range is a MAP_SHARED mapping of, at file
+  // offset `fd_offset` (MemoryRegion::fd; the engine keeps a duplicate).
+  void RegisterMemory(uint64_t addr, uint64_t length, const std::string& location, bool exported,
+                      int fd, uint64_t fd_offset) {
     ferry::MemoryRegion r{reinterpret_cast<void*>(static_cast<uintptr_t>(addr)), length, location,
                           exported};
+    r.fd = fd;
+    r.fd_offset = fd_offset;
     Check(Run([&](ferry::Engine& e) {
       return e.RegisterMemory(std::span<const ferry::MemoryRegion>(&r, 1));
+    }));
+  }
+
+  // Engine::AllocateShared: the address of `length` bytes of registered
+  // host memory same-host peers can map.
+  uint64_t AllocateShared(uint64_t length, const std::string& location, bool exported) {
+    void* addr =
+        Unwrap(Run([&](ferry::Engine& e) { return e.AllocateShared(length, location, exported); }));
+    return reinterpret_cast<uintptr_t>(addr);
+  }
+
+  void FreeShared(uint64_t addr) {
+    Check(Run([&](ferry::Engine& e) {
+      return e.FreeShared(reinterpret_cast<void*>(static_cast<uintptr_t>(addr)));
     }));
   }
 
@@ -1259,7 +1278,11 @@ PYBIND11_MODULE(_ferry, m) {
       .def("capabilities", &NativeEngine::Capabilities)
       .def("options", &NativeEngine::Options)
       .def("register_memory", &NativeEngine::RegisterMemory, py::arg("addr"), py::arg("length"),
-           py::arg("location") = "*", py::arg("exported") = true)
+           py::arg("location") = "*", py::arg("exported") = true, py::arg("fd") = -1,
+           py::arg("fd_offset") = 0)
+      .def("allocate_shared", &NativeEngine::AllocateShared, py::arg("length"),
+           py::arg("location") = "cpu", py::arg("exported") = true)
+      .def("free_shared", &NativeEngine::FreeShared, py::arg("addr"))
       .def("register_memory_list", &NativeEngine::RegisterMemoryList, py::arg("addrs"),
            py::arg("lengths"), py::arg("locations"), py::arg("exported") = true)
       .def("unregister_memory", &NativeEngine::UnregisterMemory)

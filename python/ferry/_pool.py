@@ -1,9 +1,14 @@
 """A pool of registered host memory handed out in pieces (Mooncake's
 "managed buffers").
 
-Arenas are anonymous private mappings (pages are only backed once touched)
-that only reserve address space: an arena is never registered with the
-engine as a whole. Each buffer handed out is registered on its own, exactly
+Arenas are shared mappings of a memfd sealed against shrinking and growing
+(pages are only backed once touched), so each buffer is registered with the
+arena's descriptor and its offset in it: a peer on the same host maps the
+buffer and copies with plain loads and stores, without a request to this
+process ("Mapped segments" in docs/architecture.md). Where memfd is not
+available, arenas are anonymous private mappings instead (logged once), and
+peers' copies go through this engine. An arena only reserves address space:
+it is never registered with the engine as a whole. Each buffer handed out is registered on its own, exactly
 the ``length`` the caller asked for, and unregistered (which waits for
 transfers still touching it) before its space goes back to the free list.
 So a peer reaches exactly the buffers that are currently handed out (and
@@ -16,8 +21,12 @@ first-fit (in steps of 256 bytes) and coalesced when freed. Thread-safe.
 from __future__ import annotations
 
 import bisect
+import fcntl
+import logging
 import mmap
+import os
 import threading
+import weakref
 
 from . import _ferry
 from ._errors import FerryError, InvalidArgument, NotFound, ResourceExhausted
@@ -27,20 +36,60 @@ _DEFAULT_ARENA = 256 << 20  # address space only; untouched pages cost nothing
 _ARENA_GRANULE = 2 << 20
 _LOCATION = "cpu:0"
 
+log = logging.getLogger("ferry")
+_fallback_logged = False  # the memfd fallback is logged once per process
+
+
+def _shared_file(size: int) -> int | None:
+    """A memfd of ``size`` bytes sealed against shrinking and growing (what a
+    same-host peer may map safely), or None where memfd is not available
+    (logged once)."""
+    global _fallback_logged
+    fd = -1
+    try:
+        fd = os.memfd_create("ferry-managed", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        return fd
+    except (AttributeError, OSError) as e:
+        if fd >= 0:
+            os.close(fd)
+        if not _fallback_logged:
+            _fallback_logged = True
+            reason = getattr(e, "strerror", None) or e
+            log.warning("managed buffers: memfd is not available (%s); arenas are anonymous "
+                        "memory, so same-host peers reach them through this engine instead of "
+                        "mapping them", reason)
+        return None
+
 
 def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
 class _Arena:
-    """Address space to carve buffers from; not registered itself."""
+    """Address space to carve buffers from; not registered itself.
+
+    ``fd``: the sealed memfd the arena maps from offset 0 (buffer offsets in
+    the arena are file offsets), or None for anonymous memory. The arena owns
+    it and closes it when it goes away (the engine keeps its own duplicate
+    for each registered buffer)."""
 
     def __init__(self, size: int):
+        self.fd = _shared_file(size)
         try:
-            self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            if self.fd is None:
+                self.map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            else:
+                self.map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED,
+                                     prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as e:
+            if self.fd is not None:
+                os.close(self.fd)
             raise ResourceExhausted(f"cannot map an arena of {size} bytes for managed buffers: "
                                     f"{e.strerror or e}") from None
+        if self.fd is not None:
+            weakref.finalize(self, os.close, self.fd)
         self.view = memoryview(self.map)  # sliced per buffer; slices keep the mapping alive
         self.addr, self.size = _ferry.buffer_address(self.view, True)
         self.free = [(self.addr, self.size)]  # (start, size), sorted, never adjacent
@@ -108,7 +157,8 @@ class ManagedPool:
         # Carved: neither free nor handed out yet, so no other call touches it while
         # it is registered (outside the lock: registration may take a while).
         try:
-            self._engine.register(arena.piece(addr, length), location=_LOCATION)
+            self._engine.register(arena.piece(addr, length), location=_LOCATION, fd=arena.fd,
+                                  fd_offset=addr - arena.addr)
         except BaseException:
             with self._lock:
                 arena.release(addr, size)

@@ -1,6 +1,7 @@
 """A target process for the tests (started by conftest.Peer).
 
     peer.py native SIZE [ENGINE_KWARGS_JSON]   ferry.Engine + a registered numpy buffer
+    peer.py native-shared SIZE                 ferry.Engine + Engine.allocate_shared memory
     peer.py mooncake SIZE PROTOCOL             ferry.mooncake.TransferEngine + a managed buffer
     peer.py kv-decode LAYOUT_JSON              SGLang-style decode side: KV tensors per layer
 
@@ -40,6 +41,13 @@ class Target:
             self.buffer = np.zeros(self.size, np.uint8)
             self.addr = self.engine.register(self.buffer)
             self.hello = {"peer_id": self.engine.peer_id, "addr": self.addr, "size": self.size}
+        elif mode == "native-shared":
+            import ferry
+
+            self.engine = ferry.Engine()
+            self.size = int(args[0])
+            self.addr = self.engine.allocate_shared(self.size)
+            self.hello = {"peer_id": self.engine.peer_id, "addr": self.addr, "size": self.size}
         elif mode == "mooncake":
             from ferry.mooncake import TransferEngine
 
@@ -74,7 +82,7 @@ class Target:
         return view(self.addr, self.size)
 
     def notifications(self) -> list:
-        if self.mode == "native":
+        if self.mode.startswith("native"):
             return [[n.name, n.message.decode()] for n in self.engine.notifications()]
         return [[n.name, n.msg] for n in self.engine.get_notifies()]
 

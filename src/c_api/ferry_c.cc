@@ -383,6 +383,46 @@ ferry_status_t ferry_memory_unregister(ferry_engine_t* engine, void* addr) {
   });
 }
 
+ferry_status_t ferry_memory_allocate_shared(ferry_engine_t* engine, size_t length,
+                                            const char* location, int exported, void** out) {
+  static constexpr const char* fn = "ferry_memory_allocate_shared";
+  return Guarded(fn, [&] {
+    FERRY_C_REQUIRE(engine);
+    FERRY_C_REQUIRE(out);
+    *out = nullptr;
+    StatusOr<void*> addr = engine->engine->AllocateShared(
+        length, location != nullptr ? location : "cpu", exported != 0);
+    if (!addr.ok()) return Report(addr.status());
+    *out = *addr;
+    return Ok();
+  });
+}
+
+ferry_status_t ferry_memory_free_shared(ferry_engine_t* engine, void* addr) {
+  static constexpr const char* fn = "ferry_memory_free_shared";
+  return Guarded(fn, [&] {
+    FERRY_C_REQUIRE(engine);
+    FERRY_C_REQUIRE(addr);
+    return Report(engine->engine->FreeShared(addr));
+  });
+}
+
+ferry_status_t ferry_memory_register_shared(ferry_engine_t* engine, void* addr, size_t length,
+                                            const char* location, int fd, uint64_t fd_offset) {
+  static constexpr const char* fn = "ferry_memory_register_shared";
+  return Guarded(fn, [&] {
+    FERRY_C_REQUIRE(engine);
+    FERRY_C_REQUIRE(addr);
+    ferry::MemoryRegion region;
+    region.addr = addr;
+    region.length = length;
+    region.location = location != nullptr ? location : "*";
+    region.fd = fd;
+    region.fd_offset = fd_offset;
+    return Report(engine->engine->RegisterMemory(std::span<const ferry::MemoryRegion>(&region, 1)));
+  });
+}
+
 // ---- Segments -----------------------------------------------------------
 
 ferry_status_t ferry_segment_open(ferry_engine_t* engine, const char* peer, ferry_segment_t* out) {

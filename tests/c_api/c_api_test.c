@@ -5,12 +5,15 @@
  * handles and pointers, each with its status and a message naming what was
  * wrong. Prints each failed check and exits 1 if any failed. */
 #define _POSIX_C_SOURCE 200809L /* poll(2), read(2) for the completion fd */
+#define _GNU_SOURCE             /* memfd_create(2) and F_ADD_SEALS, for shared memory */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "ferry/ferry_c.h"
@@ -564,6 +567,82 @@ static void check_null_arguments(pair_t* p) {
   EXPECT_OK(ferry_notifications_free(NULL));
 }
 
+/* Shared memory (ferry_memory_allocate_shared, ferry_memory_register_shared)
+ * as the target's memory: registered before the segment is opened, reached
+ * over `transport` (over shm, through the initiator's own mapping), every
+ * byte verified; then the refusals, each naming what was wrong. */
+static void check_shared_memory(const char* transport) {
+  ferry_options_t* o = make_options(transport);
+  if (o == NULL) return;
+  ferry_engine_t *initiator = NULL, *target = NULL;
+  int ok = EXPECT_OK(ferry_engine_new(o, &target)) && EXPECT_OK(ferry_engine_new(o, &initiator));
+  EXPECT_OK(ferry_options_free(o));
+  char* local = calloc(kBytes, 1);
+  void* shared = NULL;
+  void* mapped = MAP_FAILED;
+  int fd = memfd_create("c_api_test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  EXPECT_TRUE(local != NULL && fd >= 0);
+  ok = ok && local != NULL && fd >= 0 && ftruncate(fd, 2 * kPiece) == 0 &&
+       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0;
+  EXPECT_TRUE(ok);
+  if (ok) mapped = mmap(NULL, 2 * kPiece, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  EXPECT_TRUE(mapped != MAP_FAILED);
+  const char* peer = NULL;
+  ferry_segment_t segment = 0;
+  ok = ok && mapped != MAP_FAILED &&
+       EXPECT_OK(ferry_memory_register(initiator, local, kBytes, "cpu")) &&
+       EXPECT_OK(ferry_memory_allocate_shared(target, kBytes, NULL, 1, &shared)) &&
+       /* The second page of the memfd's mapping: file offset kPiece. */
+       EXPECT_OK(ferry_memory_register_shared(target, (char*)mapped + kPiece, kPiece, "cpu", fd,
+                                              kPiece)) &&
+       EXPECT_OK(ferry_engine_peer_id(target, &peer)) &&
+       EXPECT_OK(ferry_segment_open(initiator, peer, &segment));
+  if (ok) {
+    char* s = shared;
+    EXPECT_TRUE(s[0] == 0 && s[kBytes - 1] == 0); /* zero-filled */
+    fill(local, kBytes, 21);
+    EXPECT_OK(ferry_write_sync(initiator, segment, local, addr_of(shared), kBytes));
+    EXPECT_TRUE(matches(shared, kBytes, 21));
+    memset(local, 0, kBytes);
+    EXPECT_OK(ferry_read_sync(initiator, segment, local, addr_of(shared), kBytes));
+    EXPECT_TRUE(matches(local, kBytes, 21));
+    fill(local, kPiece, 22);
+    EXPECT_OK(ferry_write_sync(initiator, segment, local, addr_of((char*)mapped + kPiece), kPiece));
+    EXPECT_TRUE(matches((char*)mapped + kPiece, kPiece, 22));
+    /* Refusals. */
+    void* none = &ok;
+    EXPECT_STATUS(ferry_memory_allocate_shared(target, 0, NULL, 1, &none), FERRY_INVALID_ARGUMENT,
+                  "0 bytes");
+    EXPECT_TRUE(none == NULL);
+    EXPECT_STATUS(ferry_memory_allocate_shared(target, kPiece, NULL, 1, NULL),
+                  FERRY_INVALID_ARGUMENT, "ferry_memory_allocate_shared", "out");
+    EXPECT_STATUS(ferry_memory_free_shared(target, local), FERRY_NOT_FOUND, "AllocateShared");
+    EXPECT_STATUS(ferry_memory_free_shared(target, (char*)mapped + kPiece), FERRY_NOT_FOUND,
+                  "AllocateShared"); /* shared, but registered, not allocated */
+    int unsealed = memfd_create("c_api_test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_TRUE(unsealed >= 0 && ftruncate(unsealed, kPiece) == 0);
+    void* m = mmap(NULL, kPiece, PROT_READ | PROT_WRITE, MAP_SHARED, unsealed, 0);
+    EXPECT_TRUE(m != MAP_FAILED);
+    if (m != MAP_FAILED) {
+      EXPECT_STATUS(ferry_memory_register_shared(target, m, kPiece, "cpu", unsealed, 0),
+                    FERRY_INVALID_ARGUMENT, "F_SEAL_SHRINK");
+      munmap(m, kPiece);
+    }
+    if (unsealed >= 0) close(unsealed);
+    /* The wrong file offset: the first page maps offset 0, not kPiece. */
+    EXPECT_STATUS(ferry_memory_register_shared(target, mapped, kPiece, "cpu", fd, kPiece),
+                  FERRY_INVALID_ARGUMENT, "file offset 0");
+    EXPECT_OK(ferry_memory_unregister(target, (char*)mapped + kPiece));
+    EXPECT_OK(ferry_memory_free_shared(target, shared));
+    EXPECT_STATUS(ferry_memory_free_shared(target, shared), FERRY_NOT_FOUND, "AllocateShared");
+  }
+  EXPECT_OK(ferry_engine_destroy(initiator));
+  EXPECT_OK(ferry_engine_destroy(target));
+  if (fd >= 0) close(fd);
+  if (mapped != MAP_FAILED) munmap(mapped, 2 * kPiece);
+  free(local);
+}
+
 /* One transport end to end. */
 static void run_transport(const char* transport) {
   ferry_status_t usable = ferry_transport_check(transport);
@@ -590,6 +669,7 @@ static void run_transport(const char* transport) {
   check_metrics(&p);
   check_engine_errors(&p);
   check_null_arguments(&p);
+  check_shared_memory(transport);
   EXPECT_OK(ferry_segment_close(p.initiator, p.segment));
   EXPECT_STATUS(ferry_write_sync(p.initiator, p.segment, p.local, addr_of(p.remote), 1),
                 FERRY_INVALID_ARGUMENT, "segment");
