@@ -93,7 +93,20 @@ Status MemoryRegistry::Register(
     auto backing =
         VerifySharedMapping(regions[i].addr, ranges[i].second, regions[i].fd, regions[i].fd_offset);
     if (!backing.ok()) return Status(backing.status().code(), backing.status().message() + where);
-    shared[i] = *std::move(backing);
+    auto b = std::const_pointer_cast<SharedBacking>(*std::move(backing));
+    {
+      std::lock_guard<std::mutex> lock(files_mu_);
+      for (auto it = files_.begin(); it != files_.end();) {  // drop the dead ones
+        it = it->second.expired() ? files_.erase(it) : std::next(it);
+      }
+      std::weak_ptr<const UniqueFd>& known = files_[{b->dev, b->ino}];
+      if (std::shared_ptr<const UniqueFd> same = known.lock()) {
+        b->file = std::move(same);  // our duplicate closes here
+      } else {
+        known = b->file;
+      }
+    }
+    shared[i] = std::move(b);
   }
   std::unique_lock lock(mu_);
   for (auto [a, len] : ranges) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <span>
 #include <string>
@@ -136,6 +137,10 @@ class MemoryRegistry {
   std::map<uint64_t, std::shared_ptr<Region>> regions_;  // by start address
   uint64_t next_order_ = 0;                              // guarded by mu_
   std::atomic<uint64_t> unregistrations_{0};
+  // One descriptor per shared file, however many regions map it (a pool's
+  // arena is one memfd carved into many registered buffers).
+  std::mutex files_mu_;
+  std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<const UniqueFd>> files_;  // (dev, ino)
   std::atomic<bool> ever_non_cpu_{false};
 };
 

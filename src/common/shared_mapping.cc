@@ -103,8 +103,9 @@ StatusOr<std::shared_ptr<const SharedBacking>> VerifySharedMapping(const void* a
                                 "from, with MAP_SHARED)");
   }
   auto backing = std::make_shared<SharedBacking>();
-  backing->fd = UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-  if (!backing->fd.valid()) {
+  auto dup = std::make_shared<UniqueFd>(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  backing->file = dup;
+  if (!dup->valid()) {
     return DescriptorError(StatusCode::kInvalidArgument,
                            what + ": duplicating descriptor " + std::to_string(fd), errno);
   }

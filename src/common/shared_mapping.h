@@ -22,10 +22,13 @@ namespace ferry::internal {
 // process's duplicate), the file offset of the range's first byte, and the
 // file's identity, which a peer checks after opening it.
 struct SharedBacking {
-  UniqueFd fd;
+  // Shared by the regions of one file (MemoryRegistry keeps one descriptor
+  // per file, however many regions map it).
+  std::shared_ptr<const UniqueFd> file;
   uint64_t offset = 0;
   uint64_t dev = 0;
   uint64_t ino = 0;
+  int fd() const { return file->get(); }
 };
 
 // Checks that [addr, addr + length) is a MAP_SHARED mapping of `fd` at file

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -62,6 +63,35 @@ TEST(SharedRegistration, RefusesDescriptorsThatAreNotTheMemorysSealedPages) {
   EXPECT_OK(engine->UnregisterMemory(shared.data()));
   munmap(p, kLen);
   close(unsealed);
+}
+
+// Open descriptors of this process.
+int OpenFds() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+// A pool carves one memfd into many registered buffers: the engine keeps
+// one descriptor for the file, not one per buffer.
+TEST(SharedRegistration, ManyRegionsOfOneFileHoldOneDescriptor) {
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(ConformanceOptions("shm")));
+  constexpr size_t kPieces = 64, kPiece = 4096;
+  AlignedBuffer arena(kPieces * kPiece, true);
+  const int before = OpenFds();
+  for (size_t i = 0; i < kPieces; ++i) {
+    MemoryRegion r{arena.data() + i * kPiece, kPiece};
+    r.fd = arena.fd();
+    r.fd_offset = i * kPiece;
+    ASSERT_OK(engine->RegisterMemory({&r, 1})) << "piece " << i;
+  }
+  EXPECT_LE(OpenFds(), before + 1);
+  for (size_t i = 0; i < kPieces; ++i)
+    ASSERT_OK(engine->UnregisterMemory(arena.data() + i * kPiece));
+  EXPECT_LE(OpenFds(), before);
 }
 
 TEST(AllocateShared, RegisteredZeroFilledAndFreedOnce) {

@@ -96,7 +96,7 @@ std::optional<uint64_t> SlotTable::Publish(const Region& region) {
   }
   MapSlot& s = slot(i);
   const SharedBacking& b = *region.shared;
-  s.fd.store(b.fd.get());
+  s.fd.store(b.fd());
   s.addr.store(region.addr);
   s.length.store(region.length);
   s.offset.store(b.offset);
