@@ -135,10 +135,10 @@ void PrintLatency(const Report& rep, std::ostream& os) {
 void PrintMemcpyNote(const Report& rep, std::ostream& os) {
   if (!HasBaseline(rep) || rep.base->memcpy_copied_bytes == 0) return;
   const Baseline& b = *rep.base;
-  os << "memcpy: one thread, the workload's entries repeated over " << (b.memcpy_src_bytes >> 20)
-     << " MiB -> " << (b.memcpy_dst_bytes >> 20) << " MiB (" << (b.memcpy_copied_bytes >> 20)
-     << " MiB a round; working sets of at least " << (kMemcpyWorkingSet >> 20)
-     << " MiB, larger than L3)\n";
+  os << "memcpy: one thread over " << (b.memcpy_src_bytes >> 20) << " MiB -> "
+     << (b.memcpy_dst_bytes >> 20) << " MiB, " << (b.memcpy_copied_bytes >> 20)
+     << " MiB a round (thread 0's entries, repeated to span at least " << (kMemcpyWorkingSet >> 20)
+     << " MiB a side: larger than L3)\n";
 }
 
 // The ratios' line (or why there are no baselines) and --verify's count.
