@@ -174,8 +174,14 @@ PYEOF
     [ $? -eq 1 ] || fail "a run with mismatches must exit 1"
     printf '%s' "$out" | $PY -c "import json,sys; d=json.load(sys.stdin); sys.exit(0 if d['mismatches']==1 and d['mismatched_blocks']==1 else 1)" || fail "read damage not reported: $out" ;;
   bench_baseline_json)
-    check_json "d['throughput_gbps'] > 0 and d['baseline']['socket_gbps'] > 0 and d['baseline']['socket_rtt_us'] > 0 and d['baseline']['memcpy_gbps'] > 0 and d['baseline']['scatter_gbps'] > 0 and d['latency_us']['p50'] > 0" \
-      "$FERRY" bench --block-size 64K --batch-size 64 --duration 0.5 --json ;;
+    # The memcpy baseline walks at least 256 MiB on each side (4 MiB here).
+    check_json "d['throughput_gbps'] > 0 and d['baseline']['socket_gbps'] > 0 and d['baseline']['socket_rtt_us'] > 0 and d['baseline']['memcpy_gbps'] > 0 and d['baseline']['scatter_gbps'] > 0 and d['latency_us']['p50'] > 0 and min(d['baseline']['memcpy_working_set_bytes']['source'], d['baseline']['memcpy_working_set_bytes']['destination']) >= 256 << 20 and d['baseline']['shm_pingpong_4k_us'] is None" \
+      "$FERRY" bench --block-size 64K --batch-size 64 --duration 0.5 --json
+    # --sync on shm: the shared-memory ping-pong ran, 8 B and 4 KiB, and the ratio is there.
+    if [ "$(same_host_transport)" = shm ]; then
+      check_json "d['sync'] and d['transport'] == 'shm' and d['baseline']['shm_pingpong_8_us']['samples'] > 0 and d['baseline']['shm_pingpong_4k_us']['p50'] > 0 and d['baseline']['ratios']['p50_vs_shm_pingpong_4k'] > 0" \
+        "$FERRY" bench --sync --block-size 4K --duration 0.3 --json
+    fi ;;
   bench_file_json)
     # This engine's file region against fio (both ran: their ops counted),
     # random 4 KiB reads and sequential writes; the bench's own file in a

@@ -14,7 +14,11 @@ Report MakeReport(PhaseResult r, std::optional<Baseline> base, int streams, bool
   rep.ferry = std::move(r);
   rep.batch_lat = Summarize(rep.ferry.batch_lat_us);
   rep.request_lat = Summarize(rep.ferry.request_lat_us);
-  if (base) rep.rtt = Summarize(base->rtt_us);
+  if (base) {
+    rep.rtt = Summarize(base->rtt_us);
+    rep.pingpong_8 = Summarize(base->pingpong_8_us);
+    rep.pingpong_4k = Summarize(base->pingpong_4k_us);
+  }
   rep.base = std::move(base);
   rep.streams = streams;
   rep.in_process = in_process;
@@ -32,6 +36,7 @@ constexpr size_t W = 12;  // a column of figures
 // the scatter column.
 bool HasBaseline(const Report& rep) { return rep.base.has_value() && rep.base->single.seconds > 0; }
 bool HasScatter(const Report& rep) { return HasBaseline(rep) && rep.base->scatter.seconds > 0; }
+bool HasPingPong(const Report& rep) { return HasBaseline(rep) && rep.pingpong_4k.count > 0; }
 
 void PrintHeadline(const Report& rep, std::ostream& os) {
   const PhaseResult& f = rep.ferry;
@@ -120,6 +125,20 @@ void PrintLatency(const Report& rep, std::ostream& os) {
     lat_row(f.entries_per_batch > 1 ? "per request (sampled)" : "per request", rep.request_lat);
   }
   if (HasBaseline(rep)) lat_row("plain busy-poll RTT 8 B", rep.rtt);
+  if (HasPingPong(rep)) {
+    lat_row("shm ping-pong 8 B", rep.pingpong_8);
+    lat_row("shm ping-pong 4 KiB", rep.pingpong_4k);
+  }
+}
+
+// What the memcpy column copied: one thread, its working set on each side.
+void PrintMemcpyNote(const Report& rep, std::ostream& os) {
+  if (!HasBaseline(rep) || rep.base->memcpy_copied_bytes == 0) return;
+  const Baseline& b = *rep.base;
+  os << "memcpy: one thread over " << (b.memcpy_src_bytes >> 20) << " MiB -> "
+     << (b.memcpy_dst_bytes >> 20) << " MiB, " << (b.memcpy_copied_bytes >> 20)
+     << " MiB a round (thread 0's entries, repeated to span at least " << (kMemcpyWorkingSet >> 20)
+     << " MiB a side: larger than L3)\n";
 }
 
 // The ratios' line (or why there are no baselines) and --verify's count.
@@ -134,11 +153,17 @@ void PrintSummary(const Report& rep, std::ostream& os) {
       os << "   Ferry p50 / busy-poll RTT: " << Fixed(Ratio(rep.request_lat.p50, rep.rtt.p50), 2)
          << "x";
     }
+    if (HasPingPong(rep)) {
+      os << "   Ferry p50 / shm ping-pong 4 KiB: "
+         << Fixed(Ratio(rep.request_lat.p50, rep.pingpong_4k.p50), 2) << "x";
+    }
     double fc = f.cpu_per_gb(Sum(f.cpu_initiator, f.cpu_target));
     double bc = b.multi.bytes
                     ? Sum(b.cpu_multi_initiator, b.cpu_multi_target) / (b.multi.bytes / 1e9)
                     : kNaN;
     os << "   CPU / plain: " << Fixed(Ratio(fc, bc), 2) << "x\n";
+    PrintMemcpyNote(rep, os);
+    if (!b.pingpong_error.empty()) os << "shm ping-pong not measured: " << b.pingpong_error << "\n";
   } else if (rep.base) {
     os << "\n(baselines skipped: the target's control port is unknown; pass --control)\n";
   }
@@ -301,6 +326,12 @@ Json BaselineJson(const Report& rep, double ferry_cpu) {
       b.scatter.bytes ? Sum(b.cpu_scatter_initiator, b.cpu_scatter_target) / (b.scatter.bytes / 1e9)
                       : kNaN);
   base["memcpy_gbps"] = Figure(b.memcpy_gbps);
+  base["memcpy_working_set_bytes"] = {{"source", b.memcpy_src_bytes},
+                                      {"destination", b.memcpy_dst_bytes},
+                                      {"copied_per_round", b.memcpy_copied_bytes}};
+  base["shm_pingpong_8_us"] = HasPingPong(rep) ? LatencyJson(rep.pingpong_8) : Json(nullptr);
+  base["shm_pingpong_4k_us"] = HasPingPong(rep) ? LatencyJson(rep.pingpong_4k) : Json(nullptr);
+  if (!b.pingpong_error.empty()) base["shm_pingpong_error"] = b.pingpong_error;
   base["stream_seconds"] = Figure(b.stream_seconds);
   const bool split = b.multi.bytes && !rep.in_process;
   base["cpu_s_per_gb"] = {
@@ -313,6 +344,8 @@ Json BaselineJson(const Report& rep, double ferry_cpu) {
       {"vs_scatter", Figure(b.scatter.seconds > 0 ? Ratio(f.gbps(), b.scatter.gbps()) : kNaN)},
       {"vs_memcpy", Figure(Ratio(f.gbps(), b.memcpy_gbps))},
       {"p50_vs_rtt", Figure(Ratio(request_p50, rep.rtt.p50))},
+      {"p50_vs_shm_pingpong_4k",
+       Figure(HasPingPong(rep) ? Ratio(request_p50, rep.pingpong_4k.p50) : kNaN)},
       {"cpu_vs_socket", Figure(Ratio(ferry_cpu, multi_cpu))}};
   return base;
 }

@@ -21,6 +21,7 @@ struct Report {
   Percentiles batch_lat, request_lat;
   std::optional<Baseline> base;
   Percentiles rtt;
+  Percentiles pingpong_8, pingpong_4k;  // the shm ping-pong (count 0: not run)
   int streams = 0;
   bool in_process = false;
   // --prepared: `ferry` is the prepared phase; `plain` the plain batches of
