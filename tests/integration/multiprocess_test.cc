@@ -63,6 +63,8 @@ class MultiProcessBase : public ::testing::Test {
   // provider (the peers get the same: --fabric-provider).
   virtual std::string Transport() const { return "auto"; }
   virtual std::string FabricProvider() const { return ""; }
+  // Whether peers' buffers are shared memory (this process maps them).
+  virtual bool SharedPeers() const { return false; }
 
   void TearDown() override {
     for (auto& p : peers_) p->Kill();
@@ -95,6 +97,7 @@ class MultiProcessBase : public ::testing::Test {
                                      std::to_string(seed)};
     args.insert(args.end(), extra.begin(), extra.end());
     if (!FabricProvider().empty()) args.insert(args.end(), {"--fabric-provider", FabricProvider()});
+    if (SharedPeers()) args.insert(args.end(), {"--shared", "1"});
     const ::testing::AssertionResult started = p->Start(FERRY_TEST_PEER_PATH, args);
     EXPECT_TRUE(started);
     return started ? p : nullptr;
@@ -126,10 +129,13 @@ class MultiProcessTest : public MultiProcessBase,
   void SetUp() override { FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam()); }
   std::string Transport() const override { return TransportOf(GetParam()); }
   std::string FabricProvider() const override { return FabricProviderOf(GetParam()); }
+  bool SharedPeers() const override { return SharesTargetMemory(GetParam()); }
 };
 
+// "shm_mapped": shm with the peers' buffers in shared memory, which this
+// process maps and copies itself (docs/architecture.md, "Mapped segments").
 INSTANTIATE_TEST_SUITE_P(Transports, MultiProcessTest,
-                         ::testing::Values("shm", "tcp", "fabric_tcp"),
+                         ::testing::Values("shm", "shm_mapped", "tcp", "fabric_tcp"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });
@@ -413,6 +419,10 @@ std::vector<TransferRequest> MiBWrites(unsigned char* local, SegmentHandle seg,
 // killed: they fail with kUnavailable or kDeadlineExceeded by their deadline,
 // while the requests to a live peer in the same batch complete.
 TEST_P(MultiProcessTest, PeerKilledMidBatchFailsOnlyItsRequests) {
+  if (SharesTargetMemory(GetParam())) {
+    GTEST_SKIP() << "writes to a peer's shared memory need no answer from it: a frozen peer "
+                    "completes them (mapped_test.cc, CopiesNeedNoRequestToThePeer)";
+  }
   constexpr auto kTimeout = 3s;
   ASSERT_NO_FATAL_FAILURE(CreateEngine(Options(kTimeout)));
   constexpr uint64_t kSize = 16 * kMiB;
@@ -519,6 +529,10 @@ TEST_P(MultiProcessTest, PeerKilledRightAfterSubmit) {
 // A frozen (not dead) peer: its requests end at their deadline; once it
 // resumes, it can be used again.
 TEST_P(MultiProcessTest, HungPeerRequestsEndAtTheirDeadline) {
+  if (SharesTargetMemory(GetParam())) {
+    GTEST_SKIP() << "writes to a peer's shared memory need no answer from it: a frozen peer "
+                    "completes them (mapped_test.cc, CopiesNeedNoRequestToThePeer)";
+  }
   constexpr auto kTimeout = 5s;  // ample time for the in-flight checks below
   ASSERT_NO_FATAL_FAILURE(CreateEngine(Options(kTimeout)));
   constexpr uint64_t kSize = 4 * kMiB;
