@@ -159,6 +159,12 @@ struct TransportCaps {
   // keys) although peers reach memory without them (shm: the regions
   // same-host peers may map).
   bool sees_registrations = false;
+  // Whether a request outside every region of the peer's descriptor should
+  // fetch the descriptor again, once per submit, before it is posted (the
+  // peer may have registered the region since, with a key that helps):
+  // always where keys are needed (needs_region_keys); shm's keys let it map
+  // shared memory.
+  bool refresh_for_keys = false;
   // Largest slice; 0 = the engine's slice_size.
   uint32_t max_slice = 0;
   SliceOrder order = SliceOrder::kByDestination;

@@ -52,8 +52,9 @@ Status Submission::ResolveRoutes() {
     FERRY_RETURN_IF_ERROR(AssignRoutes());
     FERRY_ASSIGN_OR_RETURN(const bool changed, ConnectRoutes());
     // A transport with per-region keys cannot post a range outside the
-    // descriptor it has (the peer may have registered it since): fetch the
-    // descriptor again, once. Ranges still outside it fail in the transport.
+    // descriptor it has (the peer may have registered it since), and shm
+    // maps it only with its key: fetch the descriptor again, once. Ranges
+    // still outside it fail in the transport (or its target validates them).
     const bool missing_keys = attempt == 0 && !changed && MissingRegionKeys();
     // A second restart within one submit: its target validates.
     if (!(changed || missing_keys) || attempt == 1) return OkStatus();
@@ -125,12 +126,13 @@ StatusOr<bool> Submission::ConnectRoutes() {
 }
 
 // Marks stale the peers of requests outside every region the peer
-// published whose transport needs region keys; whether there were any.
+// published whose transport needs region keys (or is helped by them:
+// TransportCaps::refresh_for_keys); whether there were any.
 bool Submission::MissingRegionKeys() {
   bool missing = false;
   for (size_t i = 0; i < requests_.size(); ++i) {
-    if (region_of_[i] == kNoRegion &&
-        posts_[post_of_[i]].routed.transport->caps().needs_region_keys) {
+    const TransportCaps& caps = posts_[post_of_[i]].routed.transport->caps();
+    if (region_of_[i] == kNoRegion && (caps.needs_region_keys || caps.refresh_for_keys)) {
       segments_.MarkStale(*segs_[i]);
       missing = true;
     }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -146,6 +147,38 @@ TEST(MappedSegments, CopiesNeedNoRequestToThePeer) {
                     StatusIs(StatusCode::kUnavailable, HasSubstr("timed out"))));
   peer.Signal(SIGCONT);
   EXPECT_EQ(peer.Call("CHECK 5"), "OK");
+}
+
+uint64_t Fnv(const unsigned char* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// Memory the peer allocates after this engine fetched its descriptor is
+// still mapped: the first request outside every region it knows fetches the
+// descriptor again (once), and from then on copies need the peer no more.
+TEST(MappedSegments, RegionsRegisteredAfterTheHandshakeAreMappedToo) {
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS("shm");
+  PeerProcess peer;
+  ASSERT_TRUE(peer.Start(FERRY_TEST_PEER_PATH, {"--size", "65536", "--shared", "1"}));
+  AlignedBuffer src(kLen);
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(Shm()));
+  ASSERT_OK(engine->RegisterMemory(src.data(), kLen));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine->OpenSegment(peer.peer_id()));
+  ASSERT_OK(engine->TransferSync({Opcode::kWrite, src.data(), seg, peer.buffer_addr(), 4096}));
+  const std::string reply = peer.Call("SHARED " + std::to_string(kLen));
+  ASSERT_TRUE(reply.starts_with("SHARED 0x")) << reply;
+  const uint64_t late = std::stoull(reply.substr(7), nullptr, 16);
+  FillPattern(src.data(), kLen, 9, 0);
+  ASSERT_OK(engine->TransferSync({Opcode::kWrite, src.data(), seg, late, 4096}));  // refetches
+  ASSERT_TRUE(peer.Freeze());
+  EXPECT_OK(engine->TransferSync({Opcode::kWrite, src.data(), seg, late, kLen}));
+  peer.Signal(SIGCONT);
+  char addr[32];
+  std::snprintf(addr, sizeof(addr), "0x%llx", static_cast<unsigned long long>(late));
+  EXPECT_EQ(peer.Call("SUM " + std::string(addr) + " " + std::to_string(kLen)),
+            "SUM " + std::to_string(Fnv(src.data(), kLen)));
 }
 
 // A killed peer: the next transfer fails kUnavailable naming it, although

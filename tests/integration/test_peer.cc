@@ -27,6 +27,8 @@
 //       Waits (at most 20 s) for the notification <name>. A notification
 //       whose message is "CHECK <seed> <off> <len>" is checked the moment the
 //       peer first sees it, so NOTE tells whether the data was in place then.
+//   SHARED <size>                 -> SHARED <0x addr>    (Engine::AllocateShared, registered)
+//   SUM <0x addr> <len>           -> SUM <FNV-1a 64>     (of bytes of this process)
 //   QUIT                          -> BYE, then exits 0
 // Errors at start-up print "ERROR <text>" and exit 2.
 
@@ -315,11 +317,30 @@ __attribute__((no_sanitize("thread"), noinline)) void FillBufferFromAfar(unsigne
 }
 
 std::string HandleCommand(const std::string& line, unsigned char* buf, uint64_t size,
-                          NoteWatcher& notes, const GpuBuffer* gpu, bool* quit) {
+                          NoteWatcher& notes, const GpuBuffer* gpu, ferry::Engine* engine,
+                          bool* quit) {
   std::istringstream in(line);
   std::string cmd;
   in >> cmd;
   if (cmd == "PING") return "PONG";
+  if (cmd == "SHARED") {  // a new buffer from Engine::AllocateShared
+    uint64_t n = 0;
+    if (!(in >> n)) return "ERROR usage: SHARED <size>";
+    auto p = engine->AllocateShared(n);
+    if (!p.ok()) return "ERROR " + p.status().ToString();
+    char out[64];
+    std::snprintf(out, sizeof(out), "SHARED 0x%llx",
+                  static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(*p)));
+    return out;
+  }
+  if (cmd == "SUM") {  // FNV-1a of bytes of this process (a SHARED buffer)
+    uint64_t addr = 0, n = 0;
+    if (!(in >> std::hex >> addr >> std::dec >> n)) return "ERROR usage: SUM <hex addr> <len>";
+    const auto* p = reinterpret_cast<const unsigned char*>(addr);
+    uint64_t h = 1469598103934665603ull;
+    for (uint64_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+    return "SUM " + std::to_string(h);
+  }
   if (cmd == "QUIT") {
     *quit = true;
     return "BYE";
@@ -443,7 +464,7 @@ int main(int argc, char** argv) {
       while (!quit && (nl = pending.find('\n')) != std::string::npos) {
         const std::string line = pending.substr(0, nl);
         pending.erase(0, nl + 1);
-        Reply(HandleCommand(line, buffer, opt.size, notes, gpu.get(), &quit));
+        Reply(HandleCommand(line, buffer, opt.size, notes, gpu.get(), engine.get(), &quit));
       }
     }
   }

@@ -338,6 +338,9 @@ TransportCaps ShmCaps() {
   // Shared regions get a slot that same-host peers map them by
   // (mapped_segments.h); every region stays reachable without one.
   c.sees_registrations = true;
+  // A region registered after the descriptor was fetched has no key here
+  // yet: the core fetches the descriptor again (once per submit) first.
+  c.refresh_for_keys = true;
   return c;
 }
 
