@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "base/memory_registry.h"
+#include "base/transport.h"
 #include "common/net.h"
 #include "common/shared_mapping.h"
 #include "ferry/status.h"
@@ -201,6 +202,33 @@ class PeerMaps {
   std::mutex mu_;
   // By key; null: that key could not be mapped (asked once).
   std::unordered_map<uint64_t, std::shared_ptr<const MappedRegion>> maps_;  // guarded by mu_
+};
+
+// The initiator's link to a peer that publishes mapped segments: slices to
+// and from its shared regions are copied in Post, on the caller's thread,
+// through mappings of the same pages; every other slice, notifications and
+// flushes go through the stream link (`inner`) as before.
+class MappedLink : public PeerLink {
+ public:
+  MappedLink(std::shared_ptr<PeerLink> inner, std::shared_ptr<PeerMaps> maps)
+      : inner_(std::move(inner)), maps_(std::move(maps)) {}
+  void Post(const PostContext& ctx, std::vector<Slice> slices) override;
+  Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) override {
+    return inner_->Notify(body, deadline);  // mapped writes completed in Post
+  }
+  Status Flush(Clock::time_point deadline) override { return inner_->Flush(deadline); }
+  bool Healthy() const override { return inner_->Healthy(); }
+  bool Idle() const override { return inner_->Idle(); }
+  void Retire() override { inner_->Retire(); }
+
+ private:
+  // False once the peer process exited or its engine shut down (the slot
+  // table's header says so): its memory may still be mapped here, but
+  // nobody reads it any more.
+  bool PeerRuns() const { return inner_->Healthy() && maps_->PeerRuns(); }
+
+  const std::shared_ptr<PeerLink> inner_;
+  const std::shared_ptr<PeerMaps> maps_;
 };
 
 }  // namespace ferry::internal::shm

@@ -7,7 +7,6 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <random>
 
 #include "common/fd_limit.h"
@@ -37,88 +36,6 @@ bool ParseEndpoint(const std::string& ep, std::string* boot_id, std::string* soc
   *socket_name = ep.substr(slash + 1);
   return true;
 }
-
-// A same-host link whose peer publishes mapped segments: slices to and from
-// its shared regions are copied here, in Post, through mappings of the same
-// pages (mapped_segments.h); every other slice, notifications and flushes
-// go through the stream link as before.
-class MappedLink : public PeerLink {
- public:
-  MappedLink(std::shared_ptr<PeerLink> inner, std::shared_ptr<shm::PeerMaps> maps)
-      : inner_(std::move(inner)), maps_(std::move(maps)) {}
-
-  void Post(const PostContext& ctx, std::vector<Slice> slices) override {
-    if (!PeerRuns()) {  // the stream link reports the peer gone
-      inner_->Post(ctx, std::move(slices));
-      return;
-    }
-    std::vector<Slice> rest;
-    {
-      BatchState::Completer done(*ctx.batch);
-      const size_t n = slices.size();
-      size_t i = 0;
-      while (i < n) {
-        // A group of slices to one region of the peer (slices come sorted).
-        const uint32_t region = slices[i].remote_region;
-        size_t end = i + 1;
-        while (end < n && slices[end].remote_region == region) ++end;
-        std::shared_ptr<const shm::MappedRegion> m;
-        std::optional<uint64_t> key;
-        if (region != kNoRegion) key = ctx.peer->KeyOf(region, shm::kMapKey);
-        if (key) m = maps_->Find(*key);
-        if (m && !m->Begin()) {  // revoked since: the peer answers for it
-          maps_->Forget(*key);
-          m = nullptr;
-        }
-        if (!m) {
-          rest.insert(rest.end(), slices.begin() + static_cast<ptrdiff_t>(i),
-                      slices.begin() + static_cast<ptrdiff_t>(end));
-          i = end;
-          continue;
-        }
-        for (; i < end; ++i) {
-          const Slice& s = slices[i];
-          char* there = m->Translate(s.remote, s.length);
-          if (there == nullptr) {  // outside the region as mapped: the peer judges it
-            rest.push_back(s);
-            continue;
-          }
-          if (s.opcode == Opcode::kWrite) {
-            std::memcpy(there, s.local, s.length);
-          } else {
-            // A read stores into this engine's memory: not once its batch
-            // was cancelled (BatchState::BeginLanding).
-            if (!ctx.batch->BeginLanding()) {
-              done.Complete(s.request, 1, CancelledError("the request's batch was cancelled"));
-              continue;
-            }
-            std::memcpy(s.local, there, s.length);
-            ctx.batch->EndLanding();
-          }
-          done.Complete(s.request, 1, OkStatus());
-        }
-        m->End();
-      }
-    }
-    if (!rest.empty()) inner_->Post(ctx, std::move(rest));
-  }
-  Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) override {
-    return inner_->Notify(body, deadline);  // mapped writes completed in Post
-  }
-  Status Flush(Clock::time_point deadline) override { return inner_->Flush(deadline); }
-  bool Healthy() const override { return inner_->Healthy(); }
-  bool Idle() const override { return inner_->Idle(); }
-  void Retire() override { inner_->Retire(); }
-
- private:
-  // False once the peer process exited or its engine shut down (the slot
-  // table's header says so): its memory may still be mapped here, but
-  // nobody reads it any more.
-  bool PeerRuns() const { return inner_->Healthy() && maps_->PeerRuns(); }
-
-  const std::shared_ptr<PeerLink> inner_;
-  const std::shared_ptr<shm::PeerMaps> maps_;
-};
 
 class ShmTransport : public Transport {
  public:
@@ -308,7 +225,7 @@ class ShmTransport : public Transport {
                 "copies to and from " << info.Label() << " go through the peer: " << maps.status());
       return link;
     }
-    return std::make_shared<MappedLink>(std::move(link), *std::move(maps));
+    return std::make_shared<shm::MappedLink>(std::move(link), *std::move(maps));
   }
 
   const int streams_;

@@ -12,8 +12,10 @@
 // a stream that cannot do so is refused with the reason, so `auto` falls back
 // to tcp (see Engine) and a forced "shm" fails with that reason.
 // Files: shm_transport.cc (endpoint, connect), copy_service.* (the data
-// path on both sides), copy_frames.* (its frame bodies), same_host_probe.h
-// (whether this machine allows it at all).
+// path on both sides), copy_frames.* (its frame bodies), mapped_segments.*
+// (shared memory copied through mappings: the target's slot table, the
+// initiator's mappings and its MappedLink), same_host_probe.h (whether this
+// machine allows it at all).
 #pragma once
 
 #include <memory>
