@@ -55,6 +55,7 @@ PLUGINS["POSIX"] = (["FILE"], {})
 _MAGIC = b"FERRY-NIXL\x02"
 _ALL = 0xFFFFFFFF
 _REGION = struct.Struct("<QQI")
+_ADDRESS_END = (1 << 64) - 1  # a region's end must fit a uint64
 
 
 def _translate(error: ferry.FerryError) -> Exception:
@@ -412,6 +413,8 @@ class nixlAgent:
                 if at + count * _REGION.size > len(data):
                     raise ValueError("truncated")
                 rows = [_REGION.unpack_from(data, at + k * _REGION.size) for k in range(count)]
+                if any(a + n > _ADDRESS_END for a, n, _m in rows):
+                    raise ValueError("a region past the end of the address space")
                 at += count * _REGION.size
                 regions = np.array([(a, a + n) for a, n, _m in rows],
                                    dtype=np.uint64).reshape(-1, 2)

@@ -438,6 +438,25 @@ def test_damaged_metadata_is_refused_cleanly(agents):
     b.deregister_memory(reg)
 
 
+def test_partial_metadata_with_a_region_past_the_address_space_is_refused(agents):
+    """A listed region whose end does not fit 64 bits (what a damaged length
+    prefix reads as a region) is refused as damaged metadata, not an OverflowError."""
+    import struct
+    b = agents("md-b")
+    buf = np.zeros(4096, np.uint8)
+    reg = b.register_memory([(buf.ctypes.data, 4096, 0, "")], "DRAM")
+    part = bytearray(b.get_partial_agent_metadata(
+        b.get_reg_descs([(buf.ctypes.data, 4096, 0, "")], "DRAM")))
+    at = len(b"FERRY-NIXL\x02")
+    for _ in range(2):  # name, peer id
+        at += 4 + struct.unpack_from("<I", part, at)[0]
+    assert struct.unpack_from("<I", part, at)[0] == 1  # one region row follows
+    struct.pack_into("<Q", part, at + 4, (1 << 64) - 100)  # its address
+    with pytest.raises(nixlInvalidParamError, match="damaged"):
+        agents("md-c").add_remote_agent(bytes(part))
+    b.deregister_memory(reg)
+
+
 def test_invalid_params_not_found_and_telemetry_off(spawn, agents):
     prefill = start_peer(spawn, "prefill-bad", seed=5)
     a = agents("decode-bad")  # no capture_telemetry
