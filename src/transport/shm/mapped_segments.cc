@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
-#include <cstring>
 #include <thread>
 
 #include "common/fd_limit.h"
@@ -252,64 +251,6 @@ StatusOr<std::shared_ptr<const MappedRegion>> PeerMaps::Map(uint32_t index, uint
     return NotFoundError(what + " was unregistered while it was being mapped");
   }
   return std::make_shared<const MappedRegion>(&s, generation, addr, std::move(m));
-}
-
-// ---- the initiator's link -----------------------------------------------------
-
-void MappedLink::Post(const PostContext& ctx, std::vector<Slice> slices) {
-  if (!PeerRuns()) {  // the stream link reports the peer gone
-    inner_->Post(ctx, std::move(slices));
-    return;
-  }
-  std::vector<Slice> rest;
-  {
-    BatchState::Completer done(*ctx.batch);
-    const size_t n = slices.size();
-    size_t i = 0;
-    while (i < n) {
-      // A group of slices to one region of the peer (slices come sorted).
-      const uint32_t region = slices[i].remote_region;
-      size_t end = i + 1;
-      while (end < n && slices[end].remote_region == region) ++end;
-      std::shared_ptr<const MappedRegion> m;
-      std::optional<uint64_t> key;
-      if (region != kNoRegion) key = ctx.peer->KeyOf(region, kMapKey);
-      if (key) m = maps_->Find(*key);
-      if (m && !m->Begin()) {  // revoked since: the peer answers for it
-        maps_->Forget(*key);
-        m = nullptr;
-      }
-      if (!m) {
-        rest.insert(rest.end(), slices.begin() + static_cast<ptrdiff_t>(i),
-                    slices.begin() + static_cast<ptrdiff_t>(end));
-        i = end;
-        continue;
-      }
-      for (; i < end; ++i) {
-        const Slice& s = slices[i];
-        char* there = m->Translate(s.remote, s.length);
-        if (there == nullptr) {  // outside the region as mapped: the peer judges it
-          rest.push_back(s);
-          continue;
-        }
-        if (s.opcode == Opcode::kWrite) {
-          std::memcpy(there, s.local, s.length);
-        } else {
-          // A read stores into this engine's memory: not once its batch
-          // was cancelled (BatchState::BeginLanding).
-          if (!ctx.batch->BeginLanding()) {
-            done.Complete(s.request, 1, CancelledError("the request's batch was cancelled"));
-            continue;
-          }
-          std::memcpy(s.local, there, s.length);
-          ctx.batch->EndLanding();
-        }
-        done.Complete(s.request, 1, OkStatus());
-      }
-      m->End();
-    }
-  }
-  if (!rest.empty()) inner_->Post(ctx, std::move(rest));
 }
 
 }  // namespace ferry::internal::shm

@@ -204,7 +204,8 @@ class PeerMaps {
   std::unordered_map<uint64_t, std::shared_ptr<const MappedRegion>> maps_;  // guarded by mu_
 };
 
-// The initiator's link to a peer that publishes mapped segments: slices to
+// The initiator's link to a peer that publishes mapped segments (its Post:
+// mapped_link.cc): slices to
 // and from its shared regions are copied in Post, on the caller's thread,
 // through mappings of the same pages; every other slice, notifications and
 // flushes go through the stream link (`inner`) as before.

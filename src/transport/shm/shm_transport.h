@@ -14,8 +14,8 @@
 // Files: shm_transport.cc (endpoint, connect), copy_service.* (the data
 // path on both sides), copy_frames.* (its frame bodies), mapped_segments.*
 // (shared memory copied through mappings: the target's slot table, the
-// initiator's mappings and its MappedLink), same_host_probe.h (whether this
-// machine allows it at all).
+// initiator's mappings; mapped_link.cc: the initiator's MappedLink), same_host_probe.h (whether
+// this machine allows it at all).
 #pragma once
 
 #include <memory>
