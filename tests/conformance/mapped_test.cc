@@ -228,13 +228,24 @@ TEST(MappedSegments, UnregisterWaitsForCopiesAndRefusesLaterOnes) {
       }
     }
   });
-  while (written.load() < 3) std::this_thread::yield();
-  ASSERT_OK(target->UnregisterMemory(target_buf.data()));
+  // Bounded waits: a writer that is never refused fails the test, not hangs it.
+  const auto deadline = std::chrono::steady_clock::now() + kWaitTimeout;
+  auto waits_for = [&](const std::atomic<int>& n) {
+    while (n.load() < 3 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    return n.load() >= 3;
+  };
+  if (!waits_for(written)) {  // join the writer before failing
+    stop.store(true);
+    writer.join();
+    FAIL() << "the writer never completed 3 writes";
+  }
+  EXPECT_OK(target->UnregisterMemory(target_buf.data()));
   std::vector<unsigned char> at_return(target_buf.data(), target_buf.data() + kBig);
   // Let the writer be refused a few times after the return.
-  while (refused.load() < 3) std::this_thread::yield();
+  const bool were_refused = waits_for(refused);
   stop.store(true);
   writer.join();
+  EXPECT_TRUE(were_refused) << "writes after UnregisterMemory returned were not refused";
   EXPECT_EQ(std::memcmp(at_return.data(), target_buf.data(), kBig), 0)
       << "bytes landed after UnregisterMemory returned";
   EXPECT_THAT(initiator->TransferSync({Opcode::kWrite, src.data(), seg, remote, kBig}),

@@ -97,7 +97,7 @@ class SlotTable {
       uint32_t slots = kMapSlots, std::chrono::milliseconds revoke_wait = kRevokeWait);
   ~SlotTable();
   // What this engine advertises as kMapEndpoint.
-  std::string Endpoint() const;
+  const std::string& Endpoint() const { return endpoint_; }
   // The key peers map `region` by, or nullopt (not shared memory, not
   // exported, or the table is full: peers then copy through this engine).
   std::optional<uint64_t> Publish(const Region& region);
@@ -119,6 +119,7 @@ class SlotTable {
   const SharedMemory mem_;
   const uint32_t slots_;
   const std::chrono::milliseconds revoke_wait_;
+  const std::string endpoint_;
   std::mutex mu_;
   std::vector<uint32_t> free_;  // guarded by mu_
   uint32_t next_ = 1;           // first never-used slot (0: header); guarded by mu_
