@@ -28,6 +28,10 @@
 #    Depends, and its files unpacked with dpkg -x; the consumer's CMake
 #    project finds Ferry in the unpacked /usr too. Skipped, saying so,
 #    where dpkg-deb is missing.
+# 5. The .deb installed with `apt-get install`, used (ferry info, Python,
+#    the consumer against /usr), removed and purged, on a throwaway overlay of
+#    this machine (tests/install/apt_test.sh). Skipped, saying so, unless root
+#    with unshare and overlayfs.
 # Prints each step; exits 1 naming the first thing that was wrong.
 set -euo pipefail
 
@@ -38,21 +42,9 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/ferry-install-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 prefix="$work/prefix"
 
-step() { echo "install-test: $*"; }
-fail() {
-  echo "install-test: FAILED: $*" >&2
-  exit 1
-}
-# run LOG COMMAND...: runs COMMAND quietly; on failure prints its output and fails.
-run() {
-  local log="$work/$1"
-  shift
-  "$@" >"$log" 2>&1 || {
-    cat "$log" >&2
-    fail "$*"
-  }
-}
-need_file() { [ -f "$1" ] || fail "missing ${1#"$work"/}"; }
+# step, fail, run, need_file and pair (the consumer's two processes).
+# shellcheck source=tests/install/lib.sh
+source "$src/tests/install/lib.sh"
 
 version=$(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$build/CMakeCache.txt")
 [ -n "$version" ] || fail "no CMAKE_PROJECT_VERSION in $build/CMakeCache.txt"
@@ -149,28 +141,6 @@ for bin in "$cmake_bin/consumer_static" "$pc_bin/consumer_static"; do
   ! readelf -d "$bin" | grep -q "NEEDED.*libferry" || fail "$bin needs libferry.so"
 done
 
-# pair TARGET INITIATOR: the two processes; the target's verdict last.
-pair() {
-  local target=$1 initiator=$2 banner ready peer source sink length result
-  step "pair: ${target#"$work"/} serves ${initiator#"$work"/} over tcp"
-  coproc TARGET { exec "$target" target; }
-  local out=${TARGET[0]} in=${TARGET[1]} pid=$TARGET_PID
-  read -t 60 -r -u "$out" banner || fail "the target printed nothing"
-  [ "$banner" = "ferry $version" ] || fail "the target says '$banner', not 'ferry $version'"
-  read -t 60 -r -u "$out" ready peer source sink length || fail "the target did not start"
-  [ "$ready" = READY ] || fail "the target: $ready $peer $source $sink $length"
-  "$initiator" initiator "$peer" "$source" "$sink" "$length" >"$work/initiator.log" 2>&1 || {
-    cat "$work/initiator.log" >&2
-    kill "$pid" 2>/dev/null
-    fail "the initiator ($initiator)"
-  }
-  sed 's/^/  /' "$work/initiator.log"
-  echo check >&"$in"
-  read -t 60 -r -u "$out" result || result="(nothing)"
-  wait "$pid" || fail "the target exited non-zero: $result"
-  [ "$result" = "SINK OK" ] || fail "the target: $result"
-  echo "  target: $result"
-}
 pair "$cmake_bin/consumer_shared" "$pc_bin/consumer_shared"
 pair "$pc_bin/consumer_static" "$cmake_bin/consumer_static"
 
@@ -208,4 +178,13 @@ run deb-configure.log cmake -S "$work/consumer" -B "$work/consumer/build-deb" \
 grep -q "Ferry $version from $deb_lib/cmake/Ferry" "$work/deb-configure.log" ||
   fail "the consumer did not find Ferry in the unpacked package"
 step "$(basename "$deb"): $(dpkg-deb -c "$deb" | wc -l) entries; Depends: $depends"
+
+# ---- 5. apt install, use, remove (tests/install/apt_test.sh) ------------------
+# On a throwaway overlay of this machine: needs root, unshare and overlayfs.
+if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null || ! command -v apt-get >/dev/null ||
+  ! grep -qw overlay /proc/filesystems; then
+  step "not root, or no unshare, apt-get or overlayfs here: the .deb is not installed with apt"
+else
+  bash "$src/tests/install/apt_test.sh" "$deb" "$version" "$work" || fail "the .deb installed with apt (above)"
+fi
 step "passed"
