@@ -36,6 +36,7 @@ if [ "${1:-}" != --inside ]; then
   ovl="$work/overlay"
   mkdir -p "$ovl"
   # The mounts below live in the new namespace only and end with it.
+  # shellcheck disable=SC2016 # expanded by the inner shell
   exec unshare --mount --propagation private bash -euc '
     ovl=$1 work=$2 src=$3
     shift 3

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2154 # work and version: set by the scripts that source this
 # Shared by install_test.sh and apt_test.sh (sourced). They set `work` (the
 # temporary folder) and `version` (Ferry's) before calling these.
 
