@@ -151,7 +151,10 @@ struct FERRY_API EngineOptions {
   // A link to a peer with no request for this long is closed by this engine
   // (the initiator; the peer then closes its end) and opened again by the
   // next request, which never notices: a request racing the close goes on a
-  // new link. 0 = never.
+  // new link. As the target of a peer's link, this engine asks the peer to
+  // close it after as long without a request there (it keeps serving until
+  // the peer does). 0 = never (this engine still closes links its peers ask
+  // it to).
   std::chrono::milliseconds idle_link_timeout{300000};
   // Most links to peers this engine keeps open (0 = no limit). Past it the
   // least recently used idle link is closed to make room; when every link

@@ -127,6 +127,11 @@ class PeerLink {
   // cannot tell keep the default and are never closed for idleness
   // (EngineOptions::idle_link_timeout, max_peer_links).
   virtual bool Idle() const { return false; }
+  // True once the peer asked to close this link (it had no request there for
+  // the peer's idle_link_timeout): it still works, and the core closes it as
+  // it closes an idle link (no caller using it, Idle()), at the next request
+  // or sweep, and opens a new one for what follows.
+  virtual bool Closing() const { return false; }
   // Lets in-flight work finish, then releases the link's resources.
   virtual void Retire() = 0;
 };

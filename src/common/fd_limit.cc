@@ -40,6 +40,12 @@ FdLimits RaiseFdLimit() {
   return GetFdLimits();
 }
 
+bool OutOfDescriptors() {
+  const FdLimits l = GetFdLimits();
+  const int64_t open = OpenFdCount();
+  return l.soft > 0 && open >= 0 && static_cast<uint64_t>(open) >= l.soft;
+}
+
 int64_t OpenFdCount() {
   const FdLimits l = GetFdLimits();
   if (l.soft == 0) return -1;

@@ -33,6 +33,11 @@ FdLimits RaiseFdLimit();
 // cannot tell.
 int64_t OpenFdCount();
 
+// Whether every descriptor the soft limit allows is in use now: for calls
+// inside other libraries (the metadata stores' HTTP and Redis clients) that
+// report a failed connect without the errno, asked right after the failure.
+bool OutOfDescriptors();
+
 // The Status of a call that failed to create a descriptor with `err`:
 // EMFILE and ENFILE are kResourceExhausted ("<what>: out of file
 // descriptors: 1024 of the soft limit RLIMIT_NOFILE = 1024 in use (hard

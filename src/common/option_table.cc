@@ -234,7 +234,8 @@ constexpr Row kRows[] = {
         "leave it"),
     OrZero(Integer<&EngineOptions::idle_link_timeout>(
                "idle_link_timeout", "FERRY_IDLE_LINK_TIMEOUT_MS", kEngine, "ms", 1, kDayMs,
-               "a link to a peer with no request for this long is closed, and opened again by the "
+               "a link to a peer with no request for this long is closed (by this engine if it "
+               "opened it, else at this engine's request by the peer), and opened again by the "
                "next request (which does not notice)"),
            "never"),
     OrZero(Integer<&EngineOptions::max_peer_links>(

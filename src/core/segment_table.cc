@@ -315,6 +315,16 @@ StatusOr<Routed> SegmentTable::ConnectLocked(Segment& seg, MemoryKind local, Mem
     FERRY_ASSIGN_OR_RETURN(Segment::Route * route, RouteOf(seg, local, remote));
     Transport* transport = route->transport;
     if (Segment::Link* link = seg.LinkOf(transport)) {
+      if (link->link->Closing() && link->use->users.load(std::memory_order_acquire) == 0 &&
+          link->link->Idle()) {
+        // The peer asked to close it and nothing uses it: as an idle close
+        // (no lease can start meanwhile: this is under the segment's lock).
+        FERRY_LOG(kDebug, "closing the link to " << seg.name() << ": the peer asked (idle there)");
+        seg.DropLink(transport);
+        seg.reopen_ = true;
+        metrics_.AddLinkClosedIdle();
+        continue;
+      }
       if (link->link->Healthy()) return Routed{link->link, transport, {}, nullptr, Lease(*link)};
       seg.RetireLinks();
       FERRY_RETURN_IF_ERROR(Handshake(seg));
@@ -352,7 +362,7 @@ StatusOr<Routed> SegmentTable::ConnectLocked(Segment& seg, MemoryKind local, Mem
     seg.links_.push_back({transport, live, std::make_shared<LinkUse>()});
     seg.links_.back().use->last_used_ns.store(NowNs(), std::memory_order_relaxed);
     metrics_.AddLinkOpened();
-    if (options_.idle_link_timeout.count() > 0) StartSweeper();
+    StartSweeper();
     return Routed{live, transport, {}, nullptr, Lease(seg.links_.back())};
   }
 }
@@ -450,11 +460,14 @@ void SegmentTable::SweepIdle() {
       const Segment::Link& l = seg->links_[i];
       // users == 0 under the segment's lock: nobody posts on the link, and
       // nobody can start to (a lease is only taken under this lock).
-      if (l.use->users.load(std::memory_order_acquire) == 0 &&
-          now - l.use->last_used_ns.load(std::memory_order_relaxed) >= timeout_ns &&
+      // Idle for our timeout, or the peer's (it asked to close the link).
+      const bool timed_out =
+          timeout_ns > 0 && now - l.use->last_used_ns.load(std::memory_order_relaxed) >= timeout_ns;
+      if (l.use->users.load(std::memory_order_acquire) == 0 && (timed_out || l.link->Closing()) &&
           l.link->Idle()) {
         FERRY_LOG(kDebug, "closing the link to " << seg->name() << ": idle for "
-                                                 << options_.idle_link_timeout.count() << " ms");
+                                                 << options_.idle_link_timeout.count()
+                                                 << " ms here, or the peer asked");
         seg->CloseLink(i);
         seg->reopen_ = true;
         metrics_.AddLinkClosedIdle();
@@ -471,9 +484,14 @@ void SegmentTable::StartSweeper() {
   std::lock_guard<std::mutex> lock(sweep_mu_);
   if (sweeper_.joinable() || sweep_stop_) return;
   // A link is closed between one and 1.25 timeouts after its last use
-  // (at least every second, so long timeouts are not late by minutes).
-  const auto period = std::clamp<std::chrono::milliseconds>(
-      options_.idle_link_timeout / 4, std::chrono::milliseconds(1), std::chrono::seconds(1));
+  // (at least every second, so long timeouts are not late by minutes), and
+  // within a second of its peer asking (PeerLink::Closing) — with no
+  // timeout of ours (idle_link_timeout 0) the sweeper does only that.
+  const auto period = options_.idle_link_timeout.count() == 0
+                          ? std::chrono::milliseconds(std::chrono::seconds(1))
+                          : std::clamp<std::chrono::milliseconds>(options_.idle_link_timeout / 4,
+                                                                  std::chrono::milliseconds(1),
+                                                                  std::chrono::seconds(1));
   sweeper_ = std::thread([this, period] {
     std::unique_lock<std::mutex> l(sweep_mu_);
     while (!sweep_stop_) {

@@ -188,8 +188,9 @@ class SegmentTable {
   void RetireAll();
   // Links open now, over every segment.
   size_t OpenLinks() const { return open_links_.load(std::memory_order_relaxed); }
-  // Closes every link idle for idle_link_timeout (the sweeper thread calls
-  // it; a segment busy connecting is skipped until the next sweep).
+  // Closes every link idle for idle_link_timeout, or whose peer asked to
+  // close it, that nobody uses (the sweeper thread calls it; a segment busy
+  // connecting is skipped until the next sweep).
   void SweepIdle();
 
  private:

@@ -314,6 +314,7 @@ class StagingLink : public PeerLink {
   // Every staged slice holds the inner link until it is posted and done;
   // only Post makes new ones, and the core asks while nobody posts.
   bool Idle() const override { return inner_.use_count() == 1 && inner_->Idle(); }
+  bool Closing() const override { return inner_->Closing(); }
   void Retire() override { inner_->Retire(); }
 
  private:

@@ -26,7 +26,10 @@ struct TransportContext {
   // every connection this engine opens and required of every one it accepts.
   std::shared_ptr<const ClusterSecret> secret;
 
-  stream::HelloPolicy hello_policy() const { return {target, wire_min, wire_max}; }
+  stream::HelloPolicy hello_policy() const {
+    return {target, wire_min, wire_max,
+            options != nullptr ? options->idle_link_timeout : std::chrono::milliseconds(0)};
+  }
   stream::Credentials credentials() const { return {secret, peer_id}; }
 };
 

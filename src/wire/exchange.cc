@@ -6,9 +6,10 @@ namespace ferry::wire {
 
 StatusOr<std::string> Exchange(int fd, FrameType type, std::string_view body, FrameType reply_type,
                                std::chrono::steady_clock::time_point deadline,
-                               std::string_view prefix) {
+                               std::string_view prefix, uint16_t flags) {
   FrameHeader h;
   h.type = type;
+  h.flags = flags;
   h.seq = 1;
   std::string frame(prefix);
   frame += BuildFrame(h, body);

@@ -26,6 +26,7 @@ bool KnownType(uint8_t t) {
     case FrameType::kCopyReturn:
     case FrameType::kAck:
     case FrameType::kReadData:
+    case FrameType::kGoAway:
       return true;
   }
   return false;

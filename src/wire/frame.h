@@ -51,7 +51,18 @@ enum class FrameType : uint8_t {
   // fabric_messages.h, not with this frame.)
   kAck = 20,
   kReadData = 21,  // reply to kRead
+  // Target -> initiator on a served stream, no body, seq 0: the stream had no
+  // request for the target's idle_link_timeout; the initiator closes it once
+  // nothing of its own is in flight on the link and opens a new link for
+  // later requests. Frames sent meanwhile are still served. Sent only to
+  // initiators whose hello carried kHelloFlagGoAway.
+  kGoAway = 22,
 };
+
+// Flags of a stream's hello frame (kStreamHello, kCopyHello; other frames
+// send 0, and a receiver ignores flags it does not know).
+// The initiator handles kGoAway on this stream.
+inline constexpr uint16_t kHelloFlagGoAway = 0x1;
 
 struct FrameHeader {
   uint8_t version = 0;  // 0 for handshake/hello frames, else the negotiated wire version

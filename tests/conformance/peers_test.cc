@@ -53,6 +53,19 @@ int FdsOf(pid_t pid) {
   return ec ? -1 : n;
 }
 
+// Sockets open in this process (-1 if it cannot tell).
+int SocketsOfThisProcess() {
+  std::error_code ec;
+  int n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    std::error_code link_ec;
+    const std::string target = std::filesystem::read_symlink(it->path(), link_ec).string();
+    if (!link_ec && target.rfind("socket:", 0) == 0) ++n;
+  }
+  return ec ? -1 : n;
+}
+
 // Writes `len` bytes of pattern `seed` from `src` to `remote` and reads them
 // back into `back`; both must succeed and the bytes match.
 ::testing::AssertionResult RoundTrip(Engine& e, SegmentHandle seg, unsigned char* src,
@@ -125,20 +138,23 @@ TEST_P(IdleLinks, ClosedWhenIdleAndReopenedUnnoticed) {
   EXPECT_GE(m.links_opened, 5u);
 }
 
-// Posts from many threads while links close after 1 ms without a request:
-// a post that races a close goes on a new link, and no request fails. The
-// threads post in bursts; between bursts all of them pause for 0 to 2.1 ms,
-// so the link goes idle and the sweeper (every 1 ms) closes it around the
-// time the next burst begins. What is asserted is that every request
-// succeeded with its bytes, not how many links closed.
-TEST_P(IdleLinks, CloseRacingPostsLosesNoRequest) {
-  FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
-  EngineOptions i = ConformanceOptions(GetParam());
-  i.idle_link_timeout = std::chrono::milliseconds(1);
+// Posts from many threads while links close after 1 ms without a request —
+// closed by the initiator (its idle_link_timeout) or at the target's request
+// (the target's: kGoAway): a post that races a close goes on a new link, and
+// no request fails. The threads post in bursts; between bursts all of them
+// pause for 0 to 2.1 ms, so the link goes idle and is closed around the time
+// the next burst begins. What is asserted is that every request succeeded
+// with its bytes, not how many links closed.
+void RaceClosesWithPosts(const std::string& transport, std::chrono::milliseconds initiator_timeout,
+                         std::chrono::milliseconds target_timeout) {
+  EngineOptions i = ConformanceOptions(transport);
+  i.idle_link_timeout = initiator_timeout;
+  EngineOptions t = ConformanceOptions(transport);
+  t.idle_link_timeout = target_timeout;
   EnginePair pair;
-  pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
-  pair.Start(i, ConformanceOptions(GetParam()));
-  if (HasFatalFailure()) return;
+  pair.ShareTargetMemory(SharesTargetMemory(transport));
+  pair.Start(i, t);
+  if (::testing::Test::HasFatalFailure()) return;
   constexpr int kThreads = 6, kRounds = 80;
   constexpr size_t kSlot = 16 * 1024;
   unsigned char* src = pair.Alloc(kThreads * kSlot, &pair.initiator());
@@ -167,15 +183,66 @@ TEST_P(IdleLinks, CloseRacingPostsLosesNoRequest) {
       }
     });
   }
-  for (auto& t : threads) t.join();
+  for (auto& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
   // At least one close happened (here, after the threads: bounded wait).
   ASSERT_TRUE(WaitFor([&] { return pair.initiator().GetMetrics().links_closed_idle > 0; }));
   const EngineMetrics m = pair.initiator().GetMetrics();
   EXPECT_EQ(m.links_opened, m.links_closed_idle + m.peer_links_open);
-  std::printf("[ info ] %s: %llu links opened, %llu closed idle\n", GetParam().c_str(),
+  std::printf("[ info ] %s: %llu links opened, %llu closed idle\n", transport.c_str(),
               static_cast<unsigned long long>(m.links_opened),
               static_cast<unsigned long long>(m.links_closed_idle));
+}
+
+TEST_P(IdleLinks, CloseRacingPostsLosesNoRequest) {
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
+  RaceClosesWithPosts(GetParam(), std::chrono::milliseconds(1), std::chrono::milliseconds(0));
+}
+
+TEST_P(IdleLinks, ClosesTheTargetAsksForRacingPostsLoseNoRequest) {
+  if (GetParam() == "local") GTEST_SKIP() << "a local link has no stream for the target to close";
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
+  RaceClosesWithPosts(GetParam(), std::chrono::milliseconds(0), std::chrono::milliseconds(1));
+}
+
+// The target closes idle links too: an initiator that never closes one
+// itself (idle_link_timeout 0) is asked to by the target after the target's
+// timeout (kGoAway), closes it (the sweeper, within a second), both ends'
+// descriptors are released, and the next request opens a new link unnoticed.
+TEST_P(IdleLinks, TargetAsksAnInitiatorThatNeverClosesToClose) {
+  if (GetParam() == "local") GTEST_SKIP() << "a local link has no stream for the target to close";
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
+  EngineOptions i = ConformanceOptions(GetParam());
+  i.idle_link_timeout = std::chrono::milliseconds(0);
+  EngineOptions t = ConformanceOptions(GetParam());
+  t.idle_link_timeout = std::chrono::milliseconds(20);
+  EnginePair pair;
+  pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
+  pair.Start(i, t);
+  if (HasFatalFailure()) return;
+  constexpr size_t kLen = 64 * 1024;
+  unsigned char* src = pair.Alloc(kLen, &pair.initiator());
+  unsigned char* back = pair.Alloc(kLen, &pair.initiator());
+  unsigned char* dst = pair.Alloc(kLen, &pair.target());
+  ASSERT_NE(src, nullptr);
+  ASSERT_NE(back, nullptr);
+  ASSERT_NE(dst, nullptr);
+  const uint64_t remote = reinterpret_cast<uintptr_t>(dst);
+  // Both engines live in this process: its sockets before any link, and
+  // after each link closed (both ends).
+  const int no_link = SocketsOfThisProcess();
+  ASSERT_GT(no_link, 0);
+  for (uint64_t round = 1; round <= 2; ++round) {
+    ASSERT_TRUE(RoundTrip(pair.initiator(), pair.segment(), src, back, remote, kLen, round));
+    ASSERT_TRUE(WaitFor([&] { return pair.initiator().GetMetrics().links_closed_idle == round; }))
+        << "round " << round << ": the link the target asked to close is still open";
+    EXPECT_EQ(pair.initiator().GetMetrics().peer_links_open, 0u);
+    EXPECT_TRUE(WaitFor([&] { return SocketsOfThisProcess() <= no_link; }))
+        << "round " << round << ": " << SocketsOfThisProcess() << " sockets open, " << no_link
+        << " before the link";
+  }
+  ASSERT_TRUE(RoundTrip(pair.initiator(), pair.segment(), src, back, remote, kLen, 3));
+  EXPECT_EQ(pair.initiator().GetMetrics().links_opened, 3u);
 }
 
 // GPU memory of the initiator, staged through page-locked buffers (the

@@ -12,6 +12,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -429,6 +430,40 @@ TEST_P(MetadataStoreTest, EnginesInSeparateProcessesFindEachOtherByNameAndMoveVe
   ASSERT_OK(prefill->TransferSync({Opcode::kRead, back.data(), seg, decode->addr, kBufferSize}));
   EXPECT_EQ(DescribePatternMismatch(back.data(), half, 11, 0), "");
   EXPECT_EQ(DescribePatternMismatch(back.data() + half, half, 22, half), "");
+}
+
+// A process out of file descriptors cannot open a connection to the
+// metadata service: RESOURCE_EXHAUSTED naming the limit and what to raise
+// (as for peer links, docs/architecture.md "Peer links"), not UNAVAILABLE,
+// and the same call works once the limit is back.
+TEST_P(MetadataStoreTest, OutOfDescriptorsIsResourceExhaustedNamingTheLimit) {
+  if (GetParam() == "redis") {
+    GTEST_SKIP() << "the Redis client keeps its one connection open: a lookup opens no descriptor";
+  }
+  auto target = MakeEngine("fd-target");
+  auto initiator = MakeEngine("fd-initiator");
+  ASSERT_TRUE(target && initiator);
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  // The lowest free descriptor number becomes the limit: the next one this
+  // process makes fails with EMFILE.
+  const int probe = dup(0);
+  ASSERT_GE(probe, 0);
+  close(probe);
+  rlimit low = saved;
+  low.rlim_cur = static_cast<rlim_t>(probe);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  struct Restore {
+    rlimit r;
+    ~Restore() { setrlimit(RLIMIT_NOFILE, &r); }
+  } restore{saved};
+  const Status s = initiator->OpenSegment("fd-target").status();
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  // Checked once the limit is back (UBSan's vptr check needs a descriptor).
+  EXPECT_THAT(s, StatusIs(StatusCode::kResourceExhausted, HasSubstr("RLIMIT_NOFILE")));
+  EXPECT_THAT(s, IsError(HasSubstr("cannot reach the")));  // the service, by its URL
+  EXPECT_THAT(s, IsError(HasSubstr("raise")));
+  EXPECT_OK(initiator->OpenSegment("fd-target").status());
 }
 
 TEST_P(MetadataStoreTest, SecondLiveEngineClaimingANameFailsNamingTheHolder) {

@@ -31,6 +31,7 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <map>
@@ -41,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/fd_limit.h"
 #include "common/log.h"
 #include "metadata/entries.h"
 #include "metadata/metadata.h"
@@ -307,6 +309,9 @@ class EtcdStore : public MetadataStore {
         SetTimeouts(client, std::min(share, left));
         client.set_keep_alive(false);
         httplib::Result r = client.Post(path, text, "application/json");
+        if (!r && r.error() == httplib::Error::Connection && OutOfDescriptors()) {
+          return {DescriptorError(StatusCode::kUnavailable, "cannot reach " + where_, EMFILE), {}};
+        }
         if (!r) {
           error = httplib::to_string(r.error());
         } else {

@@ -19,6 +19,7 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -26,6 +27,7 @@
 #include <set>
 #include <vector>
 
+#include "common/fd_limit.h"
 #include "common/log.h"
 #include "metadata/entries.h"
 #include "metadata/metadata.h"
@@ -120,7 +122,8 @@ std::string QueryEscape(std::string_view s) {
 
 // One answer of the service, or why there was none.
 struct Reply {
-  std::string error;  // non-empty: no answer (unreachable, timed out, too large)
+  std::string error;        // non-empty: no answer (unreachable, timed out, too large)
+  bool out_of_fds = false;  // with error: this process had no descriptor left
   int status = 0;
   std::string body;
   std::string ttl;  // X-Ferry-TTL-Ms, if any
@@ -152,7 +155,7 @@ class HttpStore : public MetadataStore {
     }
     if (!claimed) {
       Reply r = Call("GET", key, "", write_timeout_);
-      if (!r.error.empty()) return Unreachable("GET", key, r.error);
+      if (!r.error.empty()) return Unreachable("GET", key, r);
       if (r.status == 200) {
         FERRY_RETURN_IF_ERROR(CheckClaim(self, key, r.body, where_));
       } else if (r.status != 404) {
@@ -160,7 +163,7 @@ class HttpStore : public MetadataStore {
       }
     }
     Reply r = Call("PUT", key, bytes, write_timeout_);
-    if (!r.error.empty()) return Unreachable("PUT", key, r.error);
+    if (!r.error.empty()) return Unreachable("PUT", key, r);
     if (r.status != 200) return Answered("PUT", key, r);
     milliseconds ttl{0};
     if (AllDigits(r.ttl) && r.ttl.size() < 12)
@@ -184,8 +187,10 @@ class HttpStore : public MetadataStore {
     }
     Reply r = Call("GET", key, "", left);
     if (!r.error.empty()) {
-      return UnavailableError("cannot reach the metadata service at " + url_.text +
-                              " for segment '" + std::string(name) + "': " + r.error);
+      const std::string what = "cannot reach the metadata service at " + url_.text +
+                               " for segment '" + std::string(name) + "'";
+      if (r.out_of_fds) return DescriptorError(StatusCode::kUnavailable, what, EMFILE);
+      return UnavailableError(what + ": " + r.error);
     }
     if (r.status == 404) {
       return UnavailableError("no segment '" + std::string(name) + "' in the metadata service at " +
@@ -208,7 +213,7 @@ class HttpStore : public MetadataStore {
       }
     }
     Reply r = Call("DELETE", key, "", write_timeout_);
-    if (!r.error.empty()) return Unreachable("DELETE", key, r.error);
+    if (!r.error.empty()) return Unreachable("DELETE", key, r);
     if (r.status != 200 && r.status != 404) return Answered("DELETE", key, r);
     return OkStatus();
   }
@@ -218,9 +223,11 @@ class HttpStore : public MetadataStore {
  private:
   std::string Key(std::string_view name) const { return SegmentKey(cluster_, name); }
 
-  Status Unreachable(const char* method, const std::string& key, const std::string& error) const {
-    return UnavailableError("cannot reach the metadata service at " + url_.text + " (" + method +
-                            " " + key + "): " + error);
+  Status Unreachable(const char* method, const std::string& key, const Reply& r) const {
+    const std::string what =
+        "cannot reach the metadata service at " + url_.text + " (" + method + " " + key + ")";
+    if (r.out_of_fds) return DescriptorError(StatusCode::kUnavailable, what, EMFILE);
+    return UnavailableError(what + ": " + r.error);
   }
   Status Answered(const char* method, const std::string& key, const Reply& r) const {
     std::string body = r.body.substr(0, 200);
@@ -269,6 +276,7 @@ class HttpStore : public MetadataStore {
         switch (res.error()) {
           case httplib::Error::Connection:
             out.error = "cannot connect (refused or unreachable)";
+            out.out_of_fds = OutOfDescriptors();
             break;
           case httplib::Error::ConnectionTimeout:
             out.error = "connect timed out";

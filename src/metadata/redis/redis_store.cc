@@ -58,6 +58,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/fd_limit.h"
 #include "common/log.h"
 #include "metadata/entries.h"
 #include "metadata/metadata.h"
@@ -407,6 +408,11 @@ class Connection {
     c_ = redisConnectWithTimeout(url_.host.c_str(), url_.port, ToTimeval(left));
     if (c_ == nullptr) return UnavailableError(unreachable + "out of memory");
     if (c_->err != 0) {
+      if (OutOfDescriptors()) {
+        Drop();
+        return DescriptorError(StatusCode::kUnavailable,
+                               "cannot connect to the Redis server at " + url_.masked, EMFILE);
+      }
       std::string why = c_->errstr;
       if (why.find("Resource temporarily unavailable") != std::string::npos ||
           why.find("timed out") != std::string::npos) {

@@ -94,6 +94,7 @@ class FaultyLink : public PeerLink {
   Status Flush(Clock::time_point deadline) override { return inner_->Flush(deadline); }
   bool Healthy() const override { return inner_->Healthy(); }
   bool Idle() const override { return held_->load() == 0 && inner_->Idle(); }
+  bool Closing() const override { return inner_->Closing(); }
   void Retire() override { inner_->Retire(); }
 
  private:

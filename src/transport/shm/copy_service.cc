@@ -215,6 +215,7 @@ Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c,
             hello.hello.wire_version,
             hello.hello.initiator_peer_id + " (same-host stream " +
                 std::to_string(hello.hello.stream_index) + ", pid " + std::to_string(pid) + ")");
+    stream::ArrangeIdleClose(cfg.policy, h, c);
   }
   return OkStatus();
 }

@@ -88,10 +88,10 @@ Status ExplainRefusal(const Status& remote, const Credentials& cred, std::string
 
 StatusOr<std::string> AuthenticatedExchange(int fd, const Credentials& cred, std::string_view peer,
                                             wire::FrameType type, std::string_view body,
-                                            wire::FrameType reply_type,
-                                            Clock::time_point deadline) {
+                                            wire::FrameType reply_type, Clock::time_point deadline,
+                                            uint16_t flags) {
   FERRY_ASSIGN_OR_RETURN(std::string proof, Authenticate(fd, cred, peer, deadline));
-  return wire::Exchange(fd, type, body, reply_type, deadline, proof);
+  return wire::Exchange(fd, type, body, reply_type, deadline, proof, flags);
 }
 
 // ---- server ---------------------------------------------------------------

@@ -52,10 +52,12 @@ StatusOr<std::string> Authenticate(int fd, const Credentials& cred, std::string_
 Status ExplainRefusal(const Status& remote, const Credentials& cred, std::string_view peer);
 
 // One blocking conversation: Authenticate, then the first frame (`type`,
-// `body`) and its reply of `reply_type`, whose body is returned.
+// `body`, header `flags`) and its reply of `reply_type`, whose body is
+// returned.
 StatusOr<std::string> AuthenticatedExchange(int fd, const Credentials& cred, std::string_view peer,
                                             wire::FrameType type, std::string_view body,
-                                            wire::FrameType reply_type, Clock::time_point deadline);
+                                            wire::FrameType reply_type, Clock::time_point deadline,
+                                            uint16_t flags = 0);
 
 // ---- server ---------------------------------------------------------------
 

@@ -71,6 +71,11 @@ void Connection::Serve(std::shared_ptr<FrameService> service, uint16_t wire_vers
   peer_name_ = std::move(peer_name);
 }
 
+void Connection::AskToCloseWhenIdle(std::chrono::milliseconds after) {
+  idle_timeout_ = after;
+  last_frame_ = Clock::now();
+}
+
 void Connection::Send(RequestFrame r) {
   // Inline: an idle stream (nothing queued, nothing in flight) sends a small
   // frame at once from the caller's thread, saving the hand-off to the loop
@@ -240,9 +245,28 @@ bool Connection::WantsTick() const {
          retire_.load(std::memory_order_relaxed);
 }
 
+Clock::time_point Connection::WakeAt() const {
+  std::lock_guard<std::mutex> io(io_mu_);
+  if (role_ != Role::kServed || idle_timeout_.count() == 0 || goaway_sent_) {
+    return Clock::time_point::max();
+  }
+  return last_frame_ + idle_timeout_;
+}
+
 void Connection::OnTick(Clock::time_point now) {
   std::shared_ptr<Connection> keep = shared_from_this();  // Close drops the loop's reference
   std::lock_guard<std::mutex> io(io_mu_);
+  if (role_ == Role::kServed && idle_timeout_.count() > 0 && !goaway_sent_ &&
+      now - last_frame_ >= idle_timeout_ && fd_.valid()) {
+    // Idle here: the initiator closes the stream when its side is idle too
+    // (a request it sends meanwhile is served as any other).
+    FERRY_LOG(kDebug, "asking " << peer_name_ << " to close its stream: no request for "
+                                << idle_timeout_.count() << " ms");
+    goaway_sent_ = true;
+    QueueReply(wire::FrameType::kGoAway, 0, std::string());
+    Flush();
+    if (!fd_.valid()) return;
+  }
   if (role_ == Role::kAccepted && now > hello_deadline_) {
     Close(DeadlineExceededError("peer " + peer_name_ + " sent no valid hello in time"));
     return;
@@ -469,7 +493,10 @@ Status Connection::OnHeader(const wire::FrameHeader& h) {
       allowed = service_ != nullptr && service_->Accepts(t);
       break;
     case Role::kInitiator:
-      allowed = t == FrameType::kAck || t == FrameType::kReadData;
+      allowed = t == FrameType::kAck || t == FrameType::kReadData || t == FrameType::kGoAway;
+      if (t == FrameType::kGoAway && (h.body_len != 0 || h.payload_len != 0)) {
+        return DataLossError("a go-away frame with a body or payload from " + peer_name_);
+      }
       break;
   }
   if (!allowed) {
@@ -496,8 +523,14 @@ Status Connection::OnFrame(const wire::FrameHeader& h, std::string_view body) {
     }
     case Role::kServed:
       if (!service_) break;
+      if (idle_timeout_.count() > 0) last_frame_ = Clock::now();
       return service_->OnFrame(*this, h, body);
     case Role::kInitiator:
+      if (h.type == wire::FrameType::kGoAway) {
+        FERRY_LOG(kDebug, "peer " << peer_name_ << " asks to close its idle stream");
+        gone_away_.store(true, std::memory_order_release);
+        return OkStatus();
+      }
       return OnReply(h, body);
   }
   return CancelledError("connection to " + peer_name_ + " closed");

@@ -90,11 +90,18 @@ class Connection : public EventLoop::Handler,
   void RetireWhenIdle();
   // Closes now, failing everything in flight with `why` (any thread).
   void CloseAsync(Status why);
+  // Initiator: the peer asked to close this stream (kGoAway: it had no
+  // request there for the peer's idle timeout). The stream still works; the
+  // core closes its link once no caller uses it (any thread).
+  bool GoneAway() const { return gone_away_.load(std::memory_order_acquire); }
 
   // ---- For openers and services (loop thread, under the connection's lock) --
   // Makes this accepted connection a served stream whose frames go to
   // `service`.
   void Serve(std::shared_ptr<FrameService> service, uint16_t wire_version, std::string peer_name);
+  // Served streams: after `after` with no frame from the initiator, sends it
+  // kGoAway (once); the stream stays served until the initiator closes it.
+  void AskToCloseWhenIdle(std::chrono::milliseconds after);
   // Queues a reply frame; `pins` are kept until its payload is sent.
   // `keep` too (host copies of GPU memory the payload points into).
   void QueueReply(wire::FrameType type, uint64_t seq, std::string body,
@@ -114,6 +121,7 @@ class Connection : public EventLoop::Handler,
   void OnEvents(uint32_t events) override;
   void OnTick(Clock::time_point now) override;
   bool WantsTick() const override;
+  Clock::time_point WakeAt() const override;
 
   // FrameReader::Sink
   Status OnHeader(const wire::FrameHeader& h) override;
@@ -166,7 +174,8 @@ class Connection : public EventLoop::Handler,
   std::atomic<bool> broken_{false};
   std::atomic<uint64_t> queued_bytes_{0};
   std::atomic<bool> retire_{false};
-  std::function<void()> on_progress_;  // set before Attach, then read-only
+  std::atomic<bool> gone_away_{false};  // kInitiator: kGoAway received
+  std::function<void()> on_progress_;   // set before Attach, then read-only
 
   // Submissions from other threads.
   mutable std::mutex submit_mu_;
@@ -194,6 +203,11 @@ class Connection : public EventLoop::Handler,
   // (BatchState::BeginLanding taken; released at the end of the step).
   std::vector<std::shared_ptr<BatchState>> landing_;
   std::unique_ptr<char[]> read_ahead_;  // kReadAhead bytes, allocated on first use
+  // kServed: AskToCloseWhenIdle's timeout (0: never), the last frame's
+  // arrival, and whether kGoAway went out.
+  std::chrono::milliseconds idle_timeout_{0};
+  Clock::time_point last_frame_{};
+  bool goaway_sent_ = false;
 };
 
 }  // namespace ferry::internal::stream

@@ -124,7 +124,16 @@ void EventLoop::Run() {
       bool ticking = false;
       for (const auto& [fd, h] : handlers_) ticking = ticking || h->WantsTick();
       if (!ticking) {
+        Clock::time_point wake = Clock::time_point::max();
+        for (const auto& [fd, h] : handlers_) wake = std::min(wake, h->WakeAt());
         timeout_ms = -1;
+        if (wake != Clock::time_point::max()) {
+          // Rounded up, so the wake-up finds the deadline passed; at most an
+          // hour per sleep.
+          const auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();
+          timeout_ms = static_cast<int>(std::clamp<long long>(ms, 1, 3'600'000));
+          next_tick = now;  // the wake-up ticks
+        }
       } else {
         if (now >= next_tick + kTick) next_tick = now + kTick;  // was asleep: start afresh
         timeout_ms = static_cast<int>(std::max<long long>(

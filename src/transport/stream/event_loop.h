@@ -34,6 +34,12 @@ class EventLoop {
     // Whether the handler has a deadline to watch; when none has, the loop
     // sleeps until there is I/O or a task (an idle engine never wakes).
     virtual bool WantsTick() const = 0;
+    // A far deadline that needs no ticks meanwhile: a loop with no handler
+    // that WantsTick sleeps until the earliest handler's WakeAt (or I/O, or a
+    // task), then calls OnTick. Default: none.
+    virtual std::chrono::steady_clock::time_point WakeAt() const {
+      return std::chrono::steady_clock::time_point::max();
+    }
   };
 
   EventLoop(std::string name, std::chrono::microseconds spin);

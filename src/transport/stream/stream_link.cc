@@ -132,6 +132,13 @@ bool StreamLink::Idle() const {
   return true;
 }
 
+bool StreamLink::Closing() const {
+  for (const auto& s : streams_) {
+    if (s->GoneAway()) return true;
+  }
+  return false;
+}
+
 void StreamLink::Retire() {
   // Nothing waits here once the link is retired: hand every frame over
   // (the streams close when they have answered all of them).

@@ -73,6 +73,8 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   bool Healthy() const override;
   // No frame waiting, none unanswered on any stream.
   bool Idle() const override;
+  // The peer asked to close a stream of this link (kGoAway).
+  bool Closing() const override;
   void Retire() override;
 
  private:

@@ -64,7 +64,7 @@ class StreamTest : public ::testing::Test {
     // The target side: an accepted connection whose kStreamHello opener
     // installs the tcp service.
     auto openers = std::make_shared<FirstFrames>();
-    HelloPolicy policy{target_, 1, 1};
+    HelloPolicy policy{target_, 1, 1, idle_timeout_};
     openers->Add(wire::FrameType::kStreamHello, [policy](Connection& c, const wire::FrameHeader& h,
                                                          std::string_view body) {
       FERRY_ASSIGN_OR_RETURN(wire::StreamHello hello, wire::DecodeStreamHello(body));
@@ -72,7 +72,10 @@ class StreamTest : public ::testing::Test {
       std::string reply;
       wire::EncodeStatus(ok, &reply);
       c.QueueReply(wire::FrameType::kStreamHelloAck, h.seq, std::move(reply));
-      if (ok.ok()) c.Serve(std::make_shared<tcp::TcpStreamService>(policy.target), 1, "initiator");
+      if (ok.ok()) {
+        c.Serve(std::make_shared<tcp::TcpStreamService>(policy.target), 1, "initiator");
+        ArrangeIdleClose(policy, h, c);
+      }
       return OkStatus();
     });
     UniqueFd served_fd(to_target[1]);
@@ -86,7 +89,7 @@ class StreamTest : public ::testing::Test {
     std::string body;
     wire::EncodeStreamHello(hello, &body);
     ASSERT_THAT(SayHello(fd.get(), Credentials{}, "target:1", wire::FrameType::kStreamHello, body,
-                         Clock::now() + std::chrono::seconds(10)),
+                         Clock::now() + std::chrono::seconds(10), hello_flags_),
                 test::IsOk());
     ASSERT_TRUE(SetNonBlocking(fd.get(), true).ok());
     StreamLinkConfig cfg;
@@ -137,6 +140,10 @@ class StreamTest : public ::testing::Test {
     return std::memcmp(&remote_[i * 1024], &local_[i * 1024], 1024) == 0;
   }
 
+  // The target's idle_link_timeout (HelloPolicy) and the initiator's hello
+  // flags, for the next Open.
+  std::chrono::milliseconds idle_timeout_{0};
+  uint16_t hello_flags_ = wire::kHelloFlagGoAway;
   std::shared_ptr<LoopPool> pool_;
   std::shared_ptr<EngineTarget> target_;
   std::vector<char> remote_, local_;
@@ -149,6 +156,43 @@ TEST_F(StreamTest, WritesThroughAFaultFreeLinkLand) {
   auto batch = Write(3);
   EXPECT_EQ(batch->Summary().completed, 12u);
   for (size_t i = 0; i < 12; ++i) EXPECT_TRUE(Landed(i)) << i;
+}
+
+// A served stream with no request for the target's idle timeout asks its
+// initiator to close it (kGoAway, docs/wire-format.md): the link says
+// Closing, and it still works until the core closes it — the target serves
+// what the initiator sends meanwhile.
+TEST_F(StreamTest, IdleServedStreamAsksItsInitiatorToClose) {
+  idle_timeout_ = std::chrono::milliseconds(20);
+  Open({});
+  EXPECT_EQ(Write(1)->Summary().completed, 4u);
+  // Bounded only to end a failing test: the target's loop sleeps until the
+  // stream's deadline (20 ms after the last frame), then sends.
+  for (int i = 0; i < 20000 && !link_->Closing(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(link_->Closing()) << "no go-away within 20 s";
+  EXPECT_TRUE(link_->Healthy());
+  EXPECT_TRUE(link_->Idle());
+  auto batch = Write(3);
+  EXPECT_EQ(batch->Summary().completed, 12u);
+  for (size_t i = 0; i < 12; ++i) EXPECT_TRUE(Landed(i)) << i;
+  EXPECT_TRUE(link_->Healthy());
+}
+
+// An initiator whose hello does not say it handles kGoAway (an older build)
+// is never sent one: it would take the frame for a broken stream.
+TEST_F(StreamTest, InitiatorThatCannotCloseOnRequestIsNeverAsked) {
+  idle_timeout_ = std::chrono::milliseconds(5);
+  hello_flags_ = 0;
+  Open({});
+  EXPECT_EQ(Write(1)->Summary().completed, 4u);
+  // 60 timeouts: the frame would have come (see the test above); its
+  // absence is what is checked, so a slow machine cannot fail this.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(link_->Closing());
+  EXPECT_TRUE(link_->Healthy());
+  EXPECT_EQ(Write(2)->Summary().completed, 8u);
 }
 
 TEST_F(StreamTest, RefusedEntryFailsAloneInItsFrame) {

@@ -141,6 +141,7 @@ Status OpenTcpStream(const stream::HelloPolicy& policy, Connection& c, const wir
   if (result.ok()) {
     c.Serve(std::make_shared<tcp::TcpStreamService>(policy.target), hello.wire_version,
             hello.initiator_peer_id + " (stream " + std::to_string(hello.stream_index) + ")");
+    stream::ArrangeIdleClose(policy, h, c);
   }
   return OkStatus();
 }
