@@ -2,7 +2,7 @@
 // several child processes (docs/benchmarks.md, "Many peers").
 //
 //   scale_bench [--peers N] [--procs P] [--size BYTES] [--streams S]
-//               [--idle-ms MS] [--transport tcp|shm] [--json]
+//               [--idle-ms MS] [--transport tcp|shm] [--netns K] [--json]
 //
 // Each child process runs N/P target engines (one event loop each), each
 // with a registered buffer of --size bytes, and prints their peer ids. The
@@ -12,7 +12,12 @@
 // the handshake and the first write per new peer (p50/p99), the file
 // descriptors and resident memory the links added, waits for the idle
 // timeout to close every link (descriptors after), and runs a second round
-// to all N (every link opened again). Everything on 127.0.0.1.
+// to all N (every link opened again). Everything on 127.0.0.1 — or, with
+// --netns K (root, tcp only), the target processes run in K network
+// namespaces of their own ("hosts" ferryscale-<pid>-<k>, each joined to
+// this one by a veth pair, 10.77.<k>.1 here and 10.77.<k>.2 there, process
+// p in namespace p % K), which this process makes before and removes after
+// (also when it fails).
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -52,8 +57,10 @@ struct Args {
   int idle_ms = 2000;
   std::string transport = "tcp";
   bool json = false;
-  // Child mode: serve this many targets.
+  int netns = 0;  // 0: every target on 127.0.0.1
+  // Child mode: serve this many targets, listening on `listen`.
   int serve = 0;
+  std::string listen = "127.0.0.1";
 };
 
 [[noreturn]] void Die(const std::string& what) {
@@ -83,14 +90,22 @@ Args Parse(int argc, char** argv) {
       a.transport = value();
     } else if (f == "--json") {
       a.json = true;
+    } else if (f == "--netns") {
+      a.netns = std::stoi(value());
     } else if (f == "--serve") {
       a.serve = std::stoi(value());
+    } else if (f == "--listen") {
+      a.listen = value();
     } else {
       Die("unknown flag " + f + " (see the comment at the top of tools/scale_bench.cc)");
     }
   }
   if (a.peers < 1 || a.procs < 1 || a.size < 1 || a.streams < 1) Die("bad arguments");
+  if (a.netns < 0 || a.netns > 250) Die("--netns takes 1 to 250 namespaces");
+  if (a.netns > 0 && a.transport != "tcp")
+    Die("--netns needs --transport tcp (hosts of their own)");
   a.procs = std::min(a.procs, a.peers);
+  a.netns = std::min(a.netns, a.procs);
   return a;
 }
 
@@ -117,7 +132,7 @@ long RssKiB() {
 
 EngineOptions Options(const Args& a) {
   EngineOptions o = EngineOptions{}.WithEnvironment();
-  o.listen_host = "127.0.0.1";
+  o.listen_host = a.listen;
   o.transport = a.transport;
   o.tcp_streams = a.streams;
   o.io_threads = 1;
@@ -156,6 +171,70 @@ int Serve(const Args& a) {
   return 0;
 }
 
+// ---- parent: namespaces as hosts (--netns) -----------------------------------
+
+// Runs `ip ARGS...`; false (and a message) if it fails.
+bool Ip(const std::vector<std::string>& args, bool quiet = false) {
+  std::vector<std::string> all = {"ip"};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : all) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (quiet) posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  const int rc = posix_spawnp(&pid, "ip", &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  int status = 0;
+  if (rc != 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0) {
+    if (!quiet) {
+      std::string line;
+      for (const auto& s : all) line += s + " ";
+      std::fprintf(stderr, "scale_bench: failed: %s\n", line.c_str());
+    }
+    return false;
+  }
+  return true;
+}
+
+// The namespaces this run made (removed at exit, normal or Die's; never
+// destroyed, so the exit handler finds it intact).
+std::vector<std::string>& Namespaces() {
+  static auto* names = new std::vector<std::string>();
+  return *names;
+}
+
+void RemoveNamespaces() {
+  for (const std::string& n : Namespaces()) Ip({"netns", "del", n}, /*quiet=*/true);
+  Namespaces().clear();
+}
+
+std::string NamespaceAddress(int k) { return "10.77." + std::to_string(k) + ".2"; }
+
+// Namespace k: a veth pair, 10.77.<k>.1/24 on this side, .2 inside, links up.
+void MakeNamespaces(int count) {
+  if (::geteuid() != 0) Die("--netns needs root (it makes network namespaces)");
+  std::atexit(RemoveNamespaces);
+  const std::string pid = std::to_string(::getpid());
+  for (int k = 0; k < count; ++k) {
+    const std::string ns = "ferryscale-" + pid + "-" + std::to_string(k);
+    // veth names: at most 15 characters.
+    const std::string here = "fsc" + std::to_string(::getpid() % 100000) + "n" + std::to_string(k);
+    const std::string net = "10.77." + std::to_string(k) + ".";
+    if (!Ip({"netns", "add", ns})) Die("cannot make network namespace " + ns);
+    Namespaces().push_back(ns);
+    if (!Ip({"link", "add", here, "type", "veth", "peer", "name", "eth0", "netns", ns}) ||
+        !Ip({"addr", "add", net + "1/24", "dev", here}) || !Ip({"link", "set", here, "up"}) ||
+        !Ip({"-n", ns, "addr", "add", net + "2/24", "dev", "eth0"}) ||
+        !Ip({"-n", ns, "link", "set", "eth0", "up"}) ||
+        !Ip({"-n", ns, "link", "set", "lo", "up"})) {
+      Die("cannot set up network namespace " + ns);
+    }
+  }
+}
+
 // ---- parent: the initiator ---------------------------------------------------
 
 struct Child {
@@ -164,7 +243,9 @@ struct Child {
   FILE* from = nullptr;
 };
 
-Child Spawn(const Args& a, int count) {
+// A target process serving `count` engines; with `ns`, inside that network
+// namespace (ip netns exec), listening on `listen`.
+Child Spawn(const Args& a, int count, const std::string& ns, const std::string& listen) {
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) Die("pipe2");
   posix_spawn_file_actions_t fa;
@@ -182,12 +263,15 @@ Child Spawn(const Args& a, int count) {
                                    "--transport",
                                    a.transport,
                                    "--idle-ms",
-                                   std::to_string(a.idle_ms)};
+                                   std::to_string(a.idle_ms),
+                                   "--listen",
+                                   listen};
+  if (!ns.empty()) args.insert(args.begin(), {"ip", "netns", "exec", ns});
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
   Child c;
-  if (posix_spawn(&c.pid, exe.c_str(), &fa, nullptr, argv.data(), environ) != 0) Die("spawn");
+  if (posix_spawnp(&c.pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) Die("spawn");
   posix_spawn_file_actions_destroy(&fa);
   ::close(in[0]);
   ::close(out[1]);
@@ -215,11 +299,17 @@ int Run(const Args& a) {
   rlimit start{};
   ::getrlimit(RLIMIT_NOFILE, &start);
   // The targets first (their processes start their engines in parallel).
+  if (a.netns > 0) MakeNamespaces(a.netns);
   const Clock::time_point t0 = Clock::now();
   std::vector<Child> children;
   for (int p = 0; p < a.procs; ++p) {
     const int count = a.peers / a.procs + (p < a.peers % a.procs ? 1 : 0);
-    children.push_back(Spawn(a, count));
+    if (a.netns > 0) {
+      const int k = p % a.netns;
+      children.push_back(Spawn(a, count, Namespaces()[k], NamespaceAddress(k)));
+    } else {
+      children.push_back(Spawn(a, count, "", a.listen));
+    }
   }
   std::vector<std::string> ids;
   std::vector<uint64_t> addrs;
@@ -330,9 +420,9 @@ int Run(const Args& a) {
   const double links = static_cast<double>(std::max<uint64_t>(open_links, 1));
   std::ostringstream out;
   if (a.json) {
-    out << "{\"peers\": " << a.peers << ", \"procs\": " << a.procs << ", \"streams\": " << a.streams
-        << ", \"size\": " << a.size << ", \"transport\": \"" << a.transport
-        << "\", \"nofile_soft_at_start\": " << start.rlim_cur
+    out << "{\"peers\": " << a.peers << ", \"procs\": " << a.procs << ", \"netns\": " << a.netns
+        << ", \"streams\": " << a.streams << ", \"size\": " << a.size << ", \"transport\": \""
+        << a.transport << "\", \"nofile_soft_at_start\": " << start.rlim_cur
         << ", \"nofile_soft\": " << raised.rlim_cur << ", \"nofile_hard\": " << raised.rlim_max
         << ", \"targets_start_s\": " << start_s << ", \"failed\": " << first.failed + second.failed
         << ", \"handshake_p50_us\": " << Percentile(first.handshake_us, 0.5)
@@ -354,9 +444,10 @@ int Run(const Args& a) {
         << ", \"round2_s\": " << second.seconds << ", \"links_opened\": " << m.links_opened
         << ", \"links_closed_idle\": " << m.links_closed_idle << "}\n";
   } else {
-    out << "scale_bench: " << a.peers << " targets in " << a.procs << " processes (started in "
-        << start_s << " s), " << a.transport << ", " << a.streams << " streams, " << a.size
-        << " B each\n"
+    out << "scale_bench: " << a.peers << " targets in " << a.procs << " processes"
+        << (a.netns > 0 ? " in " + std::to_string(a.netns) + " network namespaces" : "")
+        << " (started in " << start_s << " s), " << a.transport << ", " << a.streams << " streams, "
+        << a.size << " B each\n"
         << "  RLIMIT_NOFILE soft " << start.rlim_cur << " at start, " << raised.rlim_cur
         << " after Engine::Create (hard " << raised.rlim_max << ")\n"
         << "  round 1 (new peers): " << first.seconds << " s, failed " << first.failed << "\n"
