@@ -52,6 +52,10 @@ struct TestingOptions {
   // answered EIO (it still goes through the ring, as a no-op), like a
   // disk's bad sectors.
   std::vector<uint64_t> file_eio_offsets;
+  // Play a build whose same-host streams do not take staged lends (their
+  // hello leaves out the flag, docs/wire-format.md "LendAck"): a target
+  // refuses such a stream's lent reads of its file regions.
+  bool no_staged_lends = false;
 };
 
 }  // namespace ferry

@@ -27,6 +27,7 @@ bool KnownType(uint8_t t) {
     case FrameType::kAck:
     case FrameType::kReadData:
     case FrameType::kGoAway:
+    case FrameType::kLendAck:
       return true;
   }
   return false;
@@ -191,6 +192,48 @@ StatusOr<Reply> DecodeReply(std::string_view body) {
   }
   if (r.remaining() != 0) return Corrupt("reply (trailing bytes)");
   return rep;
+}
+
+void EncodeLendAck(const LendAck& a, std::string* out) {
+  std::string reply;
+  EncodeReply(a.reply, &reply);
+  ByteWriter w(out);
+  w.U32(static_cast<uint32_t>(reply.size()));
+  out->append(reply);
+  w.U32(static_cast<uint32_t>(a.staged.size()));
+  for (const StagedLend& s : a.staged) {
+    w.U32(s.index);
+    w.U64(s.addr);
+  }
+}
+
+StatusOr<LendAck> DecodeLendAck(std::string_view body) {
+  ByteReader head(body);
+  uint32_t reply_len;
+  if (!head.U32(&reply_len) || head.remaining() < reply_len) return Corrupt("lend ack");
+  LendAck a;
+  FERRY_ASSIGN_OR_RETURN(a.reply, DecodeReply(body.substr(4, reply_len)));
+  ByteReader r(body.substr(4 + static_cast<size_t>(reply_len)));
+  uint32_t n;
+  if (!r.U32(&n)) return Corrupt("lend ack (staged count)");
+  if (n > kMaxEntriesPerFrame) return Corrupt("lend ack (staged count " + std::to_string(n) + ")");
+  if (r.remaining() != static_cast<size_t>(n) * 12) return Corrupt("lend ack (staged entries)");
+  a.staged.resize(n);
+  size_t f = 0;  // the failures are in increasing order too: one walk
+  for (uint32_t k = 0; k < n; ++k) {
+    StagedLend& s = a.staged[k];
+    if (!r.U32(&s.index) || !r.U64(&s.addr)) return Corrupt("lend ack (staged entry)");
+    if (k > 0 && s.index <= a.staged[k - 1].index) {
+      return DataLossError("malformed lend ack from peer: staged entry " + std::to_string(s.index) +
+                           " listed after entry " + std::to_string(a.staged[k - 1].index));
+    }
+    while (f < a.reply.failures.size() && a.reply.failures[f].index < s.index) ++f;
+    if (f < a.reply.failures.size() && a.reply.failures[f].index == s.index) {
+      return DataLossError("malformed lend ack from peer: entry " + std::to_string(s.index) +
+                           " is listed both as failed and as staged");
+    }
+  }
+  return a;
 }
 
 // The message: str (u16 length) when shorter than 65535 bytes; else u16

@@ -57,12 +57,20 @@ enum class FrameType : uint8_t {
   // later requests. Frames sent meanwhile are still served. Sent only to
   // initiators whose hello carried kHelloFlagGoAway.
   kGoAway = 22,
+  // Reply (body: LendAck) to a kCopyLendRead some of whose entries the
+  // target staged in its own memory (file regions): the initiator copies
+  // those from where the LendAck says. Sent only to initiators whose hello
+  // carried kHelloFlagLendStaged.
+  kLendAck = 23,
 };
 
 // Flags of a stream's hello frame (kStreamHello, kCopyHello; other frames
 // send 0, and a receiver ignores flags it does not know).
 // The initiator handles kGoAway on this stream.
 inline constexpr uint16_t kHelloFlagGoAway = 0x1;
+// The initiator takes kLendAck answers to its kCopyLendRead frames (a
+// same-host stream that may read the target's file regions).
+inline constexpr uint16_t kHelloFlagLendStaged = 0x2;
 
 struct FrameHeader {
   uint8_t version = 0;  // 0 for handshake/hello frames, else the negotiated wire version
@@ -107,6 +115,23 @@ struct Reply {
 };
 void EncodeReply(const Reply& r, std::string* out);
 StatusOr<Reply> DecodeReply(std::string_view body);
+
+// kLendAck body: u32 reply_len, a Reply of reply_len bytes, u32 count, then
+// count × {u32 index, u64 addr}: the entries of the answered kCopyLendRead
+// whose bytes the target staged at `addr` in its own memory (the initiator
+// copies them from there instead of from the entry's address). Indices
+// strictly increasing and distinct from the reply's failures: DecodeLendAck
+// refuses anything else.
+struct StagedLend {
+  uint32_t index = 0;
+  uint64_t addr = 0;
+};
+struct LendAck {
+  Reply reply;
+  std::vector<StagedLend> staged;
+};
+void EncodeLendAck(const LendAck& a, std::string* out);
+StatusOr<LendAck> DecodeLendAck(std::string_view body);
 
 // kNotify body: str sender, str name, str message.
 struct NotifyBody {

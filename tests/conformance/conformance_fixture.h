@@ -46,6 +46,12 @@ inline const std::vector<std::string> kTransports = [] {
   return names;
 }();
 
+// The transports that reach a peer's file regions, run with the target's
+// buffers in file regions (Engine::RegisterFile; each buffer a file of its
+// own in $TMPDIR): the suites whose cases apply to files instantiate these
+// too ("FileTargets/...").
+inline const std::vector<std::string> kFileTargets = {"local_file", "shm_file", "tcp_file"};
+
 // Generous bounds; no test asserts how fast anything is.
 inline constexpr std::chrono::milliseconds kTransferTimeout{60000};
 inline constexpr std::chrono::milliseconds kWaitTimeout{120000};
@@ -73,6 +79,7 @@ class EnginePair {
   void Start(const std::string& transport) {
     FERRY_SKIP_UNLESS_TRANSPORT_WORKS(transport);
     share_target_memory_ = SharesTargetMemory(transport);
+    target_files_ = TargetsFiles(transport);
     Start(ConformanceOptions(transport), ConformanceOptions(transport));
   }
   void Start(const EngineOptions& initiator_options, const EngineOptions& target_options) {
@@ -100,23 +107,55 @@ class EnginePair {
   Engine& target() { return *target_; }
   SegmentHandle segment() const { return segment_; }
 
+  // Whether the target's buffers are file regions (the parameter says so:
+  // "tcp_file"...). Cases that do not apply to files skip themselves.
+  bool TargetFiles() const { return target_files_; }
+
   // A zeroed buffer that lives as long as the engines, registered with
   // `engine` unless it is null. Null (after a test failure) if registering
   // failed. The target's buffers are shared memory, registered with their
-  // memfd, when the transport parameter says so ("shm_mapped").
-  unsigned char* Alloc(size_t size, Engine* engine) {
+  // memfd, when the transport parameter says so ("shm_mapped"); or files
+  // ("*_file"): then the pointer returned is a shared mapping of the file,
+  // through which the test sees its bytes, and transfers name the region
+  // by Addr(pointer). `exported` false: registered for `engine`'s own use.
+  unsigned char* Alloc(size_t size, Engine* engine, bool exported = true) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (target_files_ && engine != nullptr && engine == target_.get()) {
+      files_.push_back({std::make_unique<FileBuffer>(size), 0});
+      FileRegion region;
+      region.fd = files_.back().file->fd();
+      region.length = size;
+      region.exported = exported;
+      auto addr = engine->RegisterFile(region);
+      EXPECT_THAT(GetStatus(addr), IsOk()) << "registering a file of " << size << " bytes";
+      if (!addr.ok()) return nullptr;
+      files_.back().addr = reinterpret_cast<uintptr_t>(*addr);
+      return files_.back().file->data();
+    }
     const bool shared = share_target_memory_ && engine != nullptr && engine == target_.get();
     buffers_.push_back(std::make_unique<AlignedBuffer>(size, shared));
     unsigned char* p = buffers_.back()->data();
     if (engine != nullptr) {
       MemoryRegion region{p, size};
       region.fd = buffers_.back()->fd();
+      region.exported = exported;
       const Status s = engine->RegisterMemory({&region, 1});
       EXPECT_THAT(s, IsOk()) << "registering " << size << " bytes";
       if (!s.ok()) return nullptr;
     }
     return p;
+  }
+
+  // The address transfers name `p` by: `p` itself, or for a byte of a file
+  // buffer (Alloc) the address of that byte in the file region.
+  uint64_t Addr(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (const FileTarget& f : files_) {
+      const unsigned char* data = f.file->data();
+      if (b >= data && b <= data + f.file->size()) return f.addr + static_cast<uint64_t>(b - data);
+    }
+    return reinterpret_cast<uintptr_t>(p);
   }
 
   // Runs `pieces` as one batch of `op` requests between `local` (registered
@@ -143,12 +182,13 @@ class EnginePair {
       FillLayout(remote, remote_size, remote_ranges, remote_bg);
     }
 
-    const uint64_t remote_addr = reinterpret_cast<uintptr_t>(remote);
+    const uint64_t remote_addr = Addr(remote);
     std::vector<TransferRequest> reqs;
     reqs.reserve(pieces.size());
     for (const Piece& p : pieces) {
       reqs.push_back({op, local + p.local_off, segment_, remote_addr + p.remote_off, p.length});
     }
+    const EngineMetrics before = target_->GetMetrics();
     auto batch_or = initiator_->AllocateBatch(reqs.size());
     ASSERT_THAT(GetStatus(batch_or), IsOk());
     const BatchId batch = *batch_or;
@@ -179,6 +219,13 @@ class EnginePair {
       }
     }
     EXPECT_THAT(initiator_->FreeBatch(batch), IsOk());
+    if (target_files_) {
+      // The bytes went through the file (the target's ring), not through
+      // the test's mapping of it.
+      const EngineMetrics after = target_->GetMetrics();
+      EXPECT_GT(after.file_direct_ops + after.file_buffered_ops,
+                before.file_direct_ops + before.file_buffered_ops);
+    }
 
     if (op == Opcode::kWrite) {
       EXPECT_TRUE(CheckLayout(remote, remote_size, remote_ranges, remote_bg)) << "remote (target)";
@@ -191,10 +238,16 @@ class EnginePair {
   }
 
  private:
+  struct FileTarget {
+    std::unique_ptr<FileBuffer> file;
+    uint64_t addr;  // of the region
+  };
   std::mutex mu_;
   bool share_target_memory_ = false;
+  bool target_files_ = false;
   // Declared before the engines so it is destroyed after them.
   std::vector<std::unique_ptr<AlignedBuffer>> buffers_;
+  std::vector<FileTarget> files_;
   std::unique_ptr<Engine> initiator_;
   std::unique_ptr<Engine> target_;
   SegmentHandle segment_;

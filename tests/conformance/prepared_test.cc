@@ -30,13 +30,10 @@ class PreparedTest : public ::testing::TestWithParam<std::string>, public Engine
  protected:
   void SetUp() override { ASSERT_NO_FATAL_FAILURE(Start(GetParam())); }
 
-  uint64_t Addr(const void* p) const { return reinterpret_cast<uintptr_t>(p); }
-
   // Rows of `n` entries of `len` bytes, `stride` apart, from `base`.
-  static std::vector<DescRow> Rows(const void* base, size_t n, uint64_t len, uint64_t stride) {
+  std::vector<DescRow> Rows(const void* base, size_t n, uint64_t len, uint64_t stride) {
     std::vector<DescRow> rows;
-    for (size_t i = 0; i < n; ++i)
-      rows.push_back({reinterpret_cast<uintptr_t>(base) + i * stride, len, 0, 1});
+    for (size_t i = 0; i < n; ++i) rows.push_back({Addr(base) + i * stride, len, 0, 1});
     return rows;
   }
   static std::vector<uint32_t> Iota(size_t n, bool reversed = false) {
@@ -51,6 +48,10 @@ class PreparedTest : public ::testing::TestWithParam<std::string>, public Engine
 };
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, PreparedTest, ::testing::ValuesIn(kTransports),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+INSTANTIATE_TEST_SUITE_P(FileTargets, PreparedTest, ::testing::ValuesIn(kFileTargets),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });

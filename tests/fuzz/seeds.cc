@@ -67,6 +67,11 @@ std::vector<std::string> FrameSeeds() {
               &s);
   seeds.push_back(Pick(2, s));
   s.clear();
+  EncodeLendAck({{ferry::OkStatus(), {{1, ferry::StatusCode::kDataLoss, "EIO"}}},
+                 {{0, 0x7f0000001000}, {2, 0x7f0000003000}}},
+                &s);
+  seeds.push_back(Pick(2, s));
+  s.clear();
   EncodeNotify({"127.0.0.1:1", "name", "message"}, &s);
   seeds.push_back(Pick(3, s));
   s.clear();

@@ -150,6 +150,21 @@ void FuzzFrames(std::string_view input) {
           if (i > 0) Check(r->failures[i].index > r->failures[i - 1].index);  // strictly increasing
         }
       }
+      // The same bytes as a lend ack (a reply, then the staged entries).
+      auto a = DecodeLendAck(in);
+      if (a.ok()) {
+        std::string out;
+        EncodeLendAck(*a, &out);
+        auto again = DecodeLendAck(out);
+        Check(again.ok() && again->staged.size() == a->staged.size() &&
+              again->reply.failures.size() == a->reply.failures.size());
+        for (size_t i = 0; i < a->staged.size(); ++i) {
+          Check(again->staged[i].index == a->staged[i].index &&
+                again->staged[i].addr == a->staged[i].addr);
+          if (i > 0) Check(a->staged[i].index > a->staged[i - 1].index);
+          for (const auto& f : a->reply.failures) Check(f.index != a->staged[i].index);
+        }
+      }
       break;
     }
     case 3: {

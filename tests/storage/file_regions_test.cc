@@ -1,6 +1,6 @@
 // File regions (Engine::RegisterFile, issue 30): the bytes of cpu memory
 // written to a range of a file and read back, through this engine's own
-// segment (the local transport) and a peer's over tcp (the target does the
+// segment (the local transport) and a peer's over tcp and shm (the target does the
 // I/O); and the bad inputs and faults: a range past the end of the file, a
 // read-only registration written, a file truncated under its registration,
 // the caller's descriptor closed, the device full, a cancelled batch.
@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "tests/testing/buffer.h"
 #include "tests/testing/pattern.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/transport_params.h"
 
 namespace ferry::test {
 namespace {
@@ -94,11 +96,15 @@ std::vector<Piece> MixedPieces() {
           {200000, 150001, 12345}};
 }
 
-// The initiator and, for "tcp", a second engine that owns the file; for
-// "local", the initiator owns it and reaches it through its own segment.
+// The initiator and, for "tcp" and "shm", a second engine that owns the
+// file; for "local", the initiator owns it and reaches it through its own
+// segment.
 class FileRegionsTest : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override { ASSERT_NO_FATAL_FAILURE(Start(Options())); }
+  void SetUp() override {
+    FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
+    ASSERT_NO_FATAL_FAILURE(Start(Options()));
+  }
 
   // The engines' options: the parameter's transport, on loopback.
   EngineOptions Options() const {
@@ -171,7 +177,7 @@ class FileRegionsTest : public ::testing::TestWithParam<std::string> {
   SegmentHandle segment_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Transports, FileRegionsTest, ::testing::Values("local", "tcp"),
+INSTANTIATE_TEST_SUITE_P(Transports, FileRegionsTest, ::testing::Values("local", "tcp", "shm"),
                          [](const auto& info) { return info.param; });
 
 TEST_P(FileRegionsTest, WriteThenReadBack) {
@@ -573,6 +579,54 @@ TEST(FileRegionsTcp, LocalFileRegionToAPeerIsRefusedNamingTheKinds) {
   ASSERT_OK(b->RegisterMemory(mem.data(), 65536, "cpu"));
   EXPECT_THAT(a->TransferSync({Opcode::kWrite, base, seg, mem.addr(), 4096}),
               IsError(HasSubstr("file")));
+}
+
+// A same-host initiator of a build that does not take staged lends (its
+// hello leaves the flag out) still writes a peer's file regions over shm,
+// but its reads of them (lent reads, which it would copy from the file
+// region's reserved addresses) are refused, naming the range and saying to
+// use tcp; its reads of memory in the same batch complete.
+TEST(FileRegionsShm, AnOlderInitiatorsReadsOfFilesAreRefusedWithTheReason) {
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS("shm");
+  EngineOptions o;
+  o.transport = "shm";
+  o.listen_host = "127.0.0.1";
+  EngineOptions old = o;
+  old.testing.no_staged_lends = true;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> a, Engine::Create(old));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> b, Engine::Create(o));
+  TempFile file(65536);
+  void* base = nullptr;
+  ASSERT_OK_AND_ASSIGN(base, b->RegisterFile({.path = file.path()}));
+  AlignedBuffer theirs(65536);
+  ASSERT_OK(b->RegisterMemory(theirs.data(), 65536, "cpu"));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, a->OpenSegment(b->PeerId()));
+  AlignedBuffer mem(65536);
+  ASSERT_OK(a->RegisterMemory(mem.data(), 65536, "cpu"));
+  FillPattern(mem.data(), 8192, 29);
+  const uint64_t file_addr = reinterpret_cast<uint64_t>(base);
+  ASSERT_OK(a->TransferSync({Opcode::kWrite, mem.data(), seg, file_addr, 8192}));
+  EXPECT_EQ(std::memcmp(file.Read(0, 8192).data(), mem.data(), 8192), 0);
+  FillPattern(theirs.data(), 4096, 31);
+  std::memset(mem.data() + 16384, 0, 8192);
+  auto batch = a->AllocateBatch(2);
+  ASSERT_OK(batch);
+  ASSERT_OK(a->Submit(*batch, std::vector<TransferRequest>{
+                                  {Opcode::kRead, mem.data() + 16384, seg, file_addr, 4096},
+                                  {Opcode::kRead, mem.data() + 32768, seg, theirs.addr(), 4096}}));
+  (void)a->WaitBatch(*batch, kWait);
+  ASSERT_OK_AND_ASSIGN(TransferStatus st, a->GetTransferStatus(*batch, 0));
+  EXPECT_THAT(st.status, StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(st.status, IsError(HasSubstr("file region")));
+  EXPECT_THAT(st.status, IsError(HasSubstr("use tcp")));
+  EXPECT_THAT(st.status, IsError(MentionsNumber(file_addr)));
+  ASSERT_OK_AND_ASSIGN(st, a->GetTransferStatus(*batch, 1));
+  EXPECT_OK(st.status);
+  EXPECT_EQ(std::memcmp(mem.data() + 32768, theirs.data(), 4096), 0);
+  EXPECT_TRUE(std::all_of(mem.data() + 16384, mem.data() + 16384 + 4096, [](unsigned char c) {
+    return c == 0;
+  })) << "a refused read stored bytes";
+  EXPECT_OK(a->FreeBatch(*batch));
 }
 
 // Local only: this engine's file region as the request's local side (file →

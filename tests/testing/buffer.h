@@ -64,6 +64,43 @@ class AlignedBuffer {
   int fd_ = -1;
 };
 
+// A file of `size` bytes (zeros) in $TMPDIR (else /tmp), removed from its
+// folder at once, and a shared mapping of it (data()): what a test reads and
+// writes to see the file's bytes. Register it with its descriptor
+// (FileRegion::fd).
+class FileBuffer {
+ public:
+  explicit FileBuffer(size_t size) : size_(size) {
+    rounded_ = ((size == 0 ? 1 : size) + 4095) / 4096 * 4096;
+    const char* dir = std::getenv("TMPDIR");
+    std::string path =
+        std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/ferry-test-file-XXXXXX";
+    fd_ = mkstemp(path.data());
+    if (fd_ < 0) throw std::bad_alloc();
+    unlink(path.c_str());
+    if (ftruncate(fd_, static_cast<off_t>(size)) != 0) throw std::bad_alloc();
+    void* p = mmap(nullptr, rounded_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    data_ = static_cast<unsigned char*>(p);
+  }
+  ~FileBuffer() {
+    munmap(data_, rounded_);
+    close(fd_);
+  }
+  FileBuffer(const FileBuffer&) = delete;
+  FileBuffer& operator=(const FileBuffer&) = delete;
+
+  int fd() const { return fd_; }
+  unsigned char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  unsigned char* data_ = nullptr;
+  size_t size_ = 0;
+  size_t rounded_ = 0;
+  int fd_ = -1;
+};
+
 // A range of a buffer expected to hold stream `seed` from position `pos`.
 struct PatternRange {
   uint64_t offset = 0;

@@ -2,7 +2,8 @@
 // provider: "tcp", "shm", "local", "fabric_tcp" (the fabric transport on
 // libfabric's tcp;ofi_rxm), "fabric_shm"; "shm_mapped" is shm with the
 // target's memory shared (registered with its memfd: the initiator maps it,
-// docs/architecture.md "Mapped segments"). Shared by the conformance suite
+// docs/architecture.md "Mapped segments"); "<transport>_file" has the
+// target's buffers in file regions. Shared by the conformance suite
 // and the multi-process tests.
 #pragma once
 
@@ -15,10 +16,14 @@
 
 namespace ferry::test {
 
-// A test parameter's transport ("fabric_tcp" -> "fabric") and fabric
-// provider ("tcp"; "" for the others).
+// Whether the target's buffers are file regions ("tcp_file", "shm_file",
+// "local_file": registered with Engine::RegisterFile).
+inline bool TargetsFiles(const std::string& param) { return param.ends_with("_file"); }
+// A test parameter's transport ("fabric_tcp" -> "fabric", "tcp_file" ->
+// "tcp") and fabric provider ("tcp"; "" for the others).
 inline std::string TransportOf(const std::string& param) {
   if (param == "shm_mapped") return "shm";
+  if (TargetsFiles(param)) return param.substr(0, param.size() - 5);
   return param.starts_with("fabric_") ? "fabric" : param;
 }
 // Whether the target's buffers are shared memory (the initiator maps them).
@@ -30,7 +35,7 @@ inline std::string FabricProviderOf(const std::string& param) {
 // Why `param` cannot run on this machine ("" if it can): shm without
 // same-host copies, a fabric provider libfabric does not list here.
 inline std::string TransportRefusal(const std::string& param) {
-  if (param == "shm" || param == "shm_mapped") return SameHostCopyRefusal();
+  if (TransportOf(param) == "shm") return SameHostCopyRefusal();
   if (param.starts_with("fabric_")) {
     const FabricInfo f = DescribeFabric(FabricProviderOf(param), "127.0.0.1");
     if (f.chosen.empty()) return "fabric provider " + FabricProviderOf(param) + ": " + f.why_none;

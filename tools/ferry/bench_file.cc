@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -167,14 +168,23 @@ int RunFileBench(const BenchOptions& o) {
   const uint64_t file_size = FileSize(o);
   const bool read = o.op == Operation::kRead;
   PrepareFile(o.file, file_size, read);
+  // Local: this engine's own file region through its own segment. Remote
+  // (--transport tcp|shm): a second engine of this process holds the file
+  // and does its I/O; this one moves the bytes to or from it.
+  const bool remote = o.transport == "tcp" || o.transport == "shm";
   EngineOptions eo = o.MakeEngineOptions();
-  eo.transport = "local";
+  if (!remote) eo.transport = "local";
   eo.file_queue_depth = static_cast<uint32_t>(std::min<uint64_t>(o.batch, 4096));
   auto engine = Engine::Create(eo);
   if (!engine.ok()) Fail("cannot start the engine", engine.status());
-  Engine& e = **engine;
-  auto self = e.OpenSegment(e.PeerId());
-  if (!self.ok()) Fail("cannot open the engine's own segment", self.status());
+  Engine& e = **engine;  // holds the file
+  std::unique_ptr<Engine> initiator_engine;
+  if (remote) {
+    auto i = Engine::Create(eo);
+    if (!i.ok()) Fail("cannot start the initiator engine", i.status());
+    initiator_engine = std::move(i).value();
+  }
+  Engine& init = remote ? *initiator_engine : e;
   FileRegion region;
   region.path = o.file;
   region.length = file_size;
@@ -182,36 +192,58 @@ int RunFileBench(const BenchOptions& o) {
   region.direct = o.direct;
   auto base = e.RegisterFile(region);
   if (!base.ok()) Fail("cannot register " + o.file, base.status());
+  // The memory baseline of a remote run: the same transfers to memory of
+  // the target as large as the file.
+  std::unique_ptr<Buffer> target_memory;
+  if (remote && !o.no_baseline) {
+    target_memory = std::make_unique<Buffer>(file_size, true, o.hugepages);
+    Status st = e.RegisterMemory(target_memory->data(), target_memory->length(), "cpu");
+    if (!st.ok()) Fail("cannot register the target's memory", st);
+  }
+  auto seg = init.OpenSegment(e.PeerId());
+  if (!seg.ok()) Fail("cannot open the segment of " + e.PeerId(), seg.status());
   Buffer buf(2 * o.block * o.batch, true, o.hugepages);  // two batches in flight
-  Status st = e.RegisterMemory(buf.data(), buf.length(), "cpu");
+  Status st = init.RegisterMemory(buf.data(), buf.length(), "cpu");
   if (!st.ok()) Fail("cannot register the buffer", st);
 
-  // Ferry, fio, Ferry, fio: half the duration each, so drift in the
-  // machine's load weighs on both alike.
+  // Ferry, fio(, Ferry to memory), Ferry, fio(, ...): half the duration
+  // each, so drift in the machine's load weighs on all alike.
   const double half = (o.duration > 0 ? o.duration : 1.5) / 2;
   const std::string fio = FioCommand(o, file_size, half);
-  Figures ferry_figures, fio_figures;
+  Figures ferry_figures, fio_figures, memory_figures;
   std::string fio_error;
-  uint64_t cursor = 0;
-  std::mt19937_64 rng(42);
+  uint64_t cursor = 0, memory_cursor = 0;
+  std::mt19937_64 rng(42), memory_rng(42);
   for (int round = 0; round < 2; ++round) {
-    ferry_figures.Add(RunFerry(e, *self, buf.data(), reinterpret_cast<uint64_t>(*base), o,
+    ferry_figures.Add(RunFerry(init, *seg, buf.data(), reinterpret_cast<uint64_t>(*base), o,
                                file_size, half, &cursor, &rng));
-    if (o.no_baseline || !fio_error.empty()) continue;
-    auto f = RunFio(fio, read);
-    if (f.ok()) {
-      fio_figures.Add(*f);
-    } else {
-      fio_error = f.status().ToString();
+    if (o.no_baseline) continue;
+    if (fio_error.empty()) {
+      auto f = RunFio(fio, read);
+      if (f.ok()) {
+        fio_figures.Add(*f);
+      } else {
+        fio_error = f.status().ToString();
+      }
+    }
+    if (target_memory) {
+      memory_figures.Add(RunFerry(init, *seg, buf.data(),
+                                  reinterpret_cast<uint64_t>(target_memory->data()), o, file_size,
+                                  half, &memory_cursor, &memory_rng));
     }
   }
   const EngineMetrics m = e.GetMetrics();
   const double ratio_bw = Ratio(ferry_figures.GBps(), fio_figures.GBps());
   const double ratio_iops = Ratio(ferry_figures.Iops(), fio_figures.Iops());
+  // Remote: against the slower of the two things a remote file transfer
+  // does, the target's file I/O (fio) and the transport (memory).
+  const double floor_bw = std::min(fio_figures.GBps(), memory_figures.GBps());
+  const double ratio_floor = Ratio(ferry_figures.GBps(), floor_bw);
   if (o.json) {
     Json j;
     j["ferry_version"] = Version();
     j["target_kind"] = "file";
+    j["transport"] = remote ? o.transport : "local";
     j["file"] = o.file;
     j["file_bytes"] = file_size;
     j["operation"] = std::string(OperationName(o.op));
@@ -233,6 +265,11 @@ int RunFileBench(const BenchOptions& o) {
                   {"error", fio_error}};
     }
     j["ratio"] = {{"gbps", Figure(ratio_bw)}, {"iops", Figure(ratio_iops)}};
+    if (target_memory) {
+      j["memory"] = {{"gbps", Figure(memory_figures.GBps())},
+                     {"iops", Figure(memory_figures.Iops())}};
+      j["ratio"]["gbps_vs_min_fio_memory"] = Figure(ratio_floor);
+    }
     PrintJson(j);
     return 0;
   }
@@ -240,7 +277,10 @@ int RunFileBench(const BenchOptions& o) {
             << " B blocks, queue depth " << o.batch << ", file " << o.file << " ("
             << (file_size >> 20) << " MiB), " << (o.direct ? "O_DIRECT" : "page cache")
             << (o.durable ? ", durable" : "") << (o.random ? ", random offsets" : "")
-            << "; rounds Ferry, fio, Ferry, fio of " << Fixed(half, 2) << " s\n";
+            << (remote ? ", held by a second engine of this process over " + o.transport
+                       : std::string(", this engine's own region (local)"))
+            << "; rounds Ferry, fio" << (target_memory ? ", Ferry to memory" : "") << " ×2 of "
+            << Fixed(half, 2) << " s\n";
   std::cout << Pad("", 10, true) << Pad("GB/s", 10) << Pad("IOPS", 12) << "\n";
   std::cout << Pad("ferry", 10, true) << Pad(Fixed(ferry_figures.GBps(), 3), 10)
             << Pad(Fixed(ferry_figures.Iops(), 0), 12) << "   (ops: " << m.file_direct_ops
@@ -248,8 +288,17 @@ int RunFileBench(const BenchOptions& o) {
   if (!o.no_baseline) {
     std::cout << Pad("fio", 10, true) << Pad(Fixed(fio_figures.GBps(), 3), 10)
               << Pad(Fixed(fio_figures.Iops(), 0), 12) << "\n";
+    if (target_memory) {
+      std::cout << Pad("memory", 10, true) << Pad(Fixed(memory_figures.GBps(), 3), 10)
+                << Pad(Fixed(memory_figures.Iops(), 0), 12)
+                << "   (Ferry, the same transfers to the target's memory)\n";
+    }
     std::cout << Pad("ferry/fio", 10, true) << Pad(Fixed(ratio_bw, 2), 10)
               << Pad(Fixed(ratio_iops, 2), 12) << "\n";
+    if (target_memory) {
+      std::cout << Pad("ferry/min", 10, true) << Pad(Fixed(ratio_floor, 2), 10)
+                << "              (GB/s against the slower of fio and memory)\n";
+    }
     std::cout << "fio job: " << fio << "\n";
     if (!fio_error.empty()) std::cout << "fio baseline not measured: " << fio_error << "\n";
   }

@@ -93,7 +93,11 @@ Engine:
 Files (issue 30):
   --target-kind memory|file  file: write to / read from a file region of this
                             engine (Engine::RegisterFile, io_uring, --transport
-                            local: its own segment), batches of --batch-size
+                            local: its own segment) or, with --transport tcp|shm,
+                            of a second engine of this process (which does the
+                            I/O; also timed: the same transfers to its memory,
+                            and Ferry against the slower of fio and that),
+                            batches of --batch-size
                             requests (the queue depth) at consecutive offsets,
                             against fio (ioengine=io_uring, the same file, block
                             size and queue depth), rounds Ferry, fio, Ferry, fio;
@@ -369,15 +373,16 @@ void BenchOptions::CheckFileTarget() {
     }
     return;
   }
-  if (o.role != Role::kLauncher || (o.transport != "auto" && o.transport != "local") ||
+  if (o.role != Role::kLauncher ||
+      (o.transport != "auto" && o.transport != "local" && o.transport != "tcp" &&
+       o.transport != "shm") ||
       o.op == Operation::kMixed || o.sweep || o.kv || o.prepared || o.sync || o.verify ||
       o.threads_set || o.total_bytes > 0 || o.ByName()) {
     throw cli::UsageError(
-        "--target-kind file measures this engine's own file region (--transport local) and "
-        "takes only --operation write|read, --block-size, --batch-size, --duration, --file, "
-        "--direct, --durable, --random, --hugepages, --no-baseline and --json (a peer's file "
-        "regions over "
-        "tcp are not in the bench yet)");
+        "--target-kind file measures this engine's own file region (--transport local, the "
+        "default) or a second engine's (--transport tcp or shm) and takes only --operation "
+        "write|read, --block-size, --batch-size, --duration, --file, --direct, --durable, "
+        "--random, --hugepages, --no-baseline, --json and the tcp options");
   }
 }
 

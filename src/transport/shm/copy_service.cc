@@ -111,7 +111,8 @@ bool CanReadProcess(int pid) {
 }
 
 std::optional<stream::RequestFrame> LendReadHook::OnReply(
-    const stream::RequestFrame& r, uint64_t seq, std::vector<wire::EntryFailure>* failures) const {
+    const stream::RequestFrame& r, uint64_t seq, const std::vector<wire::StagedLend>& staged,
+    std::vector<wire::EntryFailure>* failures) const {
   // The entries the target lent: those it did not refuse.
   std::vector<bool> refused(r.slices.size(), false);
   for (const auto& f : *failures) {
@@ -125,6 +126,8 @@ std::optional<stream::RequestFrame> LendReadHook::OnReply(
     entries[i] = {reinterpret_cast<uint64_t>(s.local), s.length, s.remote};
     if (!refused[i]) run.push_back(i);
   }
+  // Entries of file regions: the target read them into memory of its own.
+  for (const wire::StagedLend& st : staged) entries[st.index].peer_addr = st.addr;
   pollfd exited{pidfd_.get(), POLLIN, 0};
   if (::poll(&exited, 1, 0) != 0) {
     for (uint32_t i : run) {
@@ -211,7 +214,8 @@ Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c,
   wire::EncodeStatus(result, &reply);
   c.QueueReply(wire::FrameType::kStreamHelloAck, h.seq, std::move(reply));
   if (result.ok()) {
-    c.Serve(std::make_shared<CopyStreamService>(cfg.policy.target, pid, std::move(pidfd)),
+    c.Serve(std::make_shared<CopyStreamService>(cfg.policy.target, pid, std::move(pidfd),
+                                                (h.flags & wire::kHelloFlagLendStaged) != 0),
             hello.hello.wire_version,
             hello.hello.initiator_peer_id + " (same-host stream " +
                 std::to_string(hello.hello.stream_index) + ", pid " + std::to_string(pid) + ")");
@@ -265,10 +269,27 @@ Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHead
   std::vector<RegionPin> pins;
   std::vector<uint32_t> run;
   run.reserve(entries.size());
+  std::vector<StagedEntry> staged;  // file regions: through a buffer of this process
+  size_t staged_bytes = 0;
   const Region* last = nullptr;
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const CopyEntry& e = entries[i];
-    if (!PinEntry(e.addr, e.length, i, &last, &pins, &rep.failures).ok()) continue;
+    if (!PinEntry(e.addr, e.length, i, &last, &pins, &rep.failures, Staged::kFiles).ok()) continue;
+    if (last->kind.type() == MemoryKind::Type::kFile) {
+      if (lend && !lend_staged_) {
+        rep.failures.push_back(
+            {i, StatusCode::kFailedPrecondition,
+             "peer " + target().peer_id() + " refused: remote range " +
+                 FormatRange(e.addr, e.length) + " is in a file region, which " + c.peer_name() +
+                 " cannot read over a same-host stream (its build does not take staged lends); "
+                 "use tcp"});
+        continue;
+      }
+      const size_t at = StagedOffset(staged_bytes, e.length);
+      staged.push_back({i, e.addr, last, at, e.length});
+      staged_bytes = at + e.length;
+      continue;
+    }
     if (lend) continue;           // the initiator copies
     if (run.size() == kMaxIov) {  // an entry needs at most one iovec on each side
       CopyRun(pid_, write, entries, run, c.peer_name(), &rep.failures);
@@ -276,33 +297,122 @@ Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHead
     }
     run.push_back(i);
   }
-  if (lend) {
-    // Bounded: an initiator returns each lend as soon as it has copied.
-    constexpr size_t kMaxLent = 65536;
-    if (lent_.size() >= kMaxLent) {
-      return ResourceExhaustedError(c.peer_name() + " holds " + std::to_string(lent_.size()) +
-                                    " lent reads it never returned; closing its same-host stream");
-    }
-    lent_.emplace_back(h.seq, std::move(pins));
-  } else {
-    CopyRun(pid_, write, entries, run, c.peer_name(), &rep.failures);
+  if (!lend) CopyRun(pid_, write, entries, run, c.peer_name(), &rep.failures);
+  std::shared_ptr<char> host;
+  std::vector<wire::StagedLend> lent_staged;
+  if (!staged.empty()) {
+    host = StagingBytes(staged_bytes);
+    MoveFileEntries(c, write, lend, entries, staged, host.get(), &rep.failures, &lent_staged);
   }
-  pins.clear();  // the bytes have moved (or are lent): release what this frame holds
   // Validation and copy failures were collected separately: the initiator
   // expects them in entry order.
   std::sort(
       rep.failures.begin(), rep.failures.end(),
       [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
+  if (lend) {
+    // Bounded: an initiator returns each lend as soon as it has copied.
+    constexpr size_t kMaxLent = 65536;
+    constexpr size_t kMaxLentStagedBytes = size_t{1} << 30;
+    if (lent_.size() >= kMaxLent || lent_staged_bytes_ > kMaxLentStagedBytes) {
+      return ResourceExhaustedError(c.peer_name() + " holds " + std::to_string(lent_.size()) +
+                                    " lent reads (" + std::to_string(lent_staged_bytes_) +
+                                    " bytes of them staged from files) it never returned; "
+                                    "closing its same-host stream");
+    }
+    if (lent_staged.empty()) host.reset();
+    const size_t held = host ? staged_bytes : 0;
+    lent_staged_bytes_ += held;
+    lent_.push_back({h.seq, std::move(pins), std::move(host), held});
+  }
+  pins.clear();  // the bytes have moved (or are lent): release what this frame holds
   std::string reply;
-  wire::EncodeReply(rep, &reply);
-  c.QueueReply(wire::FrameType::kAck, h.seq, std::move(reply));
+  if (!lent_staged.empty()) {
+    wire::EncodeLendAck({std::move(rep), std::move(lent_staged)}, &reply);
+    c.QueueReply(wire::FrameType::kLendAck, h.seq, std::move(reply));
+  } else {
+    wire::EncodeReply(rep, &reply);
+    c.QueueReply(wire::FrameType::kAck, h.seq, std::move(reply));
+  }
   return OkStatus();
+}
+
+void CopyStreamService::MoveFileEntries(stream::Connection& c, bool write, bool lend,
+                                        const std::vector<CopyEntry>& entries,
+                                        const std::vector<StagedEntry>& staged, char* host,
+                                        std::vector<wire::EntryFailure>* failures,
+                                        std::vector<wire::StagedLend>* lent) {
+  // The initiator's side of each staged entry, with this process's side in
+  // the host buffer; copied in runs of at most kMaxIov.
+  auto copy = [&](const std::vector<size_t>& which) {
+    std::vector<CopyEntry> via(which.size());
+    std::vector<uint32_t> run;
+    std::vector<wire::EntryFailure> failed;
+    for (size_t k = 0; k < which.size(); ++k) {
+      const StagedEntry& s = staged[which[k]];
+      via[k] = {reinterpret_cast<uint64_t>(host + s.offset), s.length, entries[s.index].peer_addr};
+    }
+    for (size_t first = 0; first < via.size(); first += kMaxIov) {
+      run.clear();
+      for (size_t k = first; k < std::min(via.size(), first + kMaxIov); ++k)
+        run.push_back(static_cast<uint32_t>(k));
+      CopyRun(pid_, write, via, run, c.peer_name(), &failed);
+    }
+    std::vector<bool> bad(which.size(), false);
+    for (wire::EntryFailure& f : failed) {
+      bad[f.index] = true;
+      f.index = staged[which[f.index]].index;
+      failures->push_back(std::move(f));
+    }
+    return bad;
+  };
+  auto without = [](const std::vector<StagedEntry>& from, const std::vector<bool>& bad) {
+    std::vector<StagedEntry> kept;
+    for (size_t k = 0; k < from.size(); ++k) {
+      if (!bad[k]) kept.push_back(from[k]);
+    }
+    return kept;
+  };
+  std::vector<size_t> all(staged.size());
+  for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+  if (write) {
+    // The initiator's bytes into the buffer, then what arrived to the files.
+    const std::vector<bool> bad = copy(all);
+    RunFileIo(without(staged, bad), host, /*write=*/true, failures);
+    return;
+  }
+  // Reads: the files into the buffer first.
+  std::vector<wire::EntryFailure> failed;
+  RunFileIo(staged, host, /*write=*/false, &failed);
+  std::vector<bool> bad(staged.size(), false);
+  for (const wire::EntryFailure& f : failed) {
+    for (size_t k = 0; k < staged.size(); ++k) {
+      if (staged[k].index == f.index) bad[k] = true;
+    }
+  }
+  failures->insert(failures->end(), failed.begin(), failed.end());
+  if (lend) {
+    // The initiator copies them out of the buffer, which the lend keeps.
+    for (size_t k = 0; k < staged.size(); ++k) {
+      if (!bad[k])
+        lent->push_back({staged[k].index, reinterpret_cast<uint64_t>(host + staged[k].offset)});
+    }
+    return;
+  }
+  // An initiator that does not lend (an older build): this process writes them.
+  std::vector<size_t> good;
+  for (size_t k = 0; k < staged.size(); ++k) {
+    if (!bad[k]) good.push_back(k);
+  }
+  copy(good);
 }
 
 void CopyStreamService::ReleaseLent(uint64_t up_to) {
   // Returns come in lending order; anything up to `up_to` was copied (or
   // given up on) by the initiator.
-  while (!lent_.empty() && lent_.front().first <= up_to) lent_.pop_front();
+  while (!lent_.empty() && lent_.front().seq <= up_to) {
+    lent_staged_bytes_ -= lent_.front().staged_bytes;
+    lent_.pop_front();
+  }
 }
 
 Status CopyStreamService::ServeReturn(stream::Connection& c, const wire::FrameHeader& h,

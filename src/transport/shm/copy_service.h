@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/net.h"
+#include "transport/shm/copy_frames.h"
 #include "transport/stream/hello.h"
 #include "transport/stream/stream_link.h"
 #include "transport/stream/target_service.h"
@@ -33,7 +34,7 @@ class LendReadHook : public stream::ReplyHook {
   LendReadHook(int pid, UniqueFd pidfd, std::string peer, uint16_t wire_version)
       : pid_(pid), pidfd_(std::move(pidfd)), peer_(std::move(peer)), wire_version_(wire_version) {}
   std::optional<stream::RequestFrame> OnReply(
-      const stream::RequestFrame& r, uint64_t seq,
+      const stream::RequestFrame& r, uint64_t seq, const std::vector<wire::StagedLend>& staged,
       std::vector<wire::EntryFailure>* failures) const override;
 
  private:
@@ -77,8 +78,12 @@ Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c,
 // kCopyLendRead + kCopyReturn, kNotify.
 class CopyStreamService : public stream::TargetService {
  public:
-  CopyStreamService(std::shared_ptr<EngineTarget> target, int pid, UniqueFd pidfd)
-      : TargetService(std::move(target), "shm"), pid_(pid), pidfd_(std::move(pidfd)) {}
+  // `lend_staged`: the initiator's hello carried kHelloFlagLendStaged.
+  CopyStreamService(std::shared_ptr<EngineTarget> target, int pid, UniqueFd pidfd, bool lend_staged)
+      : TargetService(std::move(target), "shm"),
+        pid_(pid),
+        pidfd_(std::move(pidfd)),
+        lend_staged_(lend_staged) {}
   bool Accepts(wire::FrameType t) const override;
   Status OnFrame(stream::Connection& c, const wire::FrameHeader& h, std::string_view body) override;
   Status OnPayload(stream::Connection& c, const wire::FrameHeader&) override {
@@ -92,14 +97,35 @@ class CopyStreamService : public stream::TargetService {
                    bool write, bool lend = false);
   Status ServeReturn(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
   void ReleaseLent(uint64_t up_to);
+  // The file entries of a frame (`staged`, their bytes at `host` + offset):
+  // a write copies the initiator's bytes into `host`, then writes the files;
+  // a read reads the files into `host`, then lends those ranges (`lent`:
+  // where each is, for the kLendAck) or, not lending, copies them into the
+  // initiator. Failures into `failures`.
+  void MoveFileEntries(stream::Connection& c, bool write, bool lend,
+                       const std::vector<CopyEntry>& entries,
+                       const std::vector<StagedEntry>& staged, char* host,
+                       std::vector<wire::EntryFailure>* failures,
+                       std::vector<wire::StagedLend>* lent);
 
   const int pid_;
   // Readable once the process has exited, so a recycled pid is never copied
   // to or from.
   const UniqueFd pidfd_;
+  // Its hello carried kHelloFlagLendStaged: file entries of its lent reads
+  // are staged here and named in a kLendAck.
+  const bool lend_staged_;
   // Ranges lent to the initiator (kCopyLendRead), by the frame's sequence
-  // number, until it returns them. Loop thread only.
-  std::deque<std::pair<uint64_t, std::vector<RegionPin>>> lent_;
+  // number, until it returns them, with the buffer holding the frame's file
+  // entries. Loop thread only.
+  struct Lent {
+    uint64_t seq;
+    std::vector<RegionPin> pins;
+    std::shared_ptr<char> staged;
+    size_t staged_bytes;
+  };
+  std::deque<Lent> lent_;
+  size_t lent_staged_bytes_ = 0;
 };
 
 }  // namespace ferry::internal::shm

@@ -46,7 +46,10 @@ class ShmTransport : public Transport {
         local_instance_(ctx.instance_id),
         credentials_(ctx.credentials()),
         pool_(ctx.streams->loops()),
-        map_peers_(ctx.options->map_shared_memory) {
+        map_peers_(ctx.options->map_shared_memory),
+        hello_flags_(ctx.options->testing.no_staged_lends
+                         ? wire::kHelloFlagGoAway
+                         : wire::kHelloFlagGoAway | wire::kHelloFlagLendStaged) {
     std::random_device rd;
     for (char& c : probe_) c = static_cast<char>(rd());
     char name[64];
@@ -160,7 +163,7 @@ class ShmTransport : public Transport {
       std::string body;
       shm::EncodeCopyHello(hello, &body);
       Status hi = stream::SayHello(fd->get(), credentials_, peer.peer_id,
-                                   wire::FrameType::kCopyHello, body, deadline);
+                                   wire::FrameType::kCopyHello, body, deadline, hello_flags_);
       if (!hi.ok()) return ctx(hi);
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd->get(), true));
       streams.push_back(std::make_shared<Connection>(pool_->loop(static_cast<size_t>(i)),
@@ -234,7 +237,10 @@ class ShmTransport : public Transport {
   const stream::Credentials credentials_;
   const std::shared_ptr<stream::LoopPool> pool_;
   stream::StreamLinkConfig link_cfg_;
-  const bool map_peers_;                   // EngineOptions::map_shared_memory
+  const bool map_peers_;  // EngineOptions::map_shared_memory
+  // Of this engine's same-host hellos: kGoAway and kLendAck answers are
+  // taken (but with TestingOptions::no_staged_lends).
+  const uint16_t hello_flags_;
   std::unique_ptr<shm::SlotTable> slots_;  // null: peers copy through this engine
   std::shared_ptr<stream::Listener> listener_;
   std::string socket_name_;
@@ -258,6 +264,9 @@ TransportCaps ShmCaps() {
   // A region registered after the descriptor was fetched has no key here
   // yet: the core fetches the descriptor again (once per submit) first.
   c.refresh_for_keys = true;
+  // The peer's file regions too: its stream service stages them
+  // (copy_service.h).
+  c.remote_kinds = {MemoryKind::Type::kCpu, MemoryKind::Type::kFile};
   return c;
 }
 

@@ -493,7 +493,8 @@ Status Connection::OnHeader(const wire::FrameHeader& h) {
       allowed = service_ != nullptr && service_->Accepts(t);
       break;
     case Role::kInitiator:
-      allowed = t == FrameType::kAck || t == FrameType::kReadData || t == FrameType::kGoAway;
+      allowed = t == FrameType::kAck || t == FrameType::kReadData || t == FrameType::kGoAway ||
+                t == FrameType::kLendAck;
       if (t == FrameType::kGoAway && (h.body_len != 0 || h.payload_len != 0)) {
         return DataLossError("a go-away frame with a body or payload from " + peer_name_);
       }
@@ -560,16 +561,29 @@ Status Connection::OnReply(const wire::FrameHeader& h, std::string_view body) {
     return DataLossError("reply with sequence " + std::to_string(h.seq) + " from " + peer_name_ +
                          " matches no request in flight");
   }
-  // DecodeReply refuses failures out of entry order.
-  FERRY_ASSIGN_OR_RETURN(wire::Reply rep, wire::DecodeReply(body));
+  // The decoders refuse failures (and staged entries) out of entry order.
+  wire::Reply rep;
+  std::vector<wire::StagedLend> staged;
+  if (h.type == wire::FrameType::kLendAck) {
+    FERRY_ASSIGN_OR_RETURN(wire::LendAck ack, wire::DecodeLendAck(body));
+    rep = std::move(ack.reply);
+    staged = std::move(ack.staged);
+  } else {
+    FERRY_ASSIGN_OR_RETURN(rep, wire::DecodeReply(body));
+  }
   RequestFrame& req = inflight_.front().req;
   const bool is_read = req.type == wire::FrameType::kRead;
-  if ((h.type == wire::FrameType::kReadData) != is_read) {
+  if ((h.type == wire::FrameType::kReadData) != is_read ||
+      (h.type == wire::FrameType::kLendAck && req.hook == nullptr)) {
     return DataLossError("reply type does not match the request from " + peer_name_);
   }
-  if (!rep.failures.empty() && rep.failures.back().index >= req.slices.size()) {
+  // (One past the last entry named, in 64 bits: an index may be 2^32 - 1.)
+  const uint64_t last_named =
+      std::max(rep.failures.empty() ? 0 : uint64_t{rep.failures.back().index} + 1,
+               staged.empty() ? 0 : uint64_t{staged.back().index} + 1);
+  if (last_named > req.slices.size()) {
     return DataLossError("reply from " + peer_name_ + " names entry " +
-                         std::to_string(rep.failures.back().index) + " of a frame with " +
+                         std::to_string(last_named - 1) + " of a frame with " +
                          std::to_string(req.slices.size()));
   }
   if (!is_read || !rep.status.ok()) {
@@ -578,7 +592,7 @@ Status Connection::OnReply(const wire::FrameHeader& h, std::string_view body) {
     const bool hooked = req.hook != nullptr;
     if (hooked) {
       const size_t target_failures = rep.failures.size();
-      next = req.hook->OnReply(req, h.seq, &rep.failures);
+      next = req.hook->OnReply(req, h.seq, staged, &rep.failures);
       if (rep.failures.size() != target_failures) {
         std::stable_sort(rep.failures.begin(), rep.failures.end(),
                          [](const wire::EntryFailure& a, const wire::EntryFailure& b) {

@@ -86,7 +86,9 @@ struct RequestFrame;
 // What an initiator does with the reply to a frame before its slices
 // complete, on the stream's loop thread (so before, and never after, the
 // frame can fail by its deadline): the same-host transport's lent reads copy
-// the target's ranges here. Adds the entries that failed (any order) to
+// the target's ranges here (`staged`: the entries the target staged in its
+// own memory instead, with where; a kLendAck's). Adds the entries that
+// failed (any order) to
 // `failures` and may return a follow-up frame for the same stream, which is
 // cumulative (a later one covers an earlier one). The stream does not send
 // it at once: the body of every hooked frame starts with a u64 the stream
@@ -97,6 +99,7 @@ class ReplyHook {
  public:
   virtual ~ReplyHook() = default;
   virtual std::optional<RequestFrame> OnReply(const RequestFrame& r, uint64_t seq,
+                                              const std::vector<wire::StagedLend>& staged,
                                               std::vector<wire::EntryFailure>* failures) const = 0;
 };
 

@@ -1,10 +1,16 @@
 #include "transport/stream/target_service.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
+#include "storage/file_segment.h"
+
 namespace ferry::internal::stream {
 
 Status TargetService::PinEntry(uint64_t addr, uint32_t length, uint32_t index, const Region** last,
                                std::vector<RegionPin>* pins,
-                               std::vector<wire::EntryFailure>* failures, bool allow_staged) const {
+                               std::vector<wire::EntryFailure>* failures, Staged staged) const {
   Status s;
   const Region* r = *last;
   if (length == 0) {
@@ -15,11 +21,12 @@ Status TargetService::PinEntry(uint64_t addr, uint32_t length, uint32_t index, c
   } else {
     auto pin = target_->registry().PinExported(addr, length, "remote range");
     const bool reachable =
-        pin.ok() && (pin->region()->kind.cpu_accessible() ||
-                     (allow_staged && pin->region()->kind.type() == MemoryKind::Type::kCuda &&
-                      target_->cuda_driver() != nullptr) ||
-                     (allow_staged && pin->region()->kind.type() == MemoryKind::Type::kFile &&
-                      pin->region()->file != nullptr));
+        pin.ok() &&
+        (pin->region()->kind.cpu_accessible() ||
+         (staged == Staged::kFilesAndGpu && pin->region()->kind.type() == MemoryKind::Type::kCuda &&
+          target_->cuda_driver() != nullptr) ||
+         (staged != Staged::kNone && pin->region()->kind.type() == MemoryKind::Type::kFile &&
+          pin->region()->file != nullptr));
     if (pin.ok() && !reachable) {
       s = InvalidArgumentError("remote range " + FormatRange(addr, length) + " is in " +
                                pin->region()->kind.Name() + " memory, which transport " +
@@ -46,6 +53,44 @@ Status TargetService::ServeNotify(Connection& stream, const wire::FrameHeader& h
   wire::EncodeReply({delivered.WithPrefix("peer " + target_->peer_id() + " refused"), {}}, &reply);
   stream.QueueReply(wire::FrameType::kAck, h.seq, std::move(reply));
   return OkStatus();
+}
+
+size_t TargetService::StagedOffset(size_t at, uint32_t length) {
+  return length % 512 == 0 ? (at + 4095) / 4096 * 4096 : at;
+}
+
+std::shared_ptr<char> TargetService::StagingBytes(size_t n) {
+  const size_t rounded = std::max<size_t>(4096, (n + 4095) / 4096 * 4096);
+  void* p = std::aligned_alloc(4096, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  return std::shared_ptr<char>(static_cast<char*>(p), std::free);
+}
+
+void TargetService::RunFileIo(const std::vector<StagedEntry>& staged, char* host, bool write,
+                              std::vector<wire::EntryFailure>* failures) const {
+  std::vector<storage::FileOp> ops;
+  std::vector<uint32_t> index;  // the entry of each op
+  storage::FileIo* io = nullptr;
+  for (const StagedEntry& e : staged) {
+    if (e.region->kind.type() != MemoryKind::Type::kFile) continue;
+    const storage::FileSegment& file = *e.region->file;
+    auto op = file.MakeOp(write, host + e.offset, e.addr, e.length);
+    if (!op.ok()) {
+      const Status s = op.status().WithPrefix("peer " + target().peer_id() + " refused");
+      failures->push_back({e.index, s.code(), std::string(s.message())});
+      continue;
+    }
+    io = &file.io();  // one engine's regions: one ring
+    ops.push_back(*std::move(op));
+    index.push_back(e.index);
+  }
+  if (ops.empty()) return;
+  const std::vector<Status> done = io->Run(std::move(ops));
+  for (size_t k = 0; k < done.size(); ++k) {
+    if (done[k].ok()) continue;
+    const Status s = done[k].WithPrefix("peer " + target().peer_id());
+    failures->push_back({index[k], s.code(), std::string(s.message())});
+  }
 }
 
 }  // namespace ferry::internal::stream

@@ -26,16 +26,45 @@ class TargetService : public FrameService {
  protected:
   EngineTarget& target() const { return *target_; }
 
+  // What a transport stages through host memory on this side (beside
+  // registered CPU memory, which it reaches directly).
+  enum class Staged { kNone, kFiles, kFilesAndGpu };
+
   // Pins the region holding [addr, addr + length) unless *last already covers
   // it; on failure records it in `failures` (naming the range and why: not
   // registered, not exported, or memory this transport cannot touch) and
-  // returns it. The entry must be in registered CPU memory (or, with
-  // `allow_staged`, GPU memory or a file region, which the caller stages
-  // through host memory: *last tells the kind); other regions are reached
-  // only through their own transports.
+  // returns it. The entry must be in registered CPU memory (or, as `staged`
+  // allows, a file region or GPU memory, which the caller stages through
+  // host memory: *last tells the kind); other regions are reached only
+  // through their own transports.
   Status PinEntry(uint64_t addr, uint32_t length, uint32_t index, const Region** last,
                   std::vector<RegionPin>* pins, std::vector<wire::EntryFailure>* failures,
-                  bool allow_staged = false) const;
+                  Staged staged = Staged::kNone) const;
+
+ public:
+  // An entry of a frame staged through host memory: where in the region
+  // (pinned for the frame), where in the frame's host buffer.
+  struct StagedEntry {
+    uint32_t index;
+    uint64_t addr;
+    const Region* region;
+    size_t offset;
+    uint32_t length;
+  };
+
+ protected:
+  // Where in a frame's host buffer an entry of `length` bytes goes after
+  // `at` bytes: one whose length O_DIRECT could take starts on a page.
+  static size_t StagedOffset(size_t at, uint32_t length);
+  // Page-aligned host memory for a frame's staged entries (at least n bytes),
+  // so that file entries may go to the file with O_DIRECT.
+  static std::shared_ptr<char> StagingBytes(size_t n);
+  // Does the file entries of `staged` (others are skipped) as one batch of
+  // their files' io_uring ring, between the file and `host` + each entry's
+  // offset (write: host → file), and waits; failures, naming this peer, into
+  // `failures` (any order).
+  void RunFileIo(const std::vector<StagedEntry>& staged, char* host, bool write,
+                 std::vector<wire::EntryFailure>* failures) const;
 
   // kNotify: delivers to the inbox and acknowledges.
   Status ServeNotify(Connection& stream, const wire::FrameHeader& h, std::string_view body) const;

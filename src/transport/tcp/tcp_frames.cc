@@ -1,30 +1,8 @@
 #include "transport/tcp/tcp_frames.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <new>
-
-#include "storage/file_segment.h"
 
 namespace ferry::internal::tcp {
-namespace {
-
-// Host memory for a frame's staged entries, page-aligned so that file
-// entries may go to the file with O_DIRECT.
-std::shared_ptr<char> StagingBytes(size_t n) {
-  const size_t rounded = std::max<size_t>(4096, (n + 4095) / 4096 * 4096);
-  void* p = std::aligned_alloc(4096, rounded);
-  if (p == nullptr) throw std::bad_alloc();
-  return std::shared_ptr<char>(static_cast<char*>(p), std::free);
-}
-
-// Where in the staging buffer an entry of `length` bytes goes after `at`:
-// one whose length O_DIRECT could take starts on a page.
-size_t StagedOffset(size_t at, uint32_t length) {
-  return length % 512 == 0 ? (at + 4095) / 4096 * 4096 : at;
-}
-
-}  // namespace
 
 void TcpFrameEncoder::Encode(Opcode op, const Slice* slices, size_t n, uint64_t bytes,
                              uint16_t wire_version, stream::RequestFrame* r) const {
@@ -87,7 +65,7 @@ Status TcpStreamService::ServeWrite(stream::Connection& c, const wire::FrameHead
   const Region* last = nullptr;  // entries of a frame mostly share a region
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
-    if (!PinEntry(e.addr, e.length, i, &last, &pins_, &failures_, /*allow_staged=*/true).ok())
+    if (!PinEntry(e.addr, e.length, i, &last, &pins_, &failures_, Staged::kFilesAndGpu).ok())
       continue;
     if (last->kind.cpu_accessible()) {
       placed[i] = 1;
@@ -138,33 +116,6 @@ void TcpStreamService::CopyGpu(const std::vector<StagedEntry>& staged, char* hos
   }
 }
 
-void TcpStreamService::RunFileIo(const std::vector<StagedEntry>& staged, char* host, bool write,
-                                 std::vector<wire::EntryFailure>* failures) const {
-  std::vector<storage::FileOp> ops;
-  std::vector<uint32_t> index;  // the entry of each op
-  storage::FileIo* io = nullptr;
-  for (const StagedEntry& e : staged) {
-    if (e.region->kind.type() != MemoryKind::Type::kFile) continue;
-    const storage::FileSegment& file = *e.region->file;
-    auto op = file.MakeOp(write, host + e.offset, e.addr, e.length);
-    if (!op.ok()) {
-      const Status s = op.status().WithPrefix("peer " + target().peer_id() + " refused");
-      failures->push_back({e.index, s.code(), std::string(s.message())});
-      continue;
-    }
-    io = &file.io();  // one engine's regions: one ring
-    ops.push_back(*std::move(op));
-    index.push_back(e.index);
-  }
-  if (ops.empty()) return;
-  const std::vector<Status> done = io->Run(std::move(ops));
-  for (size_t k = 0; k < done.size(); ++k) {
-    if (done[k].ok()) continue;
-    const Status s = done[k].WithPrefix("peer " + target().peer_id());
-    failures->push_back({index[k], s.code(), std::string(s.message())});
-  }
-}
-
 Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeader& h) {
   // A kWrite payload has landed: staged entries go on to the device or the
   // file, then the regions are released and the frame acknowledged.
@@ -198,7 +149,7 @@ Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeade
   const Region* last = nullptr;
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
-    if (!PinEntry(e.addr, e.length, i, &last, &pins, &rep.failures, /*allow_staged=*/true).ok())
+    if (!PinEntry(e.addr, e.length, i, &last, &pins, &rep.failures, Staged::kFilesAndGpu).ok())
       continue;
     if (last->kind.cpu_accessible()) {
       placed[i] = 1;

@@ -39,23 +39,11 @@ class TcpStreamService : public stream::TargetService {
   Status ServeWrite(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
   Status ServeRead(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
 
-  // Staged entries of a frame (GPU or file): where in the region (pinned
-  // for the frame), where in the host buffer.
-  struct StagedEntry {
-    uint32_t index;
-    uint64_t addr;
-    const Region* region;
-    size_t offset;
-    uint32_t length;
-  };
   cuda::SyncCopies& Copies();
   // Moves the GPU entries of `staged` between the host buffer at `host` and
   // the device (to_device: a write), failures into `failures`.
   void CopyGpu(const std::vector<StagedEntry>& staged, char* host, bool to_device,
                std::vector<wire::EntryFailure>* failures);
-  // Does the file entries' I/O as one batch of their files' rings, waiting.
-  void RunFileIo(const std::vector<StagedEntry>& staged, char* host, bool write,
-                 std::vector<wire::EntryFailure>* failures) const;
 
   // The write frame whose payload is arriving.
   std::vector<RegionPin> pins_;
