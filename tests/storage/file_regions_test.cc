@@ -525,6 +525,71 @@ TEST_P(FileRegionsTest, OneBatchOfMemoryAndFileEntries) {
   EXPECT_OK(owner_->UnregisterMemory(owner_mem.data()));
 }
 
+// Over a stream the target answers a frame of file entries once its file
+// I/O is done, and serves later frames meanwhile; the answers still go
+// back in frame order (an answer out of order would close the stream, and
+// its requests fail). One stream, one entry a frame: file and memory
+// frames alternate, reads and writes.
+TEST_P(FileRegionsTest, FileAndMemoryFramesOnOneStreamAnswerInOrder) {
+  if (GetParam() == "local") GTEST_SKIP() << "local has no streams";
+  EngineOptions o = Options();
+  o.tcp_streams = 1;
+  o.max_frame_entries = 1;
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  constexpr uint64_t kN = 256, kLen = 16384;
+  TempFile file(kN * kLen);
+  uint64_t base = 0;
+  ASSERT_OK_AND_ASSIGN(base, RegisterFile({.path = file.path()}));
+  AlignedBuffer owner_mem(kN * kLen);
+  ASSERT_OK(owner_->RegisterMemory(owner_mem.data(), kN * kLen, "cpu"));
+  ASSERT_OK(initiator_->QuerySegment(segment_).status());
+  unsigned char* mem = Memory(2 * kN * kLen);
+  FillPattern(mem, kN * kLen, 41);
+  auto remote = [&](uint64_t k) { return (k % 2 == 0 ? base : owner_mem.addr()) + k * kLen; };
+  std::vector<TransferRequest> writes, reads;
+  for (uint64_t k = 0; k < kN; ++k) {
+    writes.push_back({Opcode::kWrite, mem + k * kLen, segment_, remote(k), kLen});
+    reads.push_back({Opcode::kRead, mem + (kN + k) * kLen, segment_, remote(k), kLen});
+  }
+  ASSERT_OK(initiator_->TransferSync(writes));
+  ASSERT_OK(initiator_->TransferSync(reads));
+  EXPECT_EQ(std::memcmp(mem, mem + kN * kLen, kN * kLen), 0) << "read back differs";
+  for (uint64_t k = 0; k < kN; k += 2) {
+    EXPECT_EQ(std::memcmp(file.Read(k * kLen, kLen).data(), mem + k * kLen, kLen), 0)
+        << "entry " << k;
+  }
+  EXPECT_OK(owner_->UnregisterMemory(owner_mem.data()));
+}
+
+// The initiator goes away while the target still has its file writes in
+// the ring: their answers have no stream left and are dropped; the target
+// keeps serving (a new initiator's writes and reads work).
+TEST_P(FileRegionsTest, InitiatorGoneWithFileIoInFlightLeavesTheTargetServing) {
+  if (GetParam() == "local") GTEST_SKIP() << "local has no streams";
+  constexpr uint64_t kN = 64, kLen = 65536;
+  TempFile file(kN * kLen);
+  uint64_t base = 0;
+  ASSERT_OK_AND_ASSIGN(base, RegisterFile({.path = file.path()}));
+  {
+    unsigned char* mem = Memory(kN * kLen);
+    FillPattern(mem, kN * kLen, 43);
+    std::vector<TransferRequest> reqs;
+    for (uint64_t k = 0; k < kN; ++k)
+      reqs.push_back({Opcode::kWrite, mem + k * kLen, segment_, base + k * kLen, kLen});
+    auto batch = initiator_->AllocateBatch(kN);
+    ASSERT_OK(batch);
+    ASSERT_OK(initiator_->Submit(*batch, reqs));
+    initiator_.reset();  // not waited for
+  }
+  ASSERT_OK_AND_ASSIGN(initiator_, Engine::Create(Options()));
+  ASSERT_OK_AND_ASSIGN(segment_, initiator_->OpenSegment(owner_->PeerId()));
+  unsigned char* mem = Memory(2 * kLen);
+  FillPattern(mem, kLen, 47);
+  ASSERT_OK(initiator_->TransferSync({Opcode::kWrite, mem, segment_, base, kLen}));
+  ASSERT_OK(initiator_->TransferSync({Opcode::kRead, mem + kLen, segment_, base, kLen}));
+  EXPECT_EQ(std::memcmp(mem, mem + kLen, kLen), 0);
+}
+
 // The engine that owns the file is destroyed with reads perhaps still queued
 // on its ring: those fail CANCELLED (nothing hangs), and the initiator's
 // batch finishes.

@@ -101,6 +101,55 @@ void CopyRun(int pid, bool write, const std::vector<CopyEntry>& entries,
   }
 }
 
+void SortByEntry(std::vector<wire::EntryFailure>* failures) {
+  std::sort(
+      failures->begin(), failures->end(),
+      [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
+}
+
+// Copies the staged entries (their bytes at `host` + offset) between this
+// process and the initiator, `pid` (from_initiator: into `host`), whose
+// addresses `theirs` lists in the same order; in runs of at most kMaxIov.
+// Failures (by entry index) into `failures`; returns which failed.
+std::vector<bool> CopyStaged(int pid, bool from_initiator,
+                             const std::vector<stream::TargetService::StagedEntry>& staged,
+                             const std::vector<uint64_t>& theirs, char* host,
+                             const std::string& peer, std::vector<wire::EntryFailure>* failures) {
+  std::vector<CopyEntry> via(staged.size());
+  for (size_t k = 0; k < staged.size(); ++k) {
+    via[k] = {reinterpret_cast<uint64_t>(host + staged[k].offset), staged[k].length, theirs[k]};
+  }
+  std::vector<wire::EntryFailure> failed;
+  std::vector<uint32_t> run;
+  for (size_t first = 0; first < via.size(); first += kMaxIov) {
+    run.clear();
+    for (size_t k = first; k < std::min(via.size(), first + kMaxIov); ++k)
+      run.push_back(static_cast<uint32_t>(k));
+    CopyRun(pid, from_initiator, via, run, peer, &failed);
+  }
+  std::vector<bool> bad(staged.size(), false);
+  for (wire::EntryFailure& f : failed) {
+    bad[f.index] = true;
+    f.index = staged[f.index].index;
+    failures->push_back(std::move(f));
+  }
+  return bad;
+}
+
+// Keeps the entries of `staged` (and their `theirs`) that are not `bad`.
+void Keep(const std::vector<bool>& bad, std::vector<stream::TargetService::StagedEntry>* staged,
+          std::vector<uint64_t>* theirs) {
+  size_t kept = 0;
+  for (size_t k = 0; k < staged->size(); ++k) {
+    if (bad[k]) continue;
+    (*staged)[kept] = (*staged)[k];
+    (*theirs)[kept] = (*theirs)[k];
+    ++kept;
+  }
+  staged->resize(kept);
+  theirs->resize(kept);
+}
+
 }  // namespace
 
 bool CanReadProcess(int pid) {
@@ -298,112 +347,93 @@ Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHead
     run.push_back(i);
   }
   if (!lend) CopyRun(pid_, write, entries, run, c.peer_name(), &rep.failures);
-  std::shared_ptr<char> host;
-  std::vector<wire::StagedLend> lent_staged;
-  if (!staged.empty()) {
-    host = StagingBytes(staged_bytes);
-    MoveFileEntries(c, write, lend, entries, staged, host.get(), &rep.failures, &lent_staged);
+  // Bounded: an initiator returns each lend as soon as it has copied.
+  constexpr size_t kMaxLent = 65536;
+  constexpr size_t kMaxLentStagedBytes = size_t{1} << 30;
+  if (lend && (lent_.size() >= kMaxLent || lent_staged_bytes_ > kMaxLentStagedBytes)) {
+    return ResourceExhaustedError(c.peer_name() + " holds " + std::to_string(lent_.size()) +
+                                  " lent reads (" + std::to_string(lent_staged_bytes_) +
+                                  " bytes of them staged from files) it never returned; "
+                                  "closing its same-host stream");
   }
-  // Validation and copy failures were collected separately: the initiator
-  // expects them in entry order.
-  std::sort(
-      rep.failures.begin(), rep.failures.end(),
-      [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
-  if (lend) {
-    // Bounded: an initiator returns each lend as soon as it has copied.
-    constexpr size_t kMaxLent = 65536;
-    constexpr size_t kMaxLentStagedBytes = size_t{1} << 30;
-    if (lent_.size() >= kMaxLent || lent_staged_bytes_ > kMaxLentStagedBytes) {
-      return ResourceExhaustedError(c.peer_name() + " holds " + std::to_string(lent_.size()) +
-                                    " lent reads (" + std::to_string(lent_staged_bytes_) +
-                                    " bytes of them staged from files) it never returned; "
-                                    "closing its same-host stream");
-    }
-    if (lent_staged.empty()) host.reset();
-    const size_t held = host ? staged_bytes : 0;
-    lent_staged_bytes_ += held;
-    lent_.push_back({h.seq, std::move(pins), std::move(host), held});
-  }
-  pins.clear();  // the bytes have moved (or are lent): release what this frame holds
-  std::string reply;
-  if (!lent_staged.empty()) {
-    wire::EncodeLendAck({std::move(rep), std::move(lent_staged)}, &reply);
-    c.QueueReply(wire::FrameType::kLendAck, h.seq, std::move(reply));
-  } else {
+  auto held = std::make_shared<Held>();
+  held->pins = std::move(pins);
+  if (staged.empty()) {
+    if (lend) lent_.push_back({h.seq, std::move(held), 0});
+    held.reset();  // the bytes have moved (or are lent): release what this frame holds
+    // Validation and copy failures were collected separately: the initiator
+    // expects them in entry order.
+    SortByEntry(&rep.failures);
+    std::string reply;
     wire::EncodeReply(rep, &reply);
     c.QueueReply(wire::FrameType::kAck, h.seq, std::move(reply));
+    return OkStatus();
   }
+  ServeFileEntries(c, h.seq, write, lend, entries, std::move(staged), staged_bytes,
+                   std::move(rep.failures), std::move(held));
   return OkStatus();
 }
 
-void CopyStreamService::MoveFileEntries(stream::Connection& c, bool write, bool lend,
-                                        const std::vector<CopyEntry>& entries,
-                                        const std::vector<StagedEntry>& staged, char* host,
-                                        std::vector<wire::EntryFailure>* failures,
-                                        std::vector<wire::StagedLend>* lent) {
-  // The initiator's side of each staged entry, with this process's side in
-  // the host buffer; copied in runs of at most kMaxIov.
-  auto copy = [&](const std::vector<size_t>& which) {
-    std::vector<CopyEntry> via(which.size());
-    std::vector<uint32_t> run;
-    std::vector<wire::EntryFailure> failed;
-    for (size_t k = 0; k < which.size(); ++k) {
-      const StagedEntry& s = staged[which[k]];
-      via[k] = {reinterpret_cast<uint64_t>(host + s.offset), s.length, entries[s.index].peer_addr};
-    }
-    for (size_t first = 0; first < via.size(); first += kMaxIov) {
-      run.clear();
-      for (size_t k = first; k < std::min(via.size(), first + kMaxIov); ++k)
-        run.push_back(static_cast<uint32_t>(k));
-      CopyRun(pid_, write, via, run, c.peer_name(), &failed);
-    }
-    std::vector<bool> bad(which.size(), false);
-    for (wire::EntryFailure& f : failed) {
-      bad[f.index] = true;
-      f.index = staged[which[f.index]].index;
-      failures->push_back(std::move(f));
-    }
-    return bad;
-  };
-  auto without = [](const std::vector<StagedEntry>& from, const std::vector<bool>& bad) {
-    std::vector<StagedEntry> kept;
-    for (size_t k = 0; k < from.size(); ++k) {
-      if (!bad[k]) kept.push_back(from[k]);
-    }
-    return kept;
-  };
-  std::vector<size_t> all(staged.size());
-  for (size_t k = 0; k < all.size(); ++k) all[k] = k;
+void CopyStreamService::ServeFileEntries(stream::Connection& c, uint64_t seq, bool write, bool lend,
+                                         const std::vector<CopyEntry>& entries,
+                                         std::vector<StagedEntry> staged, size_t staged_bytes,
+                                         std::vector<wire::EntryFailure> failures,
+                                         std::shared_ptr<Held> held) {
+  held->host = StagingBytes(staged_bytes);
+  char* const host = held->host.get();
+  const int pid = pid_;
+  const std::string peer = c.peer_name();
+  std::vector<uint64_t> theirs;  // each staged entry's initiator address
+  for (const StagedEntry& e : staged) theirs.push_back(entries[e.index].peer_addr);
   if (write) {
-    // The initiator's bytes into the buffer, then what arrived to the files.
-    const std::vector<bool> bad = copy(all);
-    RunFileIo(without(staged, bad), host, /*write=*/true, failures);
-    return;
+    // The initiator's bytes into the buffer now; the files then get those
+    // that arrived.
+    const std::vector<bool> bad =
+        CopyStaged(pid, /*from_initiator=*/true, staged, theirs, host, peer, &failures);
+    Keep(bad, &staged, &theirs);
   }
-  // Reads: the files into the buffer first.
-  std::vector<wire::EntryFailure> failed;
-  RunFileIo(staged, host, /*write=*/false, &failed);
-  std::vector<bool> bad(staged.size(), false);
-  for (const wire::EntryFailure& f : failed) {
-    for (size_t k = 0; k < staged.size(); ++k) {
-      if (staged[k].index == f.index) bad[k] = true;
-    }
-  }
-  failures->insert(failures->end(), failed.begin(), failed.end());
   if (lend) {
-    // The initiator copies them out of the buffer, which the lend keeps.
-    for (size_t k = 0; k < staged.size(); ++k) {
-      if (!bad[k])
-        lent->push_back({staged[k].index, reinterpret_cast<uint64_t>(host + staged[k].offset)});
-    }
-    return;
+    // The buffer stays with the lend until the initiator has copied it.
+    lent_staged_bytes_ += staged_bytes;
+    lent_.push_back({seq, held, staged_bytes});
   }
-  // An initiator that does not lend (an older build): this process writes them.
-  std::vector<size_t> good;
-  for (size_t k = 0; k < staged.size(); ++k) {
-    if (!bad[k]) good.push_back(k);
-  }
-  copy(good);
+  // The file I/O goes on while later frames are served; the reply waits in
+  // its place (Connection::ReserveReply), holding the frame's regions and
+  // buffer. Nothing below uses this service: the stream may close first.
+  StartFileIo(
+      staged, host, write,
+      [place = c.ReserveReply(), seq, write, lend, pid, peer, staged, theirs, held,
+       failures = std::move(failures)](std::vector<wire::EntryFailure> io_failed) mutable {
+        std::vector<bool> bad(staged.size(), false);
+        for (const wire::EntryFailure& f : io_failed) {
+          for (size_t k = 0; k < staged.size(); ++k) bad[k] = bad[k] || staged[k].index == f.index;
+        }
+        failures.insert(failures.end(), io_failed.begin(), io_failed.end());
+        std::vector<wire::StagedLend> lent;
+        if (!write) {
+          Keep(bad, &staged, &theirs);
+          if (lend) {
+            // The initiator copies them out of the buffer (kLendAck).
+            for (const StagedEntry& e : staged)
+              lent.push_back({e.index, reinterpret_cast<uint64_t>(held->host.get() + e.offset)});
+          } else {
+            // An initiator that does not lend (an older build): copied into it.
+            CopyStaged(pid, /*from_initiator=*/false, staged, theirs, held->host.get(), peer,
+                       &failures);
+          }
+        }
+        SortByEntry(&failures);
+        wire::Reply rep;
+        rep.failures = std::move(failures);
+        std::string body;
+        if (!lent.empty()) {
+          wire::EncodeLendAck({std::move(rep), std::move(lent)}, &body);
+          stream::Connection::FinishReply(place, wire::FrameType::kLendAck, seq, std::move(body));
+        } else {
+          wire::EncodeReply(rep, &body);
+          stream::Connection::FinishReply(place, wire::FrameType::kAck, seq, std::move(body));
+        }
+      });
 }
 
 void CopyStreamService::ReleaseLent(uint64_t up_to) {

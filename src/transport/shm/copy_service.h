@@ -97,16 +97,22 @@ class CopyStreamService : public stream::TargetService {
                    bool write, bool lend = false);
   Status ServeReturn(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
   void ReleaseLent(uint64_t up_to);
-  // The file entries of a frame (`staged`, their bytes at `host` + offset):
-  // a write copies the initiator's bytes into `host`, then writes the files;
-  // a read reads the files into `host`, then lends those ranges (`lent`:
-  // where each is, for the kLendAck) or, not lending, copies them into the
-  // initiator. Failures into `failures`.
-  void MoveFileEntries(stream::Connection& c, bool write, bool lend,
-                       const std::vector<CopyEntry>& entries,
-                       const std::vector<StagedEntry>& staged, char* host,
-                       std::vector<wire::EntryFailure>* failures,
-                       std::vector<wire::StagedLend>* lent);
+  // What a frame holds until its reply, or for a lend until the initiator
+  // returns it: its regions, and the buffer its file entries are staged in.
+  struct Held {
+    std::vector<RegionPin> pins;
+    std::shared_ptr<char> host;
+  };
+  // The file entries of a frame (`staged`, `staged_bytes` of buffer; the
+  // failures so far): a write copies the initiator's bytes into the buffer,
+  // then writes the files; a read reads the files into the buffer, then
+  // lends those ranges (kLendAck naming where each is) or, not lending,
+  // copies them into the initiator. The file I/O goes on off the loop; the
+  // reply keeps its place.
+  void ServeFileEntries(stream::Connection& c, uint64_t seq, bool write, bool lend,
+                        const std::vector<CopyEntry>& entries, std::vector<StagedEntry> staged,
+                        size_t staged_bytes, std::vector<wire::EntryFailure> failures,
+                        std::shared_ptr<Held> held);
 
   const int pid_;
   // Readable once the process has exited, so a recycled pid is never copied
@@ -120,8 +126,7 @@ class CopyStreamService : public stream::TargetService {
   // entries. Loop thread only.
   struct Lent {
     uint64_t seq;
-    std::vector<RegionPin> pins;
-    std::shared_ptr<char> staged;
+    std::shared_ptr<Held> held;
     size_t staged_bytes;
   };
   std::deque<Lent> lent_;

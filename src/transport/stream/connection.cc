@@ -320,7 +320,7 @@ bool Connection::ReplyQueueFull() const {
 }
 
 void Connection::UpdateInterest() {
-  const bool want = !out_.empty();
+  const bool want = !out_.empty() && out_.front().place == 0;
   const bool pause = ReplyQueueFull();
   if ((want == want_write_ && pause == read_paused_) || !fd_.valid()) return;
   if (pause && !read_paused_) {
@@ -337,9 +337,10 @@ void Connection::UpdateInterest() {
 
 void Connection::Flush(bool from_caller) {
   iovec iov[kMaxIov];
-  while (!out_.empty() && fd_.valid()) {
+  // (Stops at a reserved reply not finished yet: ReserveReply.)
+  while (!out_.empty() && out_.front().place == 0 && fd_.valid()) {
     int n = 0;
-    for (auto it = out_.begin(); it != out_.end() && n < kMaxIov; ++it) {
+    for (auto it = out_.begin(); it != out_.end() && it->place == 0 && n < kMaxIov; ++it) {
       size_t skip = it->sent;
       auto add = [&](const void* base, size_t len) {
         if (n >= kMaxIov) return;
@@ -373,7 +374,7 @@ void Connection::Flush(bool from_caller) {
     }
     size_t left = static_cast<size_t>(w);
     out_bytes_ -= std::min<uint64_t>(out_bytes_, left);
-    while (left > 0 && !out_.empty()) {
+    while (left > 0 && !out_.empty()) {  // (every frame sent from is ready)
       OutFrame& f = out_.front();
       size_t rest = f.total - f.sent;
       if (left >= rest) {
@@ -407,6 +408,51 @@ void Connection::QueueReply(wire::FrameType type, uint64_t seq, std::string body
   f.keep = std::move(keep);
   out_bytes_ += f.total;
   out_.push_back(std::move(f));
+}
+
+Connection::ReplyPlace Connection::ReserveReply() {
+  OutFrame f;
+  f.place = next_place_++;
+  out_.push_back(std::move(f));
+  return ReplyPlace{weak_from_this(), out_.back().place};
+}
+
+void Connection::FinishReply(const ReplyPlace& place, wire::FrameType type, uint64_t seq,
+                             std::string body, std::vector<iovec> payload,
+                             std::vector<RegionPin> pins, std::shared_ptr<const void> keep) {
+  std::shared_ptr<Connection> self = place.stream.lock();
+  if (!self) return;
+  wire::FrameHeader h;
+  h.version = static_cast<uint8_t>(self->wire_version_);
+  h.type = type;
+  h.seq = seq;
+  uint64_t plen = 0;
+  for (const auto& p : payload) plen += p.iov_len;
+  h.payload_len = static_cast<uint32_t>(plen);
+  auto f = std::make_shared<OutFrame>();
+  f->head = wire::BuildFrame(h, body);
+  f->total = f->head.size() + plen;
+  f->payload = std::move(payload);
+  f->pins = std::move(pins);
+  f->keep = std::move(keep);
+  const uint64_t id = place.id;
+  self->loop_->RunInLoop([weak = place.stream, id, f] {
+    if (auto c = weak.lock()) {
+      std::lock_guard<std::mutex> io(c->io_mu_);
+      c->FillReply(id, std::move(*f));
+    }
+  });
+}
+
+void Connection::FillReply(uint64_t id, OutFrame f) {
+  for (OutFrame& slot : out_) {
+    if (slot.place != id) continue;
+    out_bytes_ += f.total;
+    slot = std::move(f);  // place 0: ready
+    if (fd_.valid()) Flush();
+    return;
+  }
+  // Not there: the stream closed meanwhile (Close cleared the queue).
 }
 
 void Connection::ReadSome() {

@@ -107,6 +107,20 @@ class Connection : public EventLoop::Handler,
   void QueueReply(wire::FrameType type, uint64_t seq, std::string body,
                   std::vector<iovec> payload = {}, std::vector<RegionPin> pins = {},
                   std::shared_ptr<const void> keep = nullptr);
+  // Served streams: holds the place of a reply a service finishes later,
+  // off the loop thread (file I/O): later replies queue behind it, so the
+  // initiator still gets them in frame order, and the queue's bounds count
+  // it. FinishReply (any thread) fills it and sends it; once the stream has
+  // closed it drops the reply (releasing its pins and `keep`).
+  struct ReplyPlace {
+    std::weak_ptr<Connection> stream;
+    uint64_t id = 0;
+  };
+  ReplyPlace ReserveReply();
+  static void FinishReply(const ReplyPlace& place, wire::FrameType type, uint64_t seq,
+                          std::string body, std::vector<iovec> payload = {},
+                          std::vector<RegionPin> pins = {},
+                          std::shared_ptr<const void> keep = nullptr);
   // Refuses an accepted connection: sends what is queued (the refusal, if
   // the frame has an answer) as far as the socket takes it now, and closes
   // with `why`. The frame handler then returns an error.
@@ -135,8 +149,11 @@ class Connection : public EventLoop::Handler,
     std::vector<RegionPin> pins;       // kept until the bytes are sent
     std::shared_ptr<const void> keep;  // likewise
     size_t sent = 0;
-    size_t total = 0;  // head + payload bytes
+    size_t total = 0;    // head + payload bytes
+    uint64_t place = 0;  // ReserveReply's id while not yet finished; 0: ready to send
   };
+  // Fills the reserved place `id` (loop thread): see FinishReply.
+  void FillReply(uint64_t id, OutFrame f);
   struct Inflight {
     uint64_t seq;
     RequestFrame req;
@@ -188,6 +205,7 @@ class Connection : public EventLoop::Handler,
   // (try_lock) to send inline.
   mutable std::mutex io_mu_;
   uint64_t next_seq_ = 1;
+  uint64_t next_place_ = 1;  // ReserveReply
   std::deque<OutFrame> out_;
   uint64_t out_bytes_ = 0;  // unsent bytes of out_ (kServed: the pause rule)
   bool want_write_ = false;

@@ -120,6 +120,7 @@ struct RequestFrame {
   std::shared_ptr<PeerBudget> budget;     // given back (slices.size(), bytes) on completion
   std::shared_ptr<const ReplyHook> hook;  // runs on the reply, before completion
   uint64_t bytes = 0;
+  bool to_files = false;  // some entry is in a file region of the peer (it stages them)
   Clock::time_point deadline;
 };
 

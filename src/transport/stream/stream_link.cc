@@ -68,6 +68,9 @@ void StreamLink::Post(const PostContext& ctx, std::vector<Slice> slices) {
     r.bytes = bytes;
     r.write = op == Opcode::kWrite;
     r.slices.assign(slices.begin() + i, slices.begin() + j);
+    r.to_files = std::any_of(r.slices.begin(), r.slices.end(), [&](const Slice& s) {
+      return ctx.peer && ctx.peer->KindOf(s.remote_region).type() == MemoryKind::Type::kFile;
+    });
     i = j;
     if (!exhausted && !budget_->TryAcquire(r.slices.size(), bytes)) {
       // No room now: what is built goes out first, then wait for answers.
@@ -180,7 +183,11 @@ void StreamLink::Feed(bool ignore_window) {
 
 bool StreamLink::Windowed(const RequestFrame& r) const {
   constexpr uint64_t kMinWindowedEntry = 16u << 10;
-  return stream_window_ != 0 && r.write && r.bytes >= kMinWindowedEntry * r.slices.size();
+  // Writes to the peer's file regions are not held back: its disk needs a
+  // queue of them, and their bytes land in a staging buffer, not in memory
+  // a later read finds in cache.
+  return stream_window_ != 0 && r.write && !r.to_files &&
+         r.bytes >= kMinWindowedEntry * r.slices.size();
 }
 
 Connection* StreamLink::PickStream() {

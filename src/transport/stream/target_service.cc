@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <new>
 
 #include "storage/file_segment.h"
@@ -66,31 +67,58 @@ std::shared_ptr<char> TargetService::StagingBytes(size_t n) {
   return std::shared_ptr<char>(static_cast<char*>(p), std::free);
 }
 
-void TargetService::RunFileIo(const std::vector<StagedEntry>& staged, char* host, bool write,
-                              std::vector<wire::EntryFailure>* failures) const {
+bool TargetService::HasFiles(const std::vector<StagedEntry>& staged) {
+  return std::any_of(staged.begin(), staged.end(), [](const StagedEntry& e) {
+    return e.region->kind.type() == MemoryKind::Type::kFile;
+  });
+}
+
+void TargetService::StartFileIo(const std::vector<StagedEntry>& staged, char* host, bool write,
+                                std::function<void(std::vector<wire::EntryFailure>)> then) const {
+  // What the ops' completions share: the failures so far, and how many ops
+  // are still in the ring.
+  struct Join {
+    std::mutex mu;
+    std::vector<wire::EntryFailure> failures;
+    size_t left = 0;
+    std::function<void(std::vector<wire::EntryFailure>)> then;
+  };
+  auto join = std::make_shared<Join>();
+  join->then = std::move(then);
+  const std::string peer = "peer " + target().peer_id();
   std::vector<storage::FileOp> ops;
-  std::vector<uint32_t> index;  // the entry of each op
   storage::FileIo* io = nullptr;
   for (const StagedEntry& e : staged) {
     if (e.region->kind.type() != MemoryKind::Type::kFile) continue;
     const storage::FileSegment& file = *e.region->file;
     auto op = file.MakeOp(write, host + e.offset, e.addr, e.length);
     if (!op.ok()) {
-      const Status s = op.status().WithPrefix("peer " + target().peer_id() + " refused");
-      failures->push_back({e.index, s.code(), std::string(s.message())});
+      const Status s = op.status().WithPrefix(peer + " refused");
+      join->failures.push_back({e.index, s.code(), std::string(s.message())});
       continue;
     }
+    op->done = [join, peer, index = e.index](const Status& s) {
+      std::vector<wire::EntryFailure> all;
+      {
+        std::lock_guard<std::mutex> lock(join->mu);
+        if (!s.ok()) {
+          const Status named = s.WithPrefix(peer);
+          join->failures.push_back({index, named.code(), std::string(named.message())});
+        }
+        if (--join->left > 0) return;
+        all = std::move(join->failures);
+      }
+      join->then(std::move(all));
+    };
     io = &file.io();  // one engine's regions: one ring
     ops.push_back(*std::move(op));
-    index.push_back(e.index);
   }
-  if (ops.empty()) return;
-  const std::vector<Status> done = io->Run(std::move(ops));
-  for (size_t k = 0; k < done.size(); ++k) {
-    if (done[k].ok()) continue;
-    const Status s = done[k].WithPrefix("peer " + target().peer_id());
-    failures->push_back({index[k], s.code(), std::string(s.message())});
+  if (ops.empty()) {
+    join->then(std::move(join->failures));
+    return;
   }
+  join->left = ops.size();  // before any can finish: Submit starts them
+  io->Submit(std::move(ops));
 }
 
 }  // namespace ferry::internal::stream

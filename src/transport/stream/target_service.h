@@ -4,6 +4,7 @@
 // its own data frames.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -59,12 +60,16 @@ class TargetService : public FrameService {
   // Page-aligned host memory for a frame's staged entries (at least n bytes),
   // so that file entries may go to the file with O_DIRECT.
   static std::shared_ptr<char> StagingBytes(size_t n);
-  // Does the file entries of `staged` (others are skipped) as one batch of
+  static bool HasFiles(const std::vector<StagedEntry>& staged);
+  // Starts the file entries of `staged` (others are skipped) as one batch of
   // their files' io_uring ring, between the file and `host` + each entry's
-  // offset (write: host → file), and waits; failures, naming this peer, into
-  // `failures` (any order).
-  void RunFileIo(const std::vector<StagedEntry>& staged, char* host, bool write,
-                 std::vector<wire::EntryFailure>* failures) const;
+  // offset (write: host → file), without waiting: `then` runs once, with
+  // their failures (naming this peer, any order), when the last is done —
+  // on the ring's reaping thread, or on this one if none went to the ring.
+  // The caller keeps `host` and the entries' pins until then; `then` must not
+  // use this service (the stream may have closed).
+  void StartFileIo(const std::vector<StagedEntry>& staged, char* host, bool write,
+                   std::function<void(std::vector<wire::EntryFailure>)> then) const;
 
   // kNotify: delivers to the inbox and acknowledges.
   Status ServeNotify(Connection& stream, const wire::FrameHeader& h, std::string_view body) const;

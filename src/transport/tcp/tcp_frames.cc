@@ -116,15 +116,52 @@ void TcpStreamService::CopyGpu(const std::vector<StagedEntry>& staged, char* hos
   }
 }
 
+namespace {
+
+void SortByEntry(std::vector<wire::EntryFailure>* failures) {
+  std::sort(
+      failures->begin(), failures->end(),
+      [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
+}
+
+}  // namespace
+
 Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeader& h) {
   // A kWrite payload has landed: staged entries go on to the device or the
   // file, then the regions are released and the frame acknowledged.
   CopyGpu(staged_, staged_bytes_.get(), /*to_device=*/true, &failures_);
-  RunFileIo(staged_, staged_bytes_.get(), /*write=*/true, &failures_);
+  if (HasFiles(staged_)) {
+    // The file writes go on while later frames are read; the reply waits
+    // in its place (Connection::ReserveReply), holding the frame's regions
+    // and buffer, which the next frame does not reuse.
+    struct Held {
+      std::vector<RegionPin> pins;
+      std::vector<wire::EntryFailure> failures;
+      std::shared_ptr<char> host;
+    };
+    auto held = std::make_shared<Held>(Held{std::move(pins_), std::move(failures_), staged_bytes_});
+    const std::vector<StagedEntry> staged = std::move(staged_);
+    staged_.clear();
+    pins_.clear();
+    failures_.clear();
+    staged_bytes_.reset();
+    staged_capacity_ = 0;
+    StartFileIo(staged, held->host.get(), /*write=*/true,
+                [place = c.ReserveReply(), seq = h.seq, held](std::vector<wire::EntryFailure> f) {
+                  wire::Reply rep;
+                  rep.failures = std::move(held->failures);
+                  rep.failures.insert(rep.failures.end(), f.begin(), f.end());
+                  SortByEntry(&rep.failures);
+                  std::string body;
+                  wire::EncodeReply(rep, &body);
+                  stream::Connection::FinishReply(place, wire::FrameType::kAck, seq,
+                                                  std::move(body), {}, std::move(held->pins),
+                                                  held->host);
+                });
+    return OkStatus();
+  }
   staged_.clear();
-  std::sort(
-      failures_.begin(), failures_.end(),
-      [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
+  SortByEntry(&failures_);
   pins_.clear();
   wire::Reply rep;
   rep.failures = std::move(failures_);
@@ -137,56 +174,80 @@ Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeade
 
 Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeader& h,
                                    std::string_view body) {
-  FERRY_ASSIGN_OR_RETURN(std::vector<wire::Entry> entries, wire::DecodeEntries(body));
-  wire::Reply rep;
-  std::vector<RegionPin> pins;
-  // Staged entries (GPU, file) are read into a host buffer the reply keeps;
-  // all of them first (a frame's file entries as one batch of the ring),
-  // then the payload is put together in entry order.
-  std::vector<StagedEntry> staged;
-  std::vector<int8_t> placed(entries.size(), 0);  // 0 failed, 1 host, 2 staged
+  // What the reply needs, kept until it is queued: staged entries (GPU,
+  // file) are read into a host buffer the reply keeps — all of them first (a
+  // frame's file entries as one batch of the ring, while later frames are
+  // served) — then the payload is put together in entry order.
+  struct Read {
+    std::vector<wire::Entry> entries;
+    wire::Reply rep;
+    std::vector<RegionPin> pins;
+    std::vector<StagedEntry> staged;
+    std::vector<int8_t> placed;  // 0 failed, 1 host, 2 staged
+    std::shared_ptr<char> host;
+  };
+  auto r = std::make_shared<Read>();
+  FERRY_ASSIGN_OR_RETURN(r->entries, wire::DecodeEntries(body));
+  r->placed.assign(r->entries.size(), 0);
   size_t staged_bytes = 0;
   const Region* last = nullptr;
-  for (uint32_t i = 0; i < entries.size(); ++i) {
-    const wire::Entry& e = entries[i];
-    if (!PinEntry(e.addr, e.length, i, &last, &pins, &rep.failures, Staged::kFilesAndGpu).ok())
+  for (uint32_t i = 0; i < r->entries.size(); ++i) {
+    const wire::Entry& e = r->entries[i];
+    if (!PinEntry(e.addr, e.length, i, &last, &r->pins, &r->rep.failures, Staged::kFilesAndGpu)
+             .ok())
       continue;
     if (last->kind.cpu_accessible()) {
-      placed[i] = 1;
+      r->placed[i] = 1;
       continue;
     }
     const size_t at = StagedOffset(staged_bytes, e.length);
-    staged.push_back({i, e.addr, last, at, e.length});
+    r->staged.push_back({i, e.addr, last, at, e.length});
     staged_bytes = at + e.length;
-    placed[i] = 2;
+    r->placed[i] = 2;
   }
-  std::shared_ptr<char> host;
-  if (!staged.empty()) {
-    host = StagingBytes(staged_bytes);
-    const size_t before = rep.failures.size();
-    CopyGpu(staged, host.get(), /*to_device=*/false, &rep.failures);
-    RunFileIo(staged, host.get(), /*write=*/false, &rep.failures);
-    for (size_t k = before; k < rep.failures.size(); ++k) placed[rep.failures[k].index] = 0;
-    std::sort(
-        rep.failures.begin(), rep.failures.end(),
-        [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
-  }
-  std::vector<iovec> payload;
-  size_t g = 0;
-  for (uint32_t i = 0; i < entries.size(); ++i) {
-    const wire::Entry& e = entries[i];
-    const bool is_staged = g < staged.size() && staged[g].index == i;
-    if (placed[i] == 1) {
-      stream::AppendRange(&payload, reinterpret_cast<void*>(e.addr), e.length);
-    } else if (placed[i] == 2) {
-      stream::AppendRange(&payload, host.get() + staged[g].offset, e.length);
+  // Queues the reply with the entries that did not fail (`send`: how).
+  auto reply = [](Read& r, auto send) {
+    for (const wire::EntryFailure& f : r.rep.failures) r.placed[f.index] = 0;
+    SortByEntry(&r.rep.failures);
+    std::vector<iovec> payload;
+    size_t g = 0;
+    for (uint32_t i = 0; i < r.entries.size(); ++i) {
+      const wire::Entry& e = r.entries[i];
+      const bool is_staged = g < r.staged.size() && r.staged[g].index == i;
+      if (r.placed[i] == 1) {
+        stream::AppendRange(&payload, reinterpret_cast<void*>(e.addr), e.length);
+      } else if (r.placed[i] == 2) {
+        stream::AppendRange(&payload, r.host.get() + r.staged[g].offset, e.length);
+      }
+      if (is_staged) ++g;
     }
-    if (is_staged) ++g;
+    std::string body;
+    wire::EncodeReply(r.rep, &body);
+    send(std::move(body), std::move(payload), std::move(r.pins), std::move(r.host));
+  };
+  if (!r->staged.empty()) {
+    r->host = StagingBytes(staged_bytes);
+    CopyGpu(r->staged, r->host.get(), /*to_device=*/false, &r->rep.failures);
+    if (HasFiles(r->staged)) {
+      StartFileIo(
+          r->staged, r->host.get(), /*write=*/false,
+          [place = c.ReserveReply(), seq = h.seq, r, reply](std::vector<wire::EntryFailure> f) {
+            r->rep.failures.insert(r->rep.failures.end(), f.begin(), f.end());
+            reply(*r, [&](std::string body, std::vector<iovec> payload, std::vector<RegionPin> pins,
+                          std::shared_ptr<char> host) {
+              stream::Connection::FinishReply(place, wire::FrameType::kReadData, seq,
+                                              std::move(body), std::move(payload), std::move(pins),
+                                              std::move(host));
+            });
+          });
+      return OkStatus();
+    }
   }
-  std::string reply;
-  wire::EncodeReply(rep, &reply);
-  c.QueueReply(wire::FrameType::kReadData, h.seq, std::move(reply), std::move(payload),
-               std::move(pins), std::move(host));
+  reply(*r, [&](std::string body, std::vector<iovec> payload, std::vector<RegionPin> pins,
+                std::shared_ptr<char> host) {
+    c.QueueReply(wire::FrameType::kReadData, h.seq, std::move(body), std::move(payload),
+                 std::move(pins), std::move(host));
+  });
   return OkStatus();
 }
 
