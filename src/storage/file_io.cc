@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -195,6 +196,7 @@ void FileIo::Finish(Op* op, const Status& status) {
 void FileIo::Reap() {
   std::vector<std::pair<Op*, Status>> finished;
   std::vector<Op*> refused;
+  std::vector<io_uring_cqe*> cqes;
   for (;;) {
     io_uring_cqe* cqe = nullptr;
     const int r = io_uring_wait_cqe(&ring_, &cqe);
@@ -207,11 +209,16 @@ void FileIo::Reap() {
     // (Submit, FillLocked); its completion can only be here after that.
     // Taking mu_ once states that order where ThreadSanitizer can see it
     // (the kernel's hand-off is invisible to it); uncontended, it is cheap.
+    // Only the completions counted before taking it are handled in this
+    // round: one posted later may be of an op submitted after the lock.
+    const unsigned ready = io_uring_cq_ready(&ring_);
     { std::lock_guard<std::mutex> order(mu_); }
-    unsigned head = 0, seen = 0, completed = 0;
+    cqes.resize(std::max(ready, 1u));
+    const unsigned seen = io_uring_peek_batch_cqe(&ring_, cqes.data(), ready);
+    unsigned completed = 0;
     std::vector<Op*> again;
-    io_uring_for_each_cqe(&ring_, head, cqe) {
-      ++seen;
+    for (unsigned k = 0; k < seen; ++k) {
+      cqe = cqes[k];
       if (cqe->user_data == kWake) continue;
       ++completed;
       Op* op = static_cast<Op*>(io_uring_cqe_get_data(cqe));

@@ -107,6 +107,9 @@ class EnginePair {
   Engine& target() { return *target_; }
   SegmentHandle segment() const { return segment_; }
 
+  // Whether Alloc makes the target's buffers file regions (Start(transport)
+  // sets it from the parameter; call before the two-options Start).
+  void UseFileTargets(bool on) { target_files_ = on; }
   // Whether the target's buffers are file regions (the parameter says so:
   // "tcp_file"...). Cases that do not apply to files skip themselves.
   bool TargetFiles() const { return target_files_; }

@@ -37,6 +37,7 @@ class FaultsTest : public ::testing::TestWithParam<std::string> {
     if (!TransportRefusal(GetParam()).empty()) return {};
     EnginePair pair;
     pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
+    pair.UseFileTargets(TargetsFiles(GetParam()));
     pair.Start(Faulty(GetParam(), seed), ConformanceOptions(GetParam()));
     if (::testing::Test::HasFatalFailure()) return {};
     unsigned char* src = pair.Alloc(kRequests * kBlock, &pair.initiator());
@@ -49,8 +50,7 @@ class FaultsTest : public ::testing::TestWithParam<std::string> {
       from[i] = static_cast<unsigned char>(i * 31 + 7);
     std::vector<TransferRequest> reqs;
     for (size_t i = 0; i < kRequests; ++i) {
-      reqs.push_back({op, src + i * kBlock, pair.segment(),
-                      reinterpret_cast<uintptr_t>(dst) + i * kBlock, kBlock});
+      reqs.push_back({op, src + i * kBlock, pair.segment(), pair.Addr(dst) + i * kBlock, kBlock});
     }
     auto batch = pair.initiator().AllocateBatch(kRequests);
     EXPECT_THAT(GetStatus(batch), IsOk());
@@ -84,6 +84,8 @@ class FaultsTest : public ::testing::TestWithParam<std::string> {
 };
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, FaultsTest, ::testing::ValuesIn(kTransports),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(FileTargets, FaultsTest, ::testing::ValuesIn(kFileTargets),
                          [](const auto& info) { return info.param; });
 
 TEST_P(FaultsTest, EveryRequestEndsWithItsBytesOrAClearFault) {

@@ -7,7 +7,9 @@
 // host buffer and copied to the device, or written to the file (the frame's
 // file entries as one batch of the file's io_uring ring), before the
 // acknowledgement; a read's are copied off the device or read from the file
-// before they are sent.
+// before they are sent. The file I/O does not hold up the stream: the
+// frame's reply keeps its place (Connection::ReserveReply) while the ring
+// works and later frames are served.
 #pragma once
 
 #include <memory>
