@@ -2,7 +2,8 @@
 // (tcp, shm, fabric): staged through page-locked buffers (src/cuda/
 // staging.h). The initiator's buffers are GPU memory of the tests' CUDA
 // driver (the fake: the CPU cannot touch them, copies run late), the target's
-// host memory; every byte is checked, GPU bytes by copying them back.
+// host memory or ("tcp_file", "shm_file") file regions; every byte is
+// checked, GPU bytes by copying them back.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -35,6 +36,7 @@ class GpuStagingTest : public ::testing::TestWithParam<std::string> {
     gpu_ = std::make_unique<GpuMemory>(*driver_);
     EngineOptions a = ConformanceOptions(GetParam());
     UseTestCudaDriver(&a);
+    pair_.UseFileTargets(TargetsFiles(GetParam()));
     ASSERT_NO_FATAL_FAILURE(pair_.Start(a, ConformanceOptions(GetParam())));
   }
   void TearDown() override { gpu_.reset(); }
@@ -54,7 +56,7 @@ TEST_P(GpuStagingTest, WritesAndReadsOfManySizesBetweenGpuAndHostMemoryEveryByte
   ASSERT_NE(host, nullptr);
   FillPattern(host, kSize, kHostSeed, 0);
   if (fake_) fake_->ResetCopiedBytes();
-  const uint64_t remote = reinterpret_cast<uintptr_t>(host);
+  const uint64_t remote = pair_.Addr(host);
 
   // The first half in pieces of 1 B .. 2.5 MiB (several slices each, more
   // slices than staging buffers), at the same offsets on both sides.
@@ -99,8 +101,8 @@ TEST_P(GpuStagingTest, NotificationSentRightAfterStagedWritesSeesThemAll) {
   ASSERT_OK_AND_ASSIGN(BatchId batch, pair_.initiator().AllocateBatch(64));
   std::vector<TransferRequest> writes;
   for (uint64_t off = 0; off < kSize; off += 256 * kKiB) {
-    writes.push_back({Opcode::kWrite, gpu + off, pair_.segment(),
-                      reinterpret_cast<uintptr_t>(host) + off, 256 * kKiB});
+    writes.push_back(
+        {Opcode::kWrite, gpu + off, pair_.segment(), pair_.Addr(host) + off, 256 * kKiB});
   }
   ASSERT_OK(pair_.initiator().Submit(batch, writes));
   ASSERT_OK(pair_.initiator().SendNotification(pair_.segment(), "staged", "done"));
@@ -126,6 +128,7 @@ TEST_P(GpuStagingTest, NotificationSentRightAfterStagedWritesSeesThemAll) {
 // GPU memory here, every byte both ways); shm and fabric cannot reach it and
 // refuse naming the kinds.
 TEST_P(GpuStagingTest, GpuMemoryOfTheTargetIsStagedByTcpAndRefusedByTheOthers) {
+  if (TargetsFiles(GetParam())) GTEST_SKIP() << "about the target's GPU memory, not its files";
   constexpr uint64_t kSize = 2 * kMiB;
   unsigned char* host = pair_.Alloc(kSize, &pair_.initiator());
   ASSERT_NE(host, nullptr);
@@ -175,6 +178,11 @@ TEST_P(GpuStagingTest, GpuMemoryOfTheTargetIsStagedByTcpAndRefusedByTheOthers) {
 
 INSTANTIATE_TEST_SUITE_P(HostTransports, GpuStagingTest,
                          ::testing::Values("tcp", "shm", "fabric_tcp"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+// GPU memory of this engine to and from a peer's file regions (issue 30).
+INSTANTIATE_TEST_SUITE_P(FileTargets, GpuStagingTest, ::testing::Values("tcp_file", "shm_file"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });
