@@ -6,7 +6,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -22,6 +21,7 @@
 #include "tests/conformance/conformance_fixture.h"
 #include "tests/integration/peer_process.h"
 #include "tests/testing/fake_cuda.h"
+#include "tests/testing/fd_limit.h"
 #include "tests/testing/gpu_memory.h"
 
 namespace ferry::test {
@@ -464,32 +464,17 @@ TEST(FdLimit, ExhaustionIsResourceExhaustedAndLeavesOtherLinksWorking) {
   ASSERT_OK_AND_ASSIGN(SegmentHandle sb, initiator->OpenSegment(b.peer_id()));
   ASSERT_TRUE(RoundTrip(*initiator, sa, src.data(), back.data(), a.buffer_addr(), kLen, 1));
 
-  rlimit saved{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
-  // The lowest free descriptor number becomes the limit: the next one
-  // this process makes fails with EMFILE.
-  const int probe = dup(0);
-  ASSERT_GE(probe, 0);
-  close(probe);
-  rlimit low = saved;
-  low.rlim_cur = static_cast<rlim_t>(probe);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
-  struct Restore {
-    rlimit r;
-    ~Restore() { setrlimit(RLIMIT_NOFILE, &r); }
-  } restore{saved};
-
+  OutOfDescriptors out;
+  ASSERT_TRUE(out.lowered());
   Status s = initiator->TransferSync(
       TransferRequest{Opcode::kWrite, src.data(), sb, b.buffer_addr(), kLen});
   // The open link still moves bytes.
   const bool open_link_moves =
       RoundTrip(*initiator, sa, src.data(), back.data(), a.buffer_addr(), kLen, 2);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
-  // Checked once the limit is back: gmock's matchers are virtual calls, and
-  // UBSan's vptr check needs a descriptor of its own (a pipe) to read the
-  // object; without one it reports a bad vptr that is not there.
+  ASSERT_TRUE(out.Restore());
+  // Checked once the limit is back (OutOfDescriptors: UBSan's vptr check).
   EXPECT_THAT(s, StatusIs(StatusCode::kResourceExhausted, HasSubstr("RLIMIT_NOFILE")));
-  EXPECT_THAT(s, IsError(HasSubstr("soft limit RLIMIT_NOFILE = " + std::to_string(probe))));
+  EXPECT_THAT(s, IsError(HasSubstr("soft limit RLIMIT_NOFILE = " + std::to_string(out.limit()))));
   EXPECT_THAT(s, IsError(HasSubstr("raise")));
   EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("retry")));
   EXPECT_TRUE(open_link_moves);

@@ -12,7 +12,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -32,6 +31,7 @@
 #include "ferry/ferry.h"
 #include "tests/testing/buffer.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/fd_limit.h"
 #include "tests/testing/pattern.h"
 #include "tests/testing/services.h"
 #include "tests/testing/status_matchers.h"
@@ -443,22 +443,10 @@ TEST_P(MetadataStoreTest, OutOfDescriptorsIsResourceExhaustedNamingTheLimit) {
   auto target = MakeEngine("fd-target");
   auto initiator = MakeEngine("fd-initiator");
   ASSERT_TRUE(target && initiator);
-  rlimit saved{};
-  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
-  // The lowest free descriptor number becomes the limit: the next one this
-  // process makes fails with EMFILE.
-  const int probe = dup(0);
-  ASSERT_GE(probe, 0);
-  close(probe);
-  rlimit low = saved;
-  low.rlim_cur = static_cast<rlim_t>(probe);
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
-  struct Restore {
-    rlimit r;
-    ~Restore() { setrlimit(RLIMIT_NOFILE, &r); }
-  } restore{saved};
+  OutOfDescriptors out;
+  ASSERT_TRUE(out.lowered());
   const Status s = initiator->OpenSegment("fd-target").status();
-  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_TRUE(out.Restore());
   // Checked once the limit is back (UBSan's vptr check needs a descriptor).
   EXPECT_THAT(s, StatusIs(StatusCode::kResourceExhausted, HasSubstr("RLIMIT_NOFILE")));
   EXPECT_THAT(s, IsError(HasSubstr("cannot reach the")));  // the service, by its URL

@@ -186,12 +186,7 @@ class HttpStore : public MetadataStore {
                               " for segment '" + std::string(name) + "'");
     }
     Reply r = Call("GET", key, "", left);
-    if (!r.error.empty()) {
-      const std::string what = "cannot reach the metadata service at " + url_.text +
-                               " for segment '" + std::string(name) + "'";
-      if (r.out_of_fds) return DescriptorError(StatusCode::kUnavailable, what, EMFILE);
-      return UnavailableError(what + ": " + r.error);
-    }
+    if (!r.error.empty()) return NoAnswer("for segment '" + std::string(name) + "'", r);
     if (r.status == 404) {
       return UnavailableError("no segment '" + std::string(name) + "' in the metadata service at " +
                               url_.text);
@@ -224,10 +219,14 @@ class HttpStore : public MetadataStore {
   std::string Key(std::string_view name) const { return SegmentKey(cluster_, name); }
 
   Status Unreachable(const char* method, const std::string& key, const Reply& r) const {
-    const std::string what =
-        "cannot reach the metadata service at " + url_.text + " (" + method + " " + key + ")";
-    if (r.out_of_fds) return DescriptorError(StatusCode::kUnavailable, what, EMFILE);
-    return UnavailableError(what + ": " + r.error);
+    return NoAnswer("(" + std::string(method) + " " + key + ")", r);
+  }
+  // A request `what` the service did not answer (r.error): out of
+  // descriptors, or why not.
+  Status NoAnswer(const std::string& what, const Reply& r) const {
+    const std::string cannot = "cannot reach the metadata service at " + url_.text + " " + what;
+    if (r.out_of_fds) return DescriptorError(StatusCode::kUnavailable, cannot, EMFILE);
+    return UnavailableError(cannot + ": " + r.error);
   }
   Status Answered(const char* method, const std::string& key, const Reply& r) const {
     std::string body = r.body.substr(0, 200);

@@ -121,11 +121,18 @@ void EventLoop::Run() {
         sleeping_.store(false, std::memory_order_relaxed);
         continue;
       }
+      // One pass: whether a handler wants the tick, else the earliest
+      // wake-up any handler asked for.
       bool ticking = false;
-      for (const auto& [fd, h] : handlers_) ticking = ticking || h->WantsTick();
+      Clock::time_point wake = Clock::time_point::max();
+      for (const auto& [fd, h] : handlers_) {
+        if (h->WantsTick()) {
+          ticking = true;
+          break;
+        }
+        wake = std::min(wake, h->WakeAt());
+      }
       if (!ticking) {
-        Clock::time_point wake = Clock::time_point::max();
-        for (const auto& [fd, h] : handlers_) wake = std::min(wake, h->WakeAt());
         timeout_ms = -1;
         if (wake != Clock::time_point::max()) {
           // Rounded up, so the wake-up finds the deadline passed; at most an
