@@ -60,11 +60,57 @@ size_t TargetService::StagedOffset(size_t at, uint32_t length) {
   return length % 512 == 0 ? (at + 4095) / 4096 * 4096 : at;
 }
 
-std::shared_ptr<char> TargetService::StagingBytes(size_t n) {
+std::shared_ptr<char> TargetService::StagingBytes(size_t n) const { return staging_->Get(n); }
+
+StagingPool::~StagingPool() {
+  for (auto& [size, p] : free_) std::free(p);
+}
+
+std::shared_ptr<char> StagingPool::Get(size_t n) {
   const size_t rounded = std::max<size_t>(4096, (n + 4095) / 4096 * 4096);
-  void* p = std::aligned_alloc(4096, rounded);
-  if (p == nullptr) throw std::bad_alloc();
-  return std::shared_ptr<char>(static_cast<char*>(p), std::free);
+  char* p = nullptr;
+  size_t size = rounded;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t best = free_.size();
+    for (size_t k = 0; k < free_.size(); ++k) {
+      const size_t have = free_[k].first;
+      if (have >= rounded && have <= 2 * rounded &&
+          (best == free_.size() || have < free_[best].first)) {
+        best = k;
+      }
+    }
+    if (best != free_.size()) {
+      size = free_[best].first;
+      p = free_[best].second;
+      free_bytes_ -= size;
+      free_[best] = free_.back();
+      free_.pop_back();
+    }
+  }
+  if (p == nullptr) {
+    p = static_cast<char*>(std::aligned_alloc(4096, size));
+    if (p == nullptr) throw std::bad_alloc();
+  }
+  return std::shared_ptr<char>(p, [pool = weak_from_this(), size](char* q) {
+    if (auto live = pool.lock()) {
+      live->Put(q, size);
+    } else {
+      std::free(q);
+    }
+  });
+}
+
+void StagingPool::Put(char* p, size_t size) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_bytes_ + size <= kMaxFreeBytes) {
+      free_.emplace_back(size, p);
+      free_bytes_ += size;
+      return;
+    }
+  }
+  std::free(p);
 }
 
 bool TargetService::HasFiles(const std::vector<StagedEntry>& staged) {

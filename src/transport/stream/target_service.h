@@ -6,8 +6,10 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/memory_registry.h"
@@ -17,6 +19,25 @@
 #include "wire/frame.h"
 
 namespace ferry::internal::stream {
+
+// Page-aligned staging buffers of a stream, reused: a fresh one per frame
+// cost a page fault per page on first touch (15 % of the cycles of a tcp
+// write of 1 MiB blocks to a file). Keeps at most kMaxFreeBytes unused; a
+// buffer let go after the pool is gone is freed. Thread-safe (buffers are
+// let go on the file ring's thread too).
+class StagingPool : public std::enable_shared_from_this<StagingPool> {
+ public:
+  ~StagingPool();
+  // At least n bytes (a free buffer of n to 2n bytes, else a new one).
+  std::shared_ptr<char> Get(size_t n);
+
+ private:
+  static constexpr size_t kMaxFreeBytes = size_t{32} << 20;
+  void Put(char* p, size_t size);
+  std::mutex mu_;
+  std::vector<std::pair<size_t, char*>> free_;  // (size, buffer), guarded by mu_
+  size_t free_bytes_ = 0;                       // guarded by mu_
+};
 
 class TargetService : public FrameService {
  public:
@@ -58,8 +79,9 @@ class TargetService : public FrameService {
   // `at` bytes: one whose length O_DIRECT could take starts on a page.
   static size_t StagedOffset(size_t at, uint32_t length);
   // Page-aligned host memory for a frame's staged entries (at least n bytes),
-  // so that file entries may go to the file with O_DIRECT.
-  static std::shared_ptr<char> StagingBytes(size_t n);
+  // so that file entries may go to the file with O_DIRECT; from this
+  // stream's pool (StagingPool), back to it when the last holder lets go.
+  std::shared_ptr<char> StagingBytes(size_t n) const;
   static bool HasFiles(const std::vector<StagedEntry>& staged);
   // Starts the file entries of `staged` (others are skipped) as one batch of
   // their files' io_uring ring, between the file and `host` + each entry's
@@ -77,6 +99,7 @@ class TargetService : public FrameService {
  private:
   const std::shared_ptr<EngineTarget> target_;
   const std::string transport_;
+  const std::shared_ptr<StagingPool> staging_ = std::make_shared<StagingPool>();
 };
 
 }  // namespace ferry::internal::stream
