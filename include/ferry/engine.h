@@ -106,7 +106,7 @@ class FERRY_API Engine {
   // there; never dereference it) where address base + k stands for file
   // offset file.offset + k. Transfers name it like memory (TransferRequest
   // local or remote_addr); this engine's own transfers between it and cpu
-  // memory go through the `local` transport (open this engine's own
+  // or GPU memory go through the `local` transport (open this engine's own
   // segment), a peer's through tcp or shm (this engine does the I/O). The bytes
   // move through io_uring (EngineOptions::file_queue_depth), with O_DIRECT
   // when buffer, offset and length are aligned for it. A write completes

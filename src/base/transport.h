@@ -204,8 +204,9 @@ class Transport {
   std::string_view Name() const { return caps_.name; }
   uint32_t MaxSlice() const { return caps_.max_slice; }
   SliceOrder PreferredOrder() const { return caps_.order; }
-  // Whether it can move bytes between memory of these kinds.
-  bool Handles(MemoryKind local, MemoryKind remote) const;
+  // Whether it can move bytes between memory of these kinds (the caps'
+  // kinds; a transport may add pairs of its own).
+  virtual bool Handles(MemoryKind local, MemoryKind remote) const;
 
   // Adds this transport's endpoint to the engine's own descriptor.
   virtual void Describe(wire::PeerDescriptor* self) const = 0;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tests/conformance/conformance_fixture.h"
+#include "tests/testing/buffer.h"
 #include "tests/testing/fake_cuda.h"
 #include "tests/testing/gpu_memory.h"
 
@@ -174,6 +175,63 @@ TEST_P(GpuStagingTest, GpuMemoryOfTheTargetIsStagedByTcpAndRefusedByTheOthers) {
   ASSERT_OK(pair_.initiator().TransferSync(
       TransferRequest{Opcode::kRead, local_gpu, seg, remote, kSize}));
   EXPECT_TRUE(gpu_->Holds(local_gpu, 0, kSize, 7, 0));
+}
+
+// GPU memory to and from this engine's own file region (the local
+// transport, through its own segment): staged through host memory, every
+// byte checked in the file and back on the GPU; a read of a cancelled batch
+// puts nothing on the GPU.
+TEST(GpuAndOwnFile, WritesAndReadsBetweenGpuMemoryAndAFileOfThisEngine) {
+  const CudaDriver& driver = CudaDriver::Load(TestCudaDriverLibrary());
+  if (!driver.data_path())
+    GTEST_SKIP() << "no CUDA driver with the data paths: " << driver.why_no_data_path();
+  std::unique_ptr<FakeCuda> fake;
+  if (TestCudaDriverIsFake()) fake = std::make_unique<FakeCuda>();
+  GpuMemory gpu_memory(driver);
+  constexpr uint64_t kSize = 4 * kMiB, kSeed = 33;
+  EngineOptions o = ConformanceOptions("local");
+  UseTestCudaDriver(&o);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> e, Engine::Create(o));
+  FileBuffer file(kSize);  // its bytes seen through a shared mapping
+  FileRegion region;
+  region.fd = file.fd();
+  region.length = kSize;
+  ASSERT_OK_AND_ASSIGN(void* base, e->RegisterFile(region));
+  const uint64_t file_addr = reinterpret_cast<uint64_t>(base);
+  unsigned char* gpu = gpu_memory.Allocate(kSize, kSeed);
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_OK(e->RegisterMemory(gpu, kSize, "cuda:0"));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle self, e->OpenSegment(e->PeerId()));
+  // GPU -> file: odd pieces, several of them unaligned.
+  std::vector<TransferRequest> writes;
+  for (uint64_t off = 0, i = 0; off < kSize; ++i) {
+    const uint64_t len = std::min<uint64_t>(kSize - off, 1 + Mix64(i) % (700 * kKiB));
+    writes.push_back({Opcode::kWrite, gpu + off, self, file_addr + off, len});
+    off += len;
+  }
+  ASSERT_OK(e->TransferSync(writes));
+  EXPECT_EQ(CheckPattern(file.data(), kSize, kSeed, 0), std::nullopt) << "the file";
+  // file -> GPU: the file's new bytes, read back over the GPU's.
+  FillPattern(file.data(), kSize, kSeed + 1, 0);
+  std::vector<TransferRequest> reads;
+  for (uint64_t off = 0; off < kSize; off += kMiB) {
+    reads.push_back({Opcode::kRead, gpu + off, self, file_addr + off, kMiB});
+  }
+  ASSERT_OK(e->TransferSync(reads));
+  EXPECT_TRUE(gpu_memory.Holds(gpu, 0, kSize, kSeed + 1, 0)) << "the GPU memory";
+  // A cancelled batch of reads: nothing lands on the GPU after the cancel.
+  FillPattern(file.data(), kSize, kSeed + 2, 0);
+  ASSERT_OK_AND_ASSIGN(BatchId batch, e->AllocateBatch(reads.size()));
+  ASSERT_OK(e->Submit(batch, reads));
+  ASSERT_OK(e->CancelBatch(batch));
+  std::vector<unsigned char> after(kSize);
+  ASSERT_OK(gpu_memory.Copy(after.data(), gpu, kSize));
+  // Unregistering the file waits for every op still on its ring (each holds
+  // the region until it is done), so whatever could land has landed.
+  ASSERT_OK(e->UnregisterMemory(base));
+  std::vector<unsigned char> later(kSize);
+  ASSERT_OK(gpu_memory.Copy(later.data(), gpu, kSize));
+  EXPECT_EQ(after, later) << "bytes of a cancelled read reached the GPU after the cancel";
 }
 
 INSTANTIATE_TEST_SUITE_P(HostTransports, GpuStagingTest,

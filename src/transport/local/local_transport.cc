@@ -1,10 +1,13 @@
 #include "transport/local/local_transport.h"
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
 
+#include "cuda/sync_copies.h"
 #include "storage/file_segment.h"
 
 namespace ferry::internal {
@@ -64,6 +67,23 @@ class FileWrites {
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t n_ = 0;  // guarded by mu_
+};
+
+// Copies between GPU and host memory for a link's file ops of GPU memory
+// (staged through host memory: the file's ring reads and writes only host
+// memory). One SyncCopies, made on first use, shared by the posting threads
+// and the rings' threads under a lock.
+class GpuCopies {
+ public:
+  Status Copy(const CudaDriver& driver, int device, void* dst, const void* src, size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!copies_) copies_ = std::make_unique<cuda::SyncCopies>(driver);
+    return copies_->Copy(device, dst, src, n);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<cuda::SyncCopies> copies_;  // guarded by mu_
 };
 
 // The file ops of one Post, by the ring that runs them (each engine has its
@@ -134,7 +154,8 @@ class LocalLink : public PeerLink {
       if (remote_kind.type() == MemoryKind::Type::kFile ||
           local_kind.type() == MemoryKind::Type::kFile) {
         // File I/O: queued on the file's ring below, completed by its thread.
-        Status queued = AddFileOp(ctx, s, std::move(*pin), remote_kind, local_kind, &file_ops);
+        Status queued =
+            AddFileOp(ctx, *target, s, std::move(*pin), remote_kind, local_kind, &file_ops);
         if (!queued.ok()) done.Complete(s.request, 1, queued);
         continue;
       }
@@ -162,14 +183,21 @@ class LocalLink : public PeerLink {
   }
 
   // Queues the file op of slice `s`: between a file region (the peer's, or
-  // this engine's own local buffer) and cpu memory on the other side. The
-  // op holds both regions' pins and the batch's landing (so a cancelled
+  // this engine's own local buffer) and cpu or GPU memory on the other side.
+  // The op holds both regions' pins and the batch's landing (so a cancelled
   // batch moves no byte more), and completes the slice from the file's ring.
-  Status AddFileOp(const PostContext& ctx, const Slice& s, RegionPin remote_pin,
-                   MemoryKind remote_kind, MemoryKind local_kind, FileOpGroups* groups) {
+  // GPU memory is staged through a host buffer: copied off the device here
+  // before a file write; copied onto it from the ring's thread after a file
+  // read, only while the batch may still land data.
+  Status AddFileOp(const PostContext& ctx, const EngineTarget& target, const Slice& s,
+                   RegionPin remote_pin, MemoryKind remote_kind, MemoryKind local_kind,
+                   FileOpGroups* groups) {
     const bool remote_file = remote_kind.type() == MemoryKind::Type::kFile;
     const MemoryKind other = remote_file ? local_kind : remote_kind;
-    if (!other.cpu_accessible()) {
+    const bool gpu = other.type() == MemoryKind::Type::kCuda;
+    // The driver of the engine whose GPU memory it is.
+    const CudaDriver* driver = gpu ? (remote_file ? self_.get() : &target)->cuda_driver() : nullptr;
+    if (!other.cpu_accessible() && (!gpu || driver == nullptr)) {
       return UnimplementedError("cannot move bytes between file and " + other.Name() +
                                 " memory in this build");
     }
@@ -192,14 +220,43 @@ class LocalLink : public PeerLink {
       write_file = s.opcode == Opcode::kRead;
     }
     const storage::FileSegment& file = *file_pin.region()->file;
+    std::shared_ptr<char> host;  // GPU memory's bytes, page-aligned (O_DIRECT)
+    char* device = nullptr;
+    if (gpu) {
+      void* p = std::aligned_alloc(4096, std::max<size_t>(4096, (s.length + 4095) / 4096 * 4096));
+      if (p == nullptr) return ResourceExhaustedError("no host memory to stage a GPU slice");
+      host = std::shared_ptr<char>(static_cast<char*>(p), std::free);
+      device = buf;
+      buf = host.get();
+      if (write_file) {
+        FERRY_RETURN_IF_ERROR(gpu_copies_->Copy(*driver, other.device(), buf, device, s.length)
+                                  .WithPrefix("copying " + std::to_string(s.length) +
+                                              " bytes off " + other.Name() + " for a file"));
+      }
+    }
     FERRY_ASSIGN_OR_RETURN(storage::FileOp op, file.MakeOp(write_file, buf, file_addr, s.length));
-    op.landing = ctx.batch;
+    // A read for GPU memory lands in the host buffer; the copy onto the
+    // device takes the landing instead (below).
+    const bool to_device = gpu && !write_file;
+    op.landing = to_device ? nullptr : ctx.batch;
     op.pins.push_back(std::move(file_pin));
     if (!remote_file) op.pins.push_back(std::move(other_pin));
     if (write_file) file_writes_->Add();
-    op.done = [batch = ctx.batch, request = s.request,
-               writes = write_file ? file_writes_ : nullptr](const Status& status) {
-      batch->CompleteSlice(request, status);
+    op.done = [batch = ctx.batch, request = s.request, writes = write_file ? file_writes_ : nullptr,
+               to_device, copies = gpu_copies_, driver, ordinal = other.device(), device, host,
+               length = s.length](const Status& status) {
+      Status st = status;
+      if (st.ok() && to_device) {
+        if (!batch->BeginLanding()) {
+          st = CancelledError("the request's batch was cancelled");
+        } else {
+          st = copies->Copy(*driver, ordinal, device, host.get(), length)
+                   .WithPrefix("copying " + std::to_string(length) +
+                               " bytes of a file onto cuda:" + std::to_string(ordinal));
+          batch->EndLanding();
+        }
+      }
+      batch->CompleteSlice(request, st);
       if (writes) writes->Done();
     };
     storage::FileIo* io = &file.io();
@@ -212,6 +269,7 @@ class LocalLink : public PeerLink {
 
   const std::shared_ptr<EngineTarget> self_;
   const std::shared_ptr<FileWrites> file_writes_ = std::make_shared<FileWrites>();
+  const std::shared_ptr<GpuCopies> gpu_copies_ = std::make_shared<GpuCopies>();
   std::weak_ptr<EngineTarget> target_;
   std::string peer_id_;
 };
@@ -225,6 +283,15 @@ class LocalTransport : public Transport {
     LocalDirectory::Get().Add(self_);
   }
   ~LocalTransport() override { Shutdown(); }
+  // Its kinds, and GPU memory to and from file regions (staged through host
+  // memory: AddFileOp). Other GPU routes stay with the transports that
+  // have them (cuda_ipc; the GPU staging of shm and tcp).
+  bool Handles(MemoryKind local, MemoryKind remote) const override {
+    using T = MemoryKind::Type;
+    return Transport::Handles(local, remote) ||
+           (local.type() == T::kCuda && remote.type() == T::kFile) ||
+           (local.type() == T::kFile && remote.type() == T::kCuda);
+  }
   void Describe(wire::PeerDescriptor* self) const override {
     self->transports.push_back({"local", std::to_string(ProcessToken())});
   }
