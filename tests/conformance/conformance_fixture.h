@@ -78,9 +78,16 @@ class EnginePair {
  public:
   void Start(const std::string& transport) {
     FERRY_SKIP_UNLESS_TRANSPORT_WORKS(transport);
-    share_target_memory_ = SharesTargetMemory(transport);
-    target_files_ = TargetsFiles(transport);
-    Start(ConformanceOptions(transport), ConformanceOptions(transport));
+    Start(transport, ConformanceOptions(transport), ConformanceOptions(transport));
+  }
+  // With options of the caller's; the target's buffers as test parameter
+  // `param` says: shared memory ("shm_mapped"), file regions ("*_file"), or
+  // plain memory.
+  void Start(const std::string& param, const EngineOptions& initiator_options,
+             const EngineOptions& target_options) {
+    share_target_memory_ = SharesTargetMemory(param);
+    target_files_ = TargetsFiles(param);
+    Start(initiator_options, target_options);
   }
   void Start(const EngineOptions& initiator_options, const EngineOptions& target_options) {
     auto a = Engine::Create(initiator_options);
@@ -97,19 +104,12 @@ class EnginePair {
     segment_ = *seg;
   }
 
-  // Whether Alloc makes the target's buffers shared memory (Start(transport)
-  // sets it from the parameter; call before the two-options Start).
-  void ShareTargetMemory(bool on) { share_target_memory_ = on; }
-
   Engine& initiator() { return *initiator_; }
   // Destroys the target engine (its buffers stay allocated).
   void DestroyTarget() { target_.reset(); }
   Engine& target() { return *target_; }
   SegmentHandle segment() const { return segment_; }
 
-  // Whether Alloc makes the target's buffers file regions (Start(transport)
-  // sets it from the parameter; call before the two-options Start).
-  void UseFileTargets(bool on) { target_files_ = on; }
   // Whether the target's buffers are file regions (the parameter says so:
   // "tcp_file"...). Cases that do not apply to files skip themselves.
   bool TargetFiles() const { return target_files_; }

@@ -36,9 +36,7 @@ class FaultsTest : public ::testing::TestWithParam<std::string> {
   std::vector<TransferState> RunOnce(uint32_t seed, Opcode op = Opcode::kWrite) {
     if (!TransportRefusal(GetParam()).empty()) return {};
     EnginePair pair;
-    pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
-    pair.UseFileTargets(TargetsFiles(GetParam()));
-    pair.Start(Faulty(GetParam(), seed), ConformanceOptions(GetParam()));
+    pair.Start(GetParam(), Faulty(GetParam(), seed), ConformanceOptions(GetParam()));
     if (::testing::Test::HasFatalFailure()) return {};
     unsigned char* src = pair.Alloc(kRequests * kBlock, &pair.initiator());
     unsigned char* dst = pair.Alloc(kRequests * kBlock, &pair.target());

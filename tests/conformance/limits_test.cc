@@ -33,8 +33,7 @@ TEST_P(LimitsTest, FullNotificationInboxRefusesTheNextOneUntilDrained) {
   EngineOptions t = ConformanceOptions(GetParam());
   t.notify_inbox_bytes = 64 * 1024;
   EnginePair pair;
-  pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
-  pair.Start(ConformanceOptions(GetParam()), t);
+  pair.Start(GetParam(), ConformanceOptions(GetParam()), t);
   if (HasFatalFailure()) return;
   const std::string big(30000, 'n');
   EXPECT_OK(pair.initiator().SendNotification(pair.segment(), "a", big));
@@ -63,8 +62,7 @@ TEST_P(LimitsTest, SmallPeerBudgetDelaysButLosesNothing) {
   i.peer_max_requests = 16;
   i.peer_max_bytes = 1 << 20;
   EnginePair pair;
-  pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
-  pair.Start(i, ConformanceOptions(GetParam()));
+  pair.Start(GetParam(), i, ConformanceOptions(GetParam()));
   if (HasFatalFailure()) return;
   constexpr size_t kN = 4000, kLen = 1024;
   unsigned char* src = pair.Alloc(kN * kLen, &pair.initiator());

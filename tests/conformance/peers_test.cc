@@ -93,8 +93,7 @@ TEST_P(IdleLinks, ClosedWhenIdleAndReopenedUnnoticed) {
   EngineOptions i = ConformanceOptions(GetParam());
   i.idle_link_timeout = std::chrono::milliseconds(20);
   EnginePair pair;
-  pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
-  pair.Start(i, ConformanceOptions(GetParam()));
+  pair.Start(GetParam(), i, ConformanceOptions(GetParam()));
   if (HasFatalFailure()) return;
   constexpr size_t kLen = 256 * 1024;
   unsigned char* src = pair.Alloc(kLen, &pair.initiator());
@@ -152,8 +151,7 @@ void RaceClosesWithPosts(const std::string& transport, std::chrono::milliseconds
   EngineOptions t = ConformanceOptions(transport);
   t.idle_link_timeout = target_timeout;
   EnginePair pair;
-  pair.ShareTargetMemory(SharesTargetMemory(transport));
-  pair.Start(i, t);
+  pair.Start(transport, i, t);
   if (::testing::Test::HasFatalFailure()) return;
   constexpr int kThreads = 6, kRounds = 80;
   constexpr size_t kSlot = 16 * 1024;
@@ -217,8 +215,7 @@ TEST_P(IdleLinks, TargetAsksAnInitiatorThatNeverClosesToClose) {
   EngineOptions t = ConformanceOptions(GetParam());
   t.idle_link_timeout = std::chrono::milliseconds(20);
   EnginePair pair;
-  pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
-  pair.Start(i, t);
+  pair.Start(GetParam(), i, t);
   if (HasFatalFailure()) return;
   constexpr size_t kLen = 64 * 1024;
   unsigned char* src = pair.Alloc(kLen, &pair.initiator());
@@ -261,8 +258,7 @@ TEST_P(IdleLinks, StagedGpuTransfersRacingIdleCloses) {
   UseTestCudaDriver(&i);
   i.idle_link_timeout = std::chrono::milliseconds(1);
   EnginePair pair;
-  pair.ShareTargetMemory(SharesTargetMemory(GetParam()));
-  pair.Start(i, ConformanceOptions(GetParam()));
+  pair.Start(GetParam(), i, ConformanceOptions(GetParam()));
   if (HasFatalFailure()) return;
   constexpr uint64_t kSize = 4 << 20;
   unsigned char* dev = gpu.Allocate(kSize, 31);

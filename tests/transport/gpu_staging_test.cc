@@ -37,8 +37,7 @@ class GpuStagingTest : public ::testing::TestWithParam<std::string> {
     gpu_ = std::make_unique<GpuMemory>(*driver_);
     EngineOptions a = ConformanceOptions(GetParam());
     UseTestCudaDriver(&a);
-    pair_.UseFileTargets(TargetsFiles(GetParam()));
-    ASSERT_NO_FATAL_FAILURE(pair_.Start(a, ConformanceOptions(GetParam())));
+    ASSERT_NO_FATAL_FAILURE(pair_.Start(GetParam(), a, ConformanceOptions(GetParam())));
   }
   void TearDown() override { gpu_.reset(); }
 

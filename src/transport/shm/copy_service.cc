@@ -101,12 +101,6 @@ void CopyRun(int pid, bool write, const std::vector<CopyEntry>& entries,
   }
 }
 
-void SortByEntry(std::vector<wire::EntryFailure>* failures) {
-  std::sort(
-      failures->begin(), failures->end(),
-      [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
-}
-
 // Copies the staged entries (their bytes at `host` + offset) between this
 // process and the initiator, `pid` (from_initiator: into `host`), whose
 // addresses `theirs` lists in the same order; in runs of at most kMaxIov.

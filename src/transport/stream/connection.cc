@@ -393,6 +393,15 @@ void Connection::Flush(bool from_caller) {
 void Connection::QueueReply(wire::FrameType type, uint64_t seq, std::string body,
                             std::vector<iovec> payload, std::vector<RegionPin> pins,
                             std::shared_ptr<const void> keep) {
+  OutFrame f = ReplyFrame(type, seq, body, std::move(payload), std::move(pins), std::move(keep));
+  out_bytes_ += f.total;
+  out_.push_back(std::move(f));
+}
+
+Connection::OutFrame Connection::ReplyFrame(wire::FrameType type, uint64_t seq,
+                                            const std::string& body, std::vector<iovec> payload,
+                                            std::vector<RegionPin> pins,
+                                            std::shared_ptr<const void> keep) const {
   wire::FrameHeader h;
   h.version = role_ == Role::kServed ? static_cast<uint8_t>(wire_version_) : 0;
   h.type = type;
@@ -406,8 +415,7 @@ void Connection::QueueReply(wire::FrameType type, uint64_t seq, std::string body
   f.payload = std::move(payload);
   f.pins = std::move(pins);
   f.keep = std::move(keep);
-  out_bytes_ += f.total;
-  out_.push_back(std::move(f));
+  return f;
 }
 
 Connection::ReplyPlace Connection::ReserveReply() {
@@ -422,24 +430,22 @@ void Connection::FinishReply(const ReplyPlace& place, wire::FrameType type, uint
                              std::vector<RegionPin> pins, std::shared_ptr<const void> keep) {
   std::shared_ptr<Connection> self = place.stream.lock();
   if (!self) return;
-  wire::FrameHeader h;
-  h.version = static_cast<uint8_t>(self->wire_version_);
-  h.type = type;
-  h.seq = seq;
-  uint64_t plen = 0;
-  for (const auto& p : payload) plen += p.iov_len;
-  h.payload_len = static_cast<uint32_t>(plen);
-  auto f = std::make_shared<OutFrame>();
-  f->head = wire::BuildFrame(h, body);
-  f->total = f->head.size() + plen;
-  f->payload = std::move(payload);
-  f->pins = std::move(pins);
-  f->keep = std::move(keep);
-  const uint64_t id = place.id;
-  self->loop_->RunInLoop([weak = place.stream, id, f] {
+  // The frame is built and queued on the loop thread, under the stream's lock.
+  struct Reply {
+    wire::FrameType type;
+    uint64_t seq;
+    std::string body;
+    std::vector<iovec> payload;
+    std::vector<RegionPin> pins;
+    std::shared_ptr<const void> keep;
+  };
+  auto r = std::make_shared<Reply>(
+      Reply{type, seq, std::move(body), std::move(payload), std::move(pins), std::move(keep)});
+  self->loop_->RunInLoop([weak = place.stream, id = place.id, r] {
     if (auto c = weak.lock()) {
       std::lock_guard<std::mutex> io(c->io_mu_);
-      c->FillReply(id, std::move(*f));
+      c->FillReply(id, c->ReplyFrame(r->type, r->seq, r->body, std::move(r->payload),
+                                     std::move(r->pins), std::move(r->keep)));
     }
   });
 }

@@ -152,6 +152,10 @@ class Connection : public EventLoop::Handler,
     size_t total = 0;    // head + payload bytes
     uint64_t place = 0;  // ReserveReply's id while not yet finished; 0: ready to send
   };
+  // A reply frame of this stream (QueueReply, FinishReply).
+  OutFrame ReplyFrame(wire::FrameType type, uint64_t seq, const std::string& body,
+                      std::vector<iovec> payload, std::vector<RegionPin> pins,
+                      std::shared_ptr<const void> keep) const;
   // Fills the reserved place `id` (loop thread): see FinishReply.
   void FillReply(uint64_t id, OutFrame f);
   struct Inflight {

@@ -113,6 +113,12 @@ void StagingPool::Put(char* p, size_t size) {
   std::free(p);
 }
 
+void TargetService::SortByEntry(std::vector<wire::EntryFailure>* failures) {
+  std::sort(
+      failures->begin(), failures->end(),
+      [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
+}
+
 bool TargetService::HasFiles(const std::vector<StagedEntry>& staged) {
   return std::any_of(staged.begin(), staged.end(), [](const StagedEntry& e) {
     return e.region->kind.type() == MemoryKind::Type::kFile;

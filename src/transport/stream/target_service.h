@@ -83,6 +83,8 @@ class TargetService : public FrameService {
   // stream's pool (StagingPool), back to it when the last holder lets go.
   std::shared_ptr<char> StagingBytes(size_t n) const;
   static bool HasFiles(const std::vector<StagedEntry>& staged);
+  // In entry order, as a Reply must list them (DecodeReply refuses others).
+  static void SortByEntry(std::vector<wire::EntryFailure>* failures);
   // Starts the file entries of `staged` (others are skipped) as one batch of
   // their files' io_uring ring, between the file and `host` + each entry's
   // offset (write: host → file), without waiting: `then` runs once, with

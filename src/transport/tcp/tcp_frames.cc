@@ -76,10 +76,8 @@ Status TcpStreamService::ServeWrite(stream::Connection& c, const wire::FrameHead
     staged_bytes = at + e.length;
     placed[i] = 2;
   }
-  if (staged_capacity_ < staged_bytes) {
-    staged_bytes_ = StagingBytes(staged_bytes);
-    staged_capacity_ = staged_bytes;
-  }
+  // (From the stream's pool: the last frame's buffer, once it is let go.)
+  if (!staged_.empty()) staged_bytes_ = StagingBytes(staged_bytes);
   size_t g = 0;
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
@@ -116,16 +114,6 @@ void TcpStreamService::CopyGpu(const std::vector<StagedEntry>& staged, char* hos
   }
 }
 
-namespace {
-
-void SortByEntry(std::vector<wire::EntryFailure>* failures) {
-  std::sort(
-      failures->begin(), failures->end(),
-      [](const wire::EntryFailure& a, const wire::EntryFailure& b) { return a.index < b.index; });
-}
-
-}  // namespace
-
 Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeader& h) {
   // A kWrite payload has landed: staged entries go on to the device or the
   // file, then the regions are released and the frame acknowledged.
@@ -145,7 +133,6 @@ Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeade
     pins_.clear();
     failures_.clear();
     staged_bytes_.reset();
-    staged_capacity_ = 0;
     StartFileIo(staged, held->host.get(), /*write=*/true,
                 [place = c.ReserveReply(), seq = h.seq, held](std::vector<wire::EntryFailure> f) {
                   wire::Reply rep;
@@ -161,6 +148,7 @@ Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeade
     return OkStatus();
   }
   staged_.clear();
+  staged_bytes_.reset();  // back to the pool
   SortByEntry(&failures_);
   pins_.clear();
   wire::Reply rep;

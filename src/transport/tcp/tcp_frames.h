@@ -52,7 +52,6 @@ class TcpStreamService : public stream::TargetService {
   std::vector<wire::EntryFailure> failures_;
   std::vector<StagedEntry> staged_;
   std::shared_ptr<char> staged_bytes_;  // the host buffer its staged entries land in
-  size_t staged_capacity_ = 0;
   std::unique_ptr<cuda::SyncCopies> copies_;
 };
 
