@@ -12,13 +12,19 @@
 # GPU -> GPU through cuda_ipc, Ferry tcp from host memory as the baseline of
 # tcp from GPU memory).
 #
+# Then the Python drop-ins on the GPU (tools/device_python_check.py: the
+# Mooncake drop-in's GPU transfers and *_on_cuda methods, NIXL's VRAM), where
+# python3 has torch and the ferry package is found (BUILD_DIR/../python, as
+# scripts/device-kit.sh packs it, or PYTHONPATH).
+#
 #   scripts/device-check.sh [BUILD_DIR]
 #
-# Uses BUILD_DIR's binaries if they are there (built elsewhere and carried),
+# Uses BUILD_DIR's binaries if they are there (built elsewhere and carried:
+# scripts/device-kit.sh, whose BUILD_DIR/../lib holds the libraries they need),
 # else configures and builds just what it needs (Release, all cores). Logs go
 # to $OUT (the device tool's output folder) or to BUILD_DIR/device-check.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 build="${1:-build-device}"
 logs="${OUT:-$build/device-check}"
 mkdir -p "$logs"
@@ -27,6 +33,18 @@ say() { echo "device-check: $*" | tee -a "$logs/summary.txt"; }
 
 say "started $(date -u +%FT%TZ) on $(hostname)"
 nvidia-smi -L 2>&1 | tee -a "$logs/summary.txt" || say "nvidia-smi not found (the driver may still be there)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 |
+  tee -a "$logs/summary.txt"
+if [ -d "$build/../lib" ]; then  # a kit (scripts/device-kit.sh)
+  kit=$(cd "$build/.." && pwd)
+  for lib in "$kit"/lib-maybe/*; do  # only those this machine lacks
+    [ -e "$lib" ] || continue
+    ldconfig -p | grep -q "^[[:space:]]*$(basename "$lib") " || cp "$lib" "$kit/lib/"
+  done
+  export LD_LIBRARY_PATH="$kit/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  [ -d "$kit/python" ] && export PYTHONPATH="$kit/python${PYTHONPATH:+:$PYTHONPATH}"
+  ldd "$build/tests/gpu_test" | grep 'not found' | tee -a "$logs/summary.txt"
+fi
 if [ ! -x "$build/tests/gpu_test" ] || [ ! -x "$build/tests/ferry_test_peer" ] ||
    [ ! -x "$build/tools/ferry" ]; then
   gen=()
@@ -60,5 +78,15 @@ run() {  # name, seconds, command...
 }
 run gpu_test 150 "$build/tests/gpu_test" --gtest_filter='GpuTest.*'
 run gpu_staging 120 "$build/tests/gpu_test" --gtest_filter='*GpuStaging*'
-run gpu_bench 90 "$build/tests/gpu_test" --gtest_filter='GpuBench.*' --gtest_also_run_disabled_tests
+run gpu_bench 150 "$build/tests/gpu_test" --gtest_filter='GpuBench.*' --gtest_also_run_disabled_tests
+if python3 -c 'import torch, ferry, nixl; assert torch.cuda.is_available()' >"$logs/python-probe.log" 2>&1; then
+  PYTHONUNBUFFERED=1 timeout 120 python3 tools/device_python_check.py >"$logs/python.log" 2>&1
+  r=$?
+  grep -E '^device-python|Error|error' "$logs/python.log" | head -40 | tee -a "$logs/summary.txt"
+  say "python exit $r after $(( $(date +%s) - start )) s"
+  [ $r -eq 0 ] || rc=$r
+else
+  tail -5 "$logs/python-probe.log" | tee -a "$logs/summary.txt"
+  say "python checks skipped: python3 lacks torch with a GPU, or the ferry package"
+fi
 exit $rc

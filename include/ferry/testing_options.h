@@ -25,6 +25,10 @@ struct TestingOptions {
   // Load the CUDA driver from this library (a path) instead of
   // libcuda.so.1: the tests' fake driver on machines without a GPU.
   std::string cuda_driver;
+  // A tcp target stages a peer's transfers of its GPU memory through
+  // pageable heap memory instead of page-locked memory of the driver (as
+  // builds before it did): the benchmark's before and after.
+  bool pageable_gpu_staging = false;
   // Play a build that reads and writes descriptor formats up to this one
   // (0 = this build's newest).
   uint16_t descriptor_format_max = 0;

@@ -138,6 +138,20 @@ CudaDriver::CudaDriver(const std::string& library) : library_(library) {
   need("cuIpcGetMemHandle", ipc_get_mem_handle_);
   need("cuIpcOpenMemHandle_v2", ipc_open_mem_handle_);
   need("cuIpcCloseMemHandle", ipc_close_mem_handle_);
+  memcpy_batch_async_ =
+      reinterpret_cast<decltype(memcpy_batch_async_)>(::dlsym(h, "cuMemcpyBatchAsync_v2"));
+  if (memcpy_batch_async_ == nullptr) {
+    memcpy_batch_v1_ =
+        reinterpret_cast<decltype(memcpy_batch_v1_)>(::dlsym(h, "cuMemcpyBatchAsync"));
+  }
+  // Kernels: all four or none.
+  module_load_data_ = reinterpret_cast<decltype(module_load_data_)>(::dlsym(h, "cuModuleLoadData"));
+  module_get_function_ =
+      reinterpret_cast<decltype(module_get_function_)>(::dlsym(h, "cuModuleGetFunction"));
+  module_unload_ = reinterpret_cast<decltype(module_unload_)>(::dlsym(h, "cuModuleUnload"));
+  launch_kernel_ = reinterpret_cast<decltype(launch_kernel_)>(::dlsym(h, "cuLaunchKernel"));
+  if (module_get_function_ == nullptr || module_unload_ == nullptr || launch_kernel_ == nullptr)
+    module_load_data_ = nullptr;
   const Result r = init_(0);
   if (r != kCudaSuccess) {
     why_unavailable_ = "cuInit failed: " + ResultText(r);
@@ -300,6 +314,33 @@ Status CudaDriver::CopyAsync(void* dst, const void* src, size_t length, Stream s
   return OkStatus();
 }
 
+Status CudaDriver::CopyBatchAsync(void* const* dsts, const void* const* srcs, const size_t* lengths,
+                                  size_t n, Stream stream) const {
+  FERRY_CUDA_DATA_PATH("cuMemcpyBatchAsync");
+  if (!has_batch_copies()) {
+    return UnimplementedError("cuMemcpyBatchAsync: " + library_ +
+                              " has no batch copies (CUDA 12.8 or later has them)");
+  }
+  if (n == 0) return OkStatus();
+  static_assert(sizeof(BatchAttributes) == 24, "CUmemcpyAttributes is 24 bytes");
+  static_assert(sizeof(Ptr) == sizeof(void*));
+  // The driver's arrays are not const; it does not write them.
+  Ptr* d = reinterpret_cast<Ptr*>(const_cast<void**>(dsts));
+  Ptr* s = reinterpret_cast<Ptr*>(const_cast<void**>(srcs));
+  size_t* l = const_cast<size_t*>(lengths);
+  BatchAttributes attrs;
+  size_t first = 0;
+  Result r;
+  if (memcpy_batch_async_ != nullptr) {
+    r = memcpy_batch_async_(d, s, l, n, &attrs, &first, 1, stream);
+  } else {
+    size_t failed = 0;
+    r = memcpy_batch_v1_(d, s, l, n, &attrs, &first, 1, &failed, stream);
+  }
+  if (r != kCudaSuccess) return CallFailed("cuMemcpyBatchAsync", r);
+  return OkStatus();
+}
+
 Status CudaDriver::RecordEvent(Event event, Stream stream) const {
   FERRY_CUDA_DATA_PATH("cuEventRecord");
   const Result r = event_record_(event, stream);
@@ -402,6 +443,40 @@ Status CudaDriver::CloseIpcHandle(void* mapped) const {
   const Result r = ipc_close_mem_handle_(AsPtr(mapped));
   if (r != kCudaSuccess) return CallFailed("cuIpcCloseMemHandle", r);
   return OkStatus();
+}
+
+StatusOr<CudaDriver::Module> CudaDriver::LoadModule(const char* ptx) const {
+  FERRY_CUDA_DATA_PATH("cuModuleLoadData");
+  if (!has_kernels())
+    return UnimplementedError("cuModuleLoadData: " + library_ + " has no kernels");
+  void* m = nullptr;
+  const Result r = module_load_data_(&m, ptx);
+  if (r != kCudaSuccess) return CallFailed("cuModuleLoadData", r);
+  return m;
+}
+
+StatusOr<CudaDriver::Function> CudaDriver::GetFunction(Module m, const char* name) const {
+  FERRY_CUDA_DATA_PATH("cuModuleGetFunction");
+  if (!has_kernels())
+    return UnimplementedError("cuModuleGetFunction: " + library_ + " has no kernels");
+  void* f = nullptr;
+  const Result r = module_get_function_(&f, m, name);
+  if (r != kCudaSuccess)
+    return CallFailed(("cuModuleGetFunction(" + std::string(name) + ")").c_str(), r);
+  return f;
+}
+
+Status CudaDriver::Launch(Function f, unsigned grid, unsigned block, Stream stream,
+                          void** params) const {
+  FERRY_CUDA_DATA_PATH("cuLaunchKernel");
+  if (!has_kernels()) return UnimplementedError("cuLaunchKernel: " + library_ + " has no kernels");
+  const Result r = launch_kernel_(f, grid, 1, 1, block, 1, 1, 0, stream, params, nullptr);
+  if (r != kCudaSuccess) return CallFailed("cuLaunchKernel", r);
+  return OkStatus();
+}
+
+void CudaDriver::UnloadModule(Module m) const {
+  if (data_path_ && has_kernels() && m != nullptr) (void)module_unload_(m);
 }
 
 #undef FERRY_CUDA_DATA_PATH

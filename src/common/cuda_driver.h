@@ -130,6 +130,28 @@ class CudaDriver {
   // Queues a copy of `length` bytes on `stream` (cuMemcpyAsync: unified
   // addressing tells host from device memory on either side).
   Status CopyAsync(void* dst, const void* src, size_t length, Stream stream) const;
+  // Whether the driver queues many copies in one call (cuMemcpyBatchAsync,
+  // CUDA 12.8+; optional), and that call: copies i of `lengths[i]` bytes
+  // from srcs[i] to dsts[i], in any order among themselves, after the
+  // stream's earlier work (sources read in stream order). One driver call
+  // instead of n: the cost per copy that dominates small copies on a GPU.
+  bool has_batch_copies() const {
+    return memcpy_batch_async_ != nullptr || memcpy_batch_v1_ != nullptr;
+  }
+  Status CopyBatchAsync(void* const* dsts, const void* const* srcs, const size_t* lengths, size_t n,
+                        Stream stream) const;
+  // Kernels of a PTX image (optional entry points, every driver since CUDA
+  // 4 has them): the module loaded into the current context (the driver
+  // compiles the PTX for its device), a function of it, a launch on
+  // `stream` with `params` as cuLaunchKernel takes them (one pointer to
+  // each argument), and the module unloaded again.
+  using Module = void*;    // CUmodule
+  using Function = void*;  // CUfunction
+  bool has_kernels() const { return module_load_data_ != nullptr; }
+  StatusOr<Module> LoadModule(const char* ptx) const;
+  StatusOr<Function> GetFunction(Module m, const char* name) const;
+  Status Launch(Function f, unsigned grid, unsigned block, Stream stream, void** params) const;
+  void UnloadModule(Module m) const;
   // Marks the point on `stream` that `event` completes at.
   Status RecordEvent(Event event, Stream stream) const;
   // Whether `event` completed (cuEventQuery: CUDA_SUCCESS or
@@ -191,6 +213,23 @@ class CudaDriver {
   Result (*event_query_)(void*) = nullptr;
   Result (*event_synchronize_)(void*) = nullptr;
   Result (*memcpy_async_)(Ptr, Ptr, size_t, void*) = nullptr;
+  // cuMemcpyBatchAsync_v2 (CUDA 13) and its 12.8 form with a failure index;
+  // the attributes are CUmemcpyAttributes (4 + 8 + 8 + 4 bytes).
+  struct BatchAttributes {
+    int src_access_order = 1;  // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    int src_hint[2] = {0, 0};  // CUmemLocation {type, id}: ignored here
+    int dst_hint[2] = {0, 0};
+    unsigned flags = 0;
+  };
+  Result (*module_load_data_)(void**, const void*) = nullptr;            // optional
+  Result (*module_get_function_)(void**, void*, const char*) = nullptr;  // optional
+  Result (*module_unload_)(void*) = nullptr;                             // optional
+  Result (*launch_kernel_)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                           unsigned, void*, void**, void**) = nullptr;  // optional
+  Result (*memcpy_batch_async_)(Ptr*, Ptr*, size_t*, size_t, BatchAttributes*, size_t*, size_t,
+                                void*) = nullptr;  // optional
+  Result (*memcpy_batch_v1_)(Ptr*, Ptr*, size_t*, size_t, BatchAttributes*, size_t*, size_t,
+                             size_t*, void*) = nullptr;  // optional
   Result (*mem_alloc_)(Ptr*, size_t) = nullptr;
   Result (*mem_free_)(Ptr) = nullptr;
   Result (*mem_host_alloc_)(void**, size_t, unsigned) = nullptr;

@@ -1,5 +1,7 @@
 #include "cuda/sync_copies.h"
 
+#include <algorithm>
+
 namespace ferry::internal::cuda {
 
 SyncCopies::~SyncCopies() {
@@ -9,16 +11,40 @@ SyncCopies::~SyncCopies() {
   }
 }
 
-Status SyncCopies::Copy(int device, void* dst, const void* src, size_t n) {
-  CudaContextScope scope(d_, device);
-  FERRY_RETURN_IF_ERROR(scope.status());
+StatusOr<CudaDriver::Stream> SyncCopies::StreamOf(int device) {
   auto it = streams_.find(device);
   if (it == streams_.end()) {
     FERRY_ASSIGN_OR_RETURN(CudaDriver::Stream s, d_.CreateStream());
     it = streams_.emplace(device, s).first;
   }
-  FERRY_RETURN_IF_ERROR(d_.CopyAsync(dst, src, n, it->second));
-  return d_.WaitStream(it->second);
+  return it->second;
+}
+
+Status SyncCopies::Copy(int device, void* dst, const void* src, size_t n) {
+  CudaContextScope scope(d_, device);
+  FERRY_RETURN_IF_ERROR(scope.status());
+  FERRY_ASSIGN_OR_RETURN(CudaDriver::Stream s, StreamOf(device));
+  FERRY_RETURN_IF_ERROR(d_.CopyAsync(dst, src, n, s));
+  return d_.WaitStream(s);
+}
+
+Status SyncCopies::Queue(int device, void* dst, const void* src, size_t n) {
+  CudaContextScope scope(d_, device);
+  FERRY_RETURN_IF_ERROR(scope.status());
+  FERRY_ASSIGN_OR_RETURN(CudaDriver::Stream s, StreamOf(device));
+  FERRY_RETURN_IF_ERROR(d_.CopyAsync(dst, src, n, s));
+  if (std::find(queued_.begin(), queued_.end(), device) == queued_.end()) queued_.push_back(device);
+  return OkStatus();
+}
+
+std::map<int, Status> SyncCopies::WaitAll() {
+  std::map<int, Status> out;
+  for (int device : queued_) {
+    CudaContextScope scope(d_, device);
+    out[device] = scope.status().ok() ? d_.WaitStream(streams_.at(device)) : scope.status();
+  }
+  queued_.clear();
+  return out;
 }
 
 }  // namespace ferry::internal::cuda

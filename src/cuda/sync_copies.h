@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <map>
+#include <vector>
 
 #include "common/cuda_driver.h"
 
@@ -21,10 +22,16 @@ class SyncCopies {
   // Copies `n` bytes (host or GPU memory on either side) in device
   // `device`'s context and returns once they are in place.
   Status Copy(int device, void* dst, const void* src, size_t n);
+  // Queues such a copy; WaitAll then waits for every device queued on since
+  // the last WaitAll and says, by device, whether its copies all landed.
+  Status Queue(int device, void* dst, const void* src, size_t n);
+  std::map<int, Status> WaitAll();
 
  private:
   const CudaDriver& d_;
+  StatusOr<CudaDriver::Stream> StreamOf(int device);  // with its context current
   std::map<int, CudaDriver::Stream> streams_;
+  std::vector<int> queued_;  // devices with copies queued since the last WaitAll
 };
 
 }  // namespace ferry::internal::cuda

@@ -12,11 +12,15 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -117,6 +121,7 @@ TEST_F(GpuTest, GpuToGpuAcrossProcessesEveryByteBothWays) {
   ASSERT_OK(engine().RegisterMemory(local, kSize, "cuda:0"));
   ASSERT_OK(engine().RegisterMemory(back, kSize, "*"));  // the kind from the pointer
   if (fake_) fake_->ResetCopiedBytes();
+  const unsigned long long launches = fake_ ? fake_->KernelLaunches() : 0;
 
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(peer->peer_id()));
   ASSERT_OK_AND_ASSIGN(SegmentInfo info, engine().QuerySegment(seg));
@@ -148,6 +153,8 @@ TEST_F(GpuTest, GpuToGpuAcrossProcessesEveryByteBothWays) {
   if (fake_) {
     // Device to device, by this process's streams (the peer's CPU never saw them).
     EXPECT_GE(fake_->CopiedBytes(FakeCuda::kDeviceToDevice), 12 * kMiB);
+    // Each batch of several GPU ranges went as launches of the copy kernel.
+    EXPECT_GE(fake_->KernelLaunches() - launches, 2u);
   }
   EXPECT_EQ(peer->Stop(), 0);
 }
@@ -304,62 +311,186 @@ class GpuBench : public GpuTest {
     return static_cast<double>(moved) / Seconds(start) / 1e9;
   }
 
-  // Writes [0, size) of `local` to the peer's buffer in 1 MiB requests.
-  Status WriteAll(SegmentHandle seg, unsigned char* local, uint64_t remote, uint64_t size) {
+  // Writes [0, size) of `local` to the peer's buffer in requests of `chunk`.
+  Status WriteAll(SegmentHandle seg, unsigned char* local, uint64_t remote, uint64_t size,
+                  uint64_t chunk = kMiB, Opcode op = Opcode::kWrite) {
     std::vector<TransferRequest> reqs;
-    for (uint64_t o = 0; o < size; o += kMiB)
-      reqs.push_back({Opcode::kWrite, local + o, seg, remote + o, kMiB});
+    for (uint64_t o = 0; o < size; o += chunk)
+      reqs.push_back({op, local + o, seg, remote + o, std::min(chunk, size - o)});
     return engine().TransferSync(reqs);
+  }
+
+  static void Row(const std::string& what, double gbs, const std::string& vs = "") {
+    std::printf("gpu-bench %-52s %9.2f GB/s%s\n", what.c_str(), gbs, vs.c_str());
+    std::fflush(stdout);
+  }
+  static std::string Ratio(double x, double base, const std::string& of) {
+    char b[96];
+    std::snprintf(b, sizeof(b), "  %5.2fx %s", base > 0 ? x / base : 0.0, of.c_str());
+    return b;
   }
 };
 
+// The figures of issue 32, each against a baseline measured in this run:
+// 1. GPU -> GPU of another process through cuda_ipc, requests of 32 KiB,
+//    1 MiB and 64 MiB, against the driver's own device-to-device copies of
+//    the same sizes (cuMemcpyAsync each, and one cuMemcpyBatchAsync);
+// 2. the KV page-16 preset (Llama-8B, 4K tokens: 16,384 pages of 32 KiB,
+//    scattered on both sides) GPU -> GPU of another process, against the
+//    same copies made by the driver in this process;
+// 3. GPU -> a peer's host memory over tcp and shm (staged through this
+//    side's page-locked buffers), against the same transfer from host memory;
+// 4. host memory -> a peer's GPU memory over tcp (staged by the target),
+//    with the target's staging page-locked and pageable (the older build).
 TEST_F(GpuBench, DISABLED_Figures) {
   constexpr uint64_t kSize = 64 * kMiB;
-  constexpr auto kDuration = std::chrono::milliseconds(2000);
+  constexpr auto kDuration = std::chrono::milliseconds(1000);
   if (fake_) fake_->SetCopyDelayUs(0);
-  // 1. cuMemcpy device to device on one device: the baseline of GPU -> GPU.
+  std::printf("gpu-bench driver %s, batch copies %s\n", TestCudaDriverLibrary().c_str(),
+              driver_->has_batch_copies() ? "yes" : "no");
   unsigned char* a = DeviceBuffer(kSize, 1);
   unsigned char* b = DeviceBuffer(kSize, 2);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  const double dtod = Measure(kSize, kDuration, [&] { return gpu_->Copy(b, a, kSize); });
 
-  // 2. Ferry GPU -> GPU of another process (cuda_ipc), 1 MiB requests.
+  // 1. Device to device, by request size.
   ASSERT_NO_FATAL_FAILURE(CreateEngine());
   PeerProcess* gpu_peer = SpawnGpuPeer(kSize, 3);
   ASSERT_NE(gpu_peer, nullptr);
   ASSERT_OK(engine().RegisterMemory(a, kSize, "cuda:0"));
   ASSERT_OK_AND_ASSIGN(SegmentHandle gseg, engine().OpenSegment(gpu_peer->peer_id()));
-  const double ipc =
-      Measure(kSize, kDuration, [&] { return WriteAll(gseg, a, gpu_peer->buffer_addr(), kSize); });
+  for (uint64_t chunk : {32 * kKiB, kMiB, 64 * kMiB}) {
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> lengths;
+    for (uint64_t o = 0; o < kSize; o += chunk) {
+      dsts.push_back(b + o);
+      srcs.push_back(a + o);
+      lengths.push_back(chunk);
+    }
+    const std::string size = std::to_string(chunk / kKiB) + " KiB";
+    const double each =
+        Measure(kSize, kDuration, [&] { return gpu_->CopyMany(dsts, srcs, lengths, false); });
+    Row("DtoD " + size + ": cuMemcpyAsync each (baseline)", each);
+    double batch = 0;
+    if (driver_->has_batch_copies()) {
+      batch = Measure(kSize, kDuration, [&] { return gpu_->CopyMany(dsts, srcs, lengths, true); });
+      Row("DtoD " + size + ": cuMemcpyBatchAsync", batch, Ratio(batch, each, "each"));
+    }
+    const double ipc = Measure(
+        kSize, kDuration, [&] { return WriteAll(gseg, a, gpu_peer->buffer_addr(), kSize, chunk); });
+    Row("DtoD " + size + ": Ferry cuda_ipc to another process", ipc,
+        Ratio(ipc, each, "each (goal >= 0.9)") + Ratio(ipc, batch, "batch"));
+  }
   engine_.reset();
 
-  // 3. Ferry over tcp (loopback) to a peer's host memory: from host memory,
-  // then from GPU memory (staged).
-  ASSERT_NO_FATAL_FAILURE(CreateEngine("tcp"));
+  // 2. The KV page-16 preset.
+  {
+    constexpr uint64_t kPage = 32 * kKiB, kPages = 16384, kKv = kPage * kPages;
+    unsigned char* kv = DeviceBuffer(kKv, 5);
+    unsigned char* kv2 = DeviceBuffer(kKv, 6);
+    ASSERT_NE(kv, nullptr);
+    ASSERT_NE(kv2, nullptr);
+    ASSERT_NO_FATAL_FAILURE(CreateEngine());
+    PeerProcess* kv_peer = SpawnGpuPeer(kKv, 7);
+    ASSERT_NE(kv_peer, nullptr);
+    ASSERT_OK(engine().RegisterMemory(kv, kKv, "cuda:0"));
+    ASSERT_OK(engine().RegisterMemory(kv2, kKv, "cuda:0"));
+    ASSERT_OK_AND_ASSIGN(SegmentHandle kseg, engine().OpenSegment(kv_peer->peer_id()));
+    std::vector<uint64_t> from(kPages), to(kPages);
+    for (uint64_t i = 0; i < kPages; ++i) from[i] = to[i] = i;
+    std::mt19937_64 rng(16);
+    std::shuffle(from.begin(), from.end(), rng);
+    std::shuffle(to.begin(), to.end(), rng);
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> lengths(kPages, kPage);
+    std::vector<TransferRequest> reqs;
+    for (uint64_t i = 0; i < kPages; ++i) {
+      dsts.push_back(kv2 + to[i] * kPage);
+      srcs.push_back(kv + from[i] * kPage);
+      reqs.push_back({Opcode::kWrite, kv + from[i] * kPage, kseg,
+                      kv_peer->buffer_addr() + to[i] * kPage, kPage});
+    }
+    const double each =
+        Measure(kKv, kDuration, [&] { return gpu_->CopyMany(dsts, srcs, lengths, false); });
+    Row("KV page-16 (16,384 x 32 KiB): cuMemcpyAsync each", each);
+    double batch = 0;
+    if (driver_->has_batch_copies()) {
+      batch = Measure(kKv, kDuration, [&] { return gpu_->CopyMany(dsts, srcs, lengths, true); });
+      Row("KV page-16: cuMemcpyBatchAsync", batch, Ratio(batch, each, "each"));
+    }
+    const double ipc = Measure(kKv, kDuration, [&] { return engine().TransferSync(reqs); });
+    Row("KV page-16: Ferry cuda_ipc to another process", ipc,
+        Ratio(ipc, each, "each") + Ratio(ipc, batch, "batch"));
+    // Every byte of one write of new contents checked: page to[i] of the
+    // peer is page from[i] here.
+    std::vector<unsigned char> mine(kKv);
+    FillPattern(mine.data(), kKv, 9, 0);
+    ASSERT_OK(gpu_->Copy(kv, mine.data(), kKv));
+    ASSERT_OK(engine().TransferSync(reqs));
+    ASSERT_OK(engine().TransferSync(
+        std::vector<TransferRequest>{{Opcode::kRead, kv2, kseg, kv_peer->buffer_addr(), kKv}}));
+    std::vector<unsigned char> theirs(kKv);
+    ASSERT_OK(gpu_->Copy(theirs.data(), kv2, kKv));
+    for (uint64_t i = 0; i < kPages; ++i) {
+      ASSERT_EQ(0, std::memcmp(theirs.data() + to[i] * kPage, mine.data() + from[i] * kPage, kPage))
+          << "page " << i;
+    }
+    engine_.reset();
+  }
+
+  // 3. From GPU memory to a peer's host memory, staged here.
   peers_.push_back(std::make_unique<PeerProcess>());
   PeerProcess* host_peer = peers_.back().get();
   ASSERT_TRUE(
       host_peer->Start(FERRY_TEST_PEER_PATH, {"--size", std::to_string(kSize), "--seed", "4"}));
   std::vector<unsigned char> host(kSize);
-  ASSERT_OK(engine().RegisterMemory(host.data(), kSize, "cpu"));
-  ASSERT_OK(engine().RegisterMemory(b, kSize, "cuda:0"));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle hseg, engine().OpenSegment(host_peer->peer_id()));
-  const double tcp_host = Measure(kSize, kDuration, [&] {
-    return WriteAll(hseg, host.data(), host_peer->buffer_addr(), kSize);
-  });
-  const double tcp_staged =
-      Measure(kSize, kDuration, [&] { return WriteAll(hseg, b, host_peer->buffer_addr(), kSize); });
+  for (const char* transport : {"tcp", "shm"}) {
+    ASSERT_NO_FATAL_FAILURE(CreateEngine(transport));
+    ASSERT_OK(engine().RegisterMemory(host.data(), kSize, "cpu"));
+    ASSERT_OK(engine().RegisterMemory(b, kSize, "cuda:0"));
+    ASSERT_OK_AND_ASSIGN(SegmentHandle hseg, engine().OpenSegment(host_peer->peer_id()));
+    const std::string t = transport;
+    const double from_host = Measure(kSize, kDuration, [&] {
+      return WriteAll(hseg, host.data(), host_peer->buffer_addr(), kSize);
+    });
+    Row(t + " host -> peer host (baseline), 1 MiB requests", from_host);
+    const double staged = Measure(
+        kSize, kDuration, [&] { return WriteAll(hseg, b, host_peer->buffer_addr(), kSize); });
+    Row(t + " GPU -> peer host (staged here)", staged,
+        Ratio(staged, from_host, "host (goal >= 0.8)"));
+    const double read_host = Measure(kSize, kDuration, [&] {
+      return WriteAll(hseg, host.data(), host_peer->buffer_addr(), kSize, kMiB, Opcode::kRead);
+    });
+    Row(t + " peer host -> host (baseline, reads)", read_host);
+    const double read_staged = Measure(kSize, kDuration, [&] {
+      return WriteAll(hseg, b, host_peer->buffer_addr(), kSize, kMiB, Opcode::kRead);
+    });
+    Row(t + " peer host -> GPU (staged here, reads)", read_staged,
+        Ratio(read_staged, read_host, "host (goal >= 0.8)"));
+    engine_.reset();
+  }
 
-  std::printf("gpu-bench driver %s, %llu MiB per round, 1 MiB requests\n",
-              TestCudaDriverLibrary().c_str(), static_cast<unsigned long long>(kSize / kMiB));
-  std::printf("gpu-bench cuMemcpy DtoD (baseline)        %8.2f GB/s\n", dtod);
-  std::printf(
-      "gpu-bench Ferry GPU->GPU, cuda_ipc         %8.2f GB/s  %.2fx baseline (goal >= 0.9)\n", ipc,
-      dtod > 0 ? ipc / dtod : 0);
-  std::printf("gpu-bench Ferry tcp, host -> host          %8.2f GB/s\n", tcp_host);
-  std::printf("gpu-bench Ferry tcp, GPU -> host (staged)  %8.2f GB/s  %.2fx host (goal >= 0.8)\n",
-              tcp_staged, tcp_host > 0 ? tcp_staged / tcp_host : 0);
+  // 4. Host memory to and from a peer's GPU memory over tcp: the target
+  // stages, through page-locked and through pageable memory.
+  ASSERT_NO_FATAL_FAILURE(CreateEngine("tcp"));
+  ASSERT_OK(engine().RegisterMemory(host.data(), kSize, "cpu"));
+  for (bool pageable : {false, true}) {
+    peers_.push_back(std::make_unique<PeerProcess>());
+    PeerProcess* p = peers_.back().get();
+    ASSERT_TRUE(p->Start(FERRY_TEST_PEER_PATH, {"--size", std::to_string(kSize), "--seed", "8",
+                                                "--gpu", TestCudaDriverLibrary(),
+                                                "--pageable-gpu-staging", pageable ? "1" : "0"}));
+    ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(p->peer_id()));
+    const std::string how = pageable ? "pageable" : "page-locked";
+    Row("tcp host -> peer GPU, target stages " + how, Measure(kSize, kDuration, [&] {
+          return WriteAll(seg, host.data(), p->buffer_addr(), kSize);
+        }));
+    Row("tcp peer GPU -> host (reads), target stages " + how, Measure(kSize, kDuration, [&] {
+          return WriteAll(seg, host.data(), p->buffer_addr(), kSize, kMiB, Opcode::kRead);
+        }));
+  }
 }
 
 }  // namespace

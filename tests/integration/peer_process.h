@@ -37,10 +37,13 @@ class PeerProcess {
   PeerProcess(const PeerProcess&) = delete;
   PeerProcess& operator=(const PeerProcess&) = delete;
 
-  // Spawns `path args...` and waits (bounded) for its READY line.
+  // Spawns `path args...` and waits (bounded) for its READY line. A test
+  // binary carried to another machine (scripts/device-check.sh) no longer
+  // finds the peer at the path it was built with: then the peer beside the
+  // running binary, with the same file name, is used.
   ::testing::AssertionResult Start(const std::string& path, const std::vector<std::string>& args,
                                    std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-    ::testing::AssertionResult started = child_.Start(path, args);
+    ::testing::AssertionResult started = child_.Start(Beside(path), args);
     if (!started) return started;
     std::string line;
     ::testing::AssertionResult got = child_.ReadLine(&line, Clock::now() + timeout);
@@ -97,6 +100,17 @@ class PeerProcess {
   std::string Describe() const { return "peer process " + child_.Describe().substr(6); }
 
  private:
+  static std::string Beside(const std::string& path) {
+    if (access(path.c_str(), X_OK) == 0) return path;
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) return path;
+    std::string dir(self, static_cast<size_t>(n));
+    dir.resize(dir.rfind('/') + 1);
+    const size_t slash = path.rfind('/');
+    return dir + (slash == std::string::npos ? path : path.substr(slash + 1));
+  }
+
   ChildProcess child_;
   std::string peer_id_;
   uint64_t buffer_addr_ = 0;

@@ -6,6 +6,7 @@
 //                   [--transfer-timeout-ms MS] [--refuse-same-host-copy 1]
 //                   [--fabric-provider NAME] [--buffer-file PATH]
 //                   [--gpu DRIVER] [--gpu-device N] [--shared 1]
+//                   [--pageable-gpu-staging 1]
 //
 // With --gpu the buffer is GPU memory of device --gpu-device (default 0),
 // allocated through the CUDA driver DRIVER ("libcuda.so.1", or the path of
@@ -104,6 +105,7 @@ struct Options {
   std::string buffer_file;
   std::string gpu_driver;  // --gpu: the buffer is GPU memory
   int gpu_device = 0;
+  bool pageable_gpu_staging = false;
 };
 
 using ferry::internal::CudaContextScope;
@@ -215,6 +217,8 @@ Options ParseArgs(int argc, char** argv) {
       o.gpu_device = static_cast<int>(ParseNumber(argv[i - 1], value));
     } else if (flag == "--shared") {
       o.shared = ParseNumber(argv[i - 1], value) != 0;
+    } else if (flag == "--pageable-gpu-staging") {  // TestingOptions::pageable_gpu_staging
+      o.pageable_gpu_staging = ParseNumber(argv[i - 1], value) != 0;
     } else if (flag == "--refuse-same-host-copy") {
       o.refuse_same_host_copy = ParseNumber(argv[i - 1], value) != 0;
     } else {
@@ -420,6 +424,7 @@ int main(int argc, char** argv) {
   eo.fabric_provider = opt.fabric_provider;
   eo.fabric_nics = opt.fabric_nics;
   if (opt.gpu_driver != CudaDriver::kLibrary) eo.testing.cuda_driver = opt.gpu_driver;
+  eo.testing.pageable_gpu_staging = opt.pageable_gpu_staging;
   if (opt.handshake_timeout_ms >= 0) {
     eo.handshake_timeout = std::chrono::milliseconds(opt.handshake_timeout_ms);
   }

@@ -26,6 +26,8 @@ class FakeCuda {
     SetCopyDelayUs(kDefaultCopyDelayUs);
     HoldStreams(false);
     SetIpcOpenResult(0);
+    SetBatchResult(0);
+    SetModuleResult(0);
     ResetCopiedBytes();
     ::dlclose(h_);
   }
@@ -51,6 +53,18 @@ class FakeCuda {
   void HoldStreams(bool hold) { Fn<void (*)(int)>("ferry_fake_cuda_hold_streams")(hold ? 1 : 0); }
   // What cuIpcOpenMemHandle_v2 answers instead of opening (0: it opens).
   void SetIpcOpenResult(int r) { Fn<void (*)(int)>("ferry_fake_cuda_set_ipc_open_result")(r); }
+  // What cuMemcpyBatchAsync_v2 answers instead of copying (0: it copies), and
+  // how many of its calls copied so far.
+  void SetBatchResult(int r) { Fn<void (*)(int)>("ferry_fake_cuda_set_batch_result")(r); }
+  // What cuModuleLoadData answers instead of loading (0: it loads), and how
+  // many kernel launches (of Ferry's copy kernel) were queued so far.
+  void SetModuleResult(int r) { Fn<void (*)(int)>("ferry_fake_cuda_set_module_result")(r); }
+  unsigned long long KernelLaunches() {
+    return Fn<unsigned long long (*)()>("ferry_fake_cuda_kernel_launches")();
+  }
+  unsigned long long BatchCalls() {
+    return Fn<unsigned long long (*)()>("ferry_fake_cuda_batch_calls")();
+  }
   // Bytes the copies that ran so far moved, by direction (cuMemcpyAsync
   // tells device memory from host memory, pinned or not, on either side).
   enum Direction { kHostToDevice = 0, kDeviceToHost = 1, kDeviceToDevice = 2, kHostToHost = 3 };

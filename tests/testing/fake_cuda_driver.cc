@@ -33,6 +33,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -53,11 +54,13 @@ constexpr int kNotInitialized = 3;
 constexpr int kDeinitialized = 4;
 constexpr int kNoDevice = 100;
 constexpr int kInvalidDevice = 101;
+constexpr int kInvalidImage = 200;
 constexpr int kInvalidContext = 201;
 constexpr int kMapFailed = 205;
 constexpr int kAlreadyMapped = 208;
 constexpr int kNotMapped = 211;
 constexpr int kInvalidHandle = 400;
+constexpr int kNotFound = 500;
 constexpr int kNotReady = 600;
 constexpr int kIllegalAddress = 700;
 constexpr int kNotPermitted = 800;
@@ -93,6 +96,10 @@ std::atomic<int> ipc_open_result{
     kSuccess};  // forced result of cuIpcOpenMemHandle_v2, if not kSuccess
 constexpr unsigned kDefaultCopyDelayUs = 200;
 std::atomic<unsigned> copy_delay_us{kDefaultCopyDelayUs};
+std::atomic<int> module_result{0};                   // what cuModuleLoadData answers (0: loads)
+std::atomic<unsigned long long> kernel_launches{0};  // cuLaunchKernel calls queued
+std::atomic<int> batch_result{0};                // what cuMemcpyBatchAsync_v2 answers (0: copies)
+std::atomic<unsigned long long> batch_calls{0};  // cuMemcpyBatchAsync_v2 calls that copied
 std::atomic<unsigned long long> copied[kDirections];
 std::atomic<unsigned long long> next_allocation_id{1};
 
@@ -413,6 +420,12 @@ FERRY_FAKE_EXPORT void ferry_fake_cuda_hold_streams(int hold) {
   hold_cv.notify_all();
 }
 FERRY_FAKE_EXPORT void ferry_fake_cuda_set_ipc_open_result(int r) { ipc_open_result = r; }
+FERRY_FAKE_EXPORT void ferry_fake_cuda_set_batch_result(int r) { batch_result = r; }
+FERRY_FAKE_EXPORT void ferry_fake_cuda_set_module_result(int r) { module_result = r; }
+FERRY_FAKE_EXPORT unsigned long long ferry_fake_cuda_kernel_launches() {
+  return kernel_launches.load();
+}
+FERRY_FAKE_EXPORT unsigned long long ferry_fake_cuda_batch_calls() { return batch_calls.load(); }
 // Bytes copied so far (by copies that ran) in `direction`: 0 host to device,
 // 1 device to host, 2 device to device, 3 host to host; 0 for another value.
 FERRY_FAKE_EXPORT unsigned long long ferry_fake_cuda_copied_bytes(int direction) {
@@ -668,6 +681,116 @@ FERRY_FAKE_EXPORT int cuMemcpyAsync(unsigned long long dst, unsigned long long s
     if (delay != 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
     std::memmove(to.address, from.address, n);
     copied[direction] += n;
+  });
+  return kSuccess;
+}
+
+// CUDA 13's batch of copies: every copy checked as cuMemcpyAsync checks it
+// (none queued unless all pass), the attributes as the real driver demands
+// them (a first index of 0, a source access order), never the legacy stream.
+struct FakeBatchAttributes {  // CUmemcpyAttributes
+  int src_access_order;
+  int src_hint[2];
+  int dst_hint[2];
+  unsigned flags;
+};
+FERRY_FAKE_EXPORT int cuMemcpyBatchAsync_v2(unsigned long long* dsts, unsigned long long* srcs,
+                                            size_t* sizes, size_t count, FakeBatchAttributes* attrs,
+                                            size_t* attrs_idxs, size_t num_attrs, void* stream) {
+  if (!initialized) return kNotInitialized;
+  if (batch_result != kSuccess) return batch_result;
+  if (Current() == nullptr) return kInvalidContext;
+  if (stream == nullptr || stream == reinterpret_cast<void*>(1)) {
+    return kInvalidValue;  // "must not be legacy NULL stream"
+  }
+  if (count == 0 || dsts == nullptr || srcs == nullptr || sizes == nullptr || attrs == nullptr ||
+      attrs_idxs == nullptr || num_attrs == 0 || num_attrs > count || attrs_idxs[0] != 0) {
+    return kInvalidValue;
+  }
+  for (size_t k = 0; k < num_attrs; ++k) {
+    if (attrs[k].src_access_order < 1 || attrs[k].src_access_order > 3) return kInvalidValue;
+  }
+  Side side;
+  for (size_t i = 0; i < count; ++i) {
+    if (sizes[i] == 0) continue;
+    if (int r = Resolve(dsts[i], sizes[i], &side); r != kSuccess) return r;
+    if (int r = Resolve(srcs[i], sizes[i], &side); r != kSuccess) return r;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (int r = cuMemcpyAsync(dsts[i], srcs[i], sizes[i], stream); r != kSuccess) return r;
+  }
+  ++batch_calls;
+  return kSuccess;
+}
+
+// Kernels: the fake knows one, Ferry's copy kernel (src/cuda/scatter_copy.cu),
+// and runs it on the stream's worker as the GPU would: it reads the task
+// list {src, dst, len} (page-locked host memory) when it runs, and copies
+// each task. A module is any PTX image that defines the kernel.
+namespace {
+constexpr char kCopyKernel[] = "ferry_scatter_copy";
+int fake_module_tag = 0;    // the one module handle
+int fake_function_tag = 0;  // the one function handle
+struct FakeCopyTask {
+  unsigned long long src, dst, len;
+};
+}  // namespace
+
+FERRY_FAKE_EXPORT int cuModuleLoadData(void** module, const void* image) {
+  if (!initialized) return kNotInitialized;
+  if (Current() == nullptr) return kInvalidContext;
+  if (module_result != kSuccess) return module_result;
+  if (module == nullptr || image == nullptr) return kInvalidValue;
+  const std::string ptx(static_cast<const char*>(image));
+  if (ptx.find(".entry " + std::string(kCopyKernel)) == std::string::npos) return kInvalidImage;
+  *module = &fake_module_tag;
+  return kSuccess;
+}
+
+FERRY_FAKE_EXPORT int cuModuleGetFunction(void** f, void* module, const char* name) {
+  if (!initialized) return kNotInitialized;
+  if (module != &fake_module_tag || f == nullptr || name == nullptr) return kInvalidHandle;
+  if (std::string(name) != kCopyKernel) return kNotFound;
+  *f = &fake_function_tag;
+  return kSuccess;
+}
+
+FERRY_FAKE_EXPORT int cuModuleUnload(void* module) {
+  if (!initialized) return kNotInitialized;
+  return module == &fake_module_tag ? kSuccess : kInvalidHandle;
+}
+
+FERRY_FAKE_EXPORT int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                     unsigned by, unsigned bz, unsigned shared, void* stream,
+                                     void** params, void** extra) {
+  if (!initialized) return kNotInitialized;
+  if (Current() == nullptr) return kInvalidContext;
+  if (f != &fake_function_tag) return kInvalidHandle;
+  if (gx == 0 || gy != 1 || gz != 1 || bx == 0 || bx > 1024 || by != 1 || bz != 1 || shared != 0 ||
+      params == nullptr || extra != nullptr) {
+    return kInvalidValue;
+  }
+  Stream* s = FindStream(stream);
+  if (s == nullptr) return kInvalidHandle;
+  const auto* tasks = *static_cast<const FakeCopyTask* const*>(params[0]);
+  const unsigned long long n = *static_cast<const unsigned long long*>(params[1]);
+  ++kernel_launches;
+  s->Push([tasks, n] {
+    const unsigned delay = copy_delay_us;
+    if (delay != 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+    for (unsigned long long i = 0; i < n; ++i) {
+      const FakeCopyTask t = tasks[i];
+      Side to, from;
+      // (A GPU would fault on a bad address and poison the context; the
+      // fake aborts, so a test that launches one fails loudly.)
+      if (Resolve(t.dst, t.len, &to) != kSuccess || Resolve(t.src, t.len, &from) != kSuccess ||
+          !to.device || !from.device) {
+        std::fprintf(stderr, "fake CUDA: the copy kernel's task %llu is not device memory\n", i);
+        std::abort();
+      }
+      std::memmove(to.address, from.address, t.len);
+      copied[kDtoD] += t.len;
+    }
   });
   return kSuccess;
 }

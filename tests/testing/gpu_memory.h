@@ -69,6 +69,27 @@ class GpuMemory {
     return d_.WaitStream(stream_);
   }
 
+  // Copies i of lengths[i] bytes from srcs[i] to dsts[i] on this helper's
+  // stream, then waits: each with its own cuMemcpyAsync, or (batch) all in
+  // one cuMemcpyBatchAsync. The benchmark's baselines.
+  Status CopyMany(const std::vector<void*>& dsts, const std::vector<const void*>& srcs,
+                  const std::vector<size_t>& lengths, bool batch) const {
+    internal::CudaContextScope scope(d_, 0);
+    if (!scope.status().ok()) return scope.status();
+    if (batch) {
+      if (Status s =
+              d_.CopyBatchAsync(dsts.data(), srcs.data(), lengths.data(), dsts.size(), stream_);
+          !s.ok()) {
+        return s;
+      }
+    } else {
+      for (size_t i = 0; i < dsts.size(); ++i) {
+        if (Status s = d_.CopyAsync(dsts[i], srcs[i], lengths[i], stream_); !s.ok()) return s;
+      }
+    }
+    return d_.WaitStream(stream_);
+  }
+
   // Whether [off, off + len) of device memory `p` is pattern `seed` at `pos`.
   ::testing::AssertionResult Holds(const unsigned char* p, uint64_t off, uint64_t len,
                                    uint64_t seed, uint64_t pos) const {

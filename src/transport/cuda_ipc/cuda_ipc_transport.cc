@@ -70,6 +70,7 @@ class CudaIpcLink : public PeerLink {
       cuda::CopyQueue* queue;
       std::vector<cuda::Copy> copies;
       std::vector<Slice> slices;
+      bool on_device = true;  // every local range is GPU memory too
     };
     std::vector<Group> groups;
     BatchState::Completer now(*ctx.batch);
@@ -110,7 +111,8 @@ class CudaIpcLink : public PeerLink {
       char* remote = static_cast<char*>(mapped->base) + (s.remote - r.addr);
       auto g = std::find_if(groups.begin(), groups.end(),
                             [&](const Group& x) { return x.queue == *queue; });
-      if (g == groups.end()) g = groups.insert(groups.end(), Group{*queue, {}, {}});
+      if (g == groups.end()) g = groups.insert(groups.end(), Group{*queue, {}, {}, true});
+      if (g->on_device && !LocalOnDevice(s.local, s.length)) g->on_device = false;
       if (s.opcode == Opcode::kWrite) {
         g->copies.push_back({remote, s.local, s.length});
       } else {
@@ -128,14 +130,17 @@ class CudaIpcLink : public PeerLink {
       auto batch = ctx.batch;
       auto done_slices = std::make_shared<std::vector<Slice>>(std::move(g.slices));
       const std::string label = label_;
-      g.queue->Submit(g.copies, [batch, done_slices, left, landing, label](Status st) {
-        {
-          BatchState::Completer done(*batch);
-          const Status failed = st.ok() ? st : st.WithPrefix("peer " + label);
-          for (const Slice& s : *done_slices) done.Complete(s.request, 1, failed);
-        }
-        if (left->fetch_sub(1) == 1 && landing) batch->EndLanding();
-      });
+      g.queue->Submit(
+          g.copies,
+          [batch, done_slices, left, landing, label](Status st) {
+            {
+              BatchState::Completer done(*batch);
+              const Status failed = st.ok() ? st : st.WithPrefix("peer " + label);
+              for (const Slice& s : *done_slices) done.Complete(s.request, 1, failed);
+            }
+            if (left->fetch_sub(1) == 1 && landing) batch->EndLanding();
+          },
+          g.on_device);
     }
   }
 
@@ -211,6 +216,28 @@ class CudaIpcLink : public PeerLink {
     return q.get();
   }
 
+  // Whether [p, p + n) lies in GPU memory of this process (an allocation
+  // seen before, else asked of the driver once per allocation).
+  bool LocalOnDevice(const char* p, uint64_t n) {
+    const uint64_t a = reinterpret_cast<uint64_t>(p);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [base, end] : device_ranges_) {
+        if (a >= base && a + n <= end) return true;
+      }
+    }
+    auto device = driver_.DeviceOfPointer(p);
+    if (!device.ok() || !device->has_value()) return false;
+    CudaContextScope scope(driver_, **device);
+    if (!scope.status().ok()) return false;
+    auto allocation = driver_.AllocationOf(p);
+    if (!allocation.ok() || a + n > allocation->base + allocation->size) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (device_ranges_.size() >= 64) device_ranges_.erase(device_ranges_.begin());
+    device_ranges_.emplace_back(allocation->base, allocation->base + allocation->size);
+    return true;
+  }
+
   // The region's first byte mapped into this process (opened once per
   // allocation and link).
   StatusOr<Mapping> MappingOf(const wire::RegionEntry& r) {
@@ -251,6 +278,8 @@ class CudaIpcLink : public PeerLink {
   bool retired_ = false;
   std::map<int, std::unique_ptr<cuda::CopyQueue>> queues_;  // by local device
   std::map<std::string, Mapping> mappings_;                 // by IPC handle: the allocation's base
+  // This process's GPU allocations that local ranges were found in: [base, end).
+  std::vector<std::pair<uint64_t, uint64_t>> device_ranges_;
 };
 
 class CudaIpcTransport : public Transport {

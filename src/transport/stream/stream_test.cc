@@ -73,7 +73,7 @@ class StreamTest : public ::testing::Test {
       wire::EncodeStatus(ok, &reply);
       c.QueueReply(wire::FrameType::kStreamHelloAck, h.seq, std::move(reply));
       if (ok.ok()) {
-        c.Serve(std::make_shared<tcp::TcpStreamService>(policy.target), 1, "initiator");
+        c.Serve(std::make_shared<tcp::TcpStreamService>(policy.target, true), 1, "initiator");
         ArrangeIdleClose(policy, h, c);
       }
       return OkStatus();
@@ -336,7 +336,7 @@ TEST_F(StreamTest, ServedStreamStopsReadingFromAPeerThatReadsNoReplies) {
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   UniqueFd client(sv[0]);
-  auto service = std::make_shared<tcp::TcpStreamService>(target_);
+  auto service = std::make_shared<tcp::TcpStreamService>(target_, true);
   auto served = std::make_shared<Connection>(pool_->loop(0), UniqueFd(sv[1]), "served",
                                              std::make_shared<FirstFrames>(),
                                              std::chrono::milliseconds(60000));

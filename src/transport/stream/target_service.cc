@@ -5,6 +5,8 @@
 #include <mutex>
 #include <new>
 
+#include "common/cuda_driver.h"
+#include "common/log.h"
 #include "storage/file_segment.h"
 
 namespace ferry::internal::stream {
@@ -62,55 +64,91 @@ size_t TargetService::StagedOffset(size_t at, uint32_t length) {
 
 std::shared_ptr<char> TargetService::StagingBytes(size_t n) const { return staging_->Get(n); }
 
+std::shared_ptr<char> TargetService::GpuStagingBytes(size_t n) const {
+  std::call_once(pinned_once_, [&] {
+    const CudaDriver* d = target_->cuda_driver();
+    pinned_staging_ = d != nullptr ? std::make_shared<StagingPool>(d) : staging_;
+  });
+  return pinned_staging_->Get(n);
+}
+
 StagingPool::~StagingPool() {
-  for (auto& [size, p] : free_) std::free(p);
+  for (const Buffer& b : free_) Free(b);
+}
+
+StagingPool::Buffer StagingPool::Allocate(size_t size) {
+  if (pinned_by_ != nullptr) {
+    bool refused;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      refused = refused_;
+    }
+    if (!refused) {
+      // Portable page-locked memory: any context may copy to and from it;
+      // device 0's context only makes the call.
+      CudaContextScope scope(*pinned_by_, 0);
+      StatusOr<void*> p = scope.status().ok() ? pinned_by_->AllocateHost(size) : scope.status();
+      if (p.ok()) return {size, static_cast<char*>(*p), true};
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!refused_) {
+        FERRY_LOG(kWarning,
+                  "staging GPU transfers through pageable memory: " << p.status().WithPrefix(
+                      "no page-locked buffer of " + std::to_string(size) + " bytes"));
+      }
+      refused_ = true;
+    }
+  }
+  char* p = static_cast<char*>(std::aligned_alloc(4096, size));
+  if (p == nullptr) throw std::bad_alloc();
+  return {size, p, false};
+}
+
+void StagingPool::Free(const Buffer& b) {
+  if (!b.pinned) {
+    std::free(b.p);
+    return;
+  }
+  CudaContextScope scope(*pinned_by_, 0);
+  const Status s = scope.status().ok() ? pinned_by_->FreeHost(b.p) : scope.status();
+  if (!s.ok()) FERRY_LOG(kWarning, "freeing a page-locked staging buffer: " << s);
 }
 
 std::shared_ptr<char> StagingPool::Get(size_t n) {
   const size_t rounded = std::max<size_t>(4096, (n + 4095) / 4096 * 4096);
-  char* p = nullptr;
-  size_t size = rounded;
+  Buffer b;
   {
     std::lock_guard<std::mutex> lock(mu_);
     size_t best = free_.size();
     for (size_t k = 0; k < free_.size(); ++k) {
-      const size_t have = free_[k].first;
+      const size_t have = free_[k].size;
       if (have >= rounded && have <= 2 * rounded &&
-          (best == free_.size() || have < free_[best].first)) {
+          (best == free_.size() || have < free_[best].size)) {
         best = k;
       }
     }
     if (best != free_.size()) {
-      size = free_[best].first;
-      p = free_[best].second;
-      free_bytes_ -= size;
+      b = free_[best];
+      free_bytes_ -= b.size;
       free_[best] = free_.back();
       free_.pop_back();
     }
   }
-  if (p == nullptr) {
-    p = static_cast<char*>(std::aligned_alloc(4096, size));
-    if (p == nullptr) throw std::bad_alloc();
-  }
-  return std::shared_ptr<char>(p, [pool = weak_from_this(), size](char* q) {
-    if (auto live = pool.lock()) {
-      live->Put(q, size);
-    } else {
-      std::free(q);
-    }
-  });
+  if (b.p == nullptr) b = Allocate(rounded);
+  // The buffer keeps its pool: a buffer let go after the stream closed
+  // returns to it, and the last one frees the pool (and its free list).
+  return std::shared_ptr<char>(b.p, [pool = shared_from_this(), b](char*) { pool->Put(b); });
 }
 
-void StagingPool::Put(char* p, size_t size) {
+void StagingPool::Put(const Buffer& b) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (free_bytes_ + size <= kMaxFreeBytes) {
-      free_.emplace_back(size, p);
-      free_bytes_ += size;
+    if (free_bytes_ + b.size <= kMaxFreeBytes) {
+      free_.push_back(b);
+      free_bytes_ += b.size;
       return;
     }
   }
-  std::free(p);
+  Free(b);
 }
 
 void TargetService::SortByEntry(std::vector<wire::EntryFailure>* failures) {

@@ -22,21 +22,38 @@ namespace ferry::internal::stream {
 
 // Page-aligned staging buffers of a stream, reused: a fresh one per frame
 // cost a page fault per page on first touch (15 % of the cycles of a tcp
-// write of 1 MiB blocks to a file). Keeps at most kMaxFreeBytes unused; a
-// buffer let go after the pool is gone is freed. Thread-safe (buffers are
-// let go on the file ring's thread too).
+// write of 1 MiB blocks to a file). Keeps at most kMaxFreeBytes unused; each
+// buffer holds its pool, so one let go after its stream closed still returns
+// to it. Thread-safe (buffers are let go on the file ring's thread too).
+//
+// With a CUDA driver, the buffers are page-locked memory of that driver
+// (cuMemHostAlloc, portable): the GPU's copies to and from them run on the
+// copy engines directly, where pageable memory goes through the driver's own
+// bounce buffers in small synchronous steps. If the driver has no more to
+// give, heap memory serves (and the refusal is logged once).
 class StagingPool : public std::enable_shared_from_this<StagingPool> {
  public:
+  StagingPool() = default;
+  explicit StagingPool(const CudaDriver* pinned_by) : pinned_by_(pinned_by) {}
   ~StagingPool();
   // At least n bytes (a free buffer of n to 2n bytes, else a new one).
   std::shared_ptr<char> Get(size_t n);
 
  private:
   static constexpr size_t kMaxFreeBytes = size_t{32} << 20;
-  void Put(char* p, size_t size);
+  struct Buffer {
+    size_t size = 0;
+    char* p = nullptr;
+    bool pinned = false;  // from pinned_by_
+  };
+  Buffer Allocate(size_t size);
+  void Free(const Buffer& b);
+  void Put(const Buffer& b);
+  const CudaDriver* const pinned_by_ = nullptr;
   std::mutex mu_;
-  std::vector<std::pair<size_t, char*>> free_;  // (size, buffer), guarded by mu_
-  size_t free_bytes_ = 0;                       // guarded by mu_
+  std::vector<Buffer> free_;  // guarded by mu_
+  size_t free_bytes_ = 0;     // guarded by mu_
+  bool refused_ = false;      // guarded by mu_: the driver refused page-locked memory once
 };
 
 class TargetService : public FrameService {
@@ -82,6 +99,9 @@ class TargetService : public FrameService {
   // so that file entries may go to the file with O_DIRECT; from this
   // stream's pool (StagingPool), back to it when the last holder lets go.
   std::shared_ptr<char> StagingBytes(size_t n) const;
+  // The same for a frame with GPU entries: page-locked memory of the
+  // target's CUDA driver (see StagingPool), from a second pool of the stream.
+  std::shared_ptr<char> GpuStagingBytes(size_t n) const;
   static bool HasFiles(const std::vector<StagedEntry>& staged);
   // In entry order, as a Reply must list them (DecodeReply refuses others).
   static void SortByEntry(std::vector<wire::EntryFailure>* failures);
@@ -102,6 +122,8 @@ class TargetService : public FrameService {
   const std::shared_ptr<EngineTarget> target_;
   const std::string transport_;
   const std::shared_ptr<StagingPool> staging_ = std::make_shared<StagingPool>();
+  mutable std::once_flag pinned_once_;
+  mutable std::shared_ptr<StagingPool> pinned_staging_;  // made on first use
 };
 
 }  // namespace ferry::internal::stream

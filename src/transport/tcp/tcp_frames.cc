@@ -77,7 +77,7 @@ Status TcpStreamService::ServeWrite(stream::Connection& c, const wire::FrameHead
     placed[i] = 2;
   }
   // (From the stream's pool: the last frame's buffer, once it is let go.)
-  if (!staged_.empty()) staged_bytes_ = StagingBytes(staged_bytes);
+  if (!staged_.empty()) staged_bytes_ = BufferFor(staged_, staged_bytes);
   size_t g = 0;
   for (uint32_t i = 0; i < entries.size(); ++i) {
     const wire::Entry& e = entries[i];
@@ -97,21 +97,44 @@ cuda::SyncCopies& TcpStreamService::Copies() {
   return *copies_;
 }
 
+std::shared_ptr<char> TcpStreamService::BufferFor(const std::vector<StagedEntry>& staged,
+                                                  size_t n) const {
+  const bool gpu = std::any_of(staged.begin(), staged.end(), [](const StagedEntry& e) {
+    return e.region->kind.type() == MemoryKind::Type::kCuda;
+  });
+  return gpu && pinned_gpu_staging_ ? GpuStagingBytes(n) : StagingBytes(n);
+}
+
 void TcpStreamService::CopyGpu(const std::vector<StagedEntry>& staged, char* host, bool to_device,
                                std::vector<wire::EntryFailure>* failures) {
+  auto failed = [&](const StagedEntry& e, Status s) {
+    s = s.WithPrefix("peer " + target().peer_id() + ": copying the bytes of " +
+                     FormatRange(e.addr, e.length) + (to_device ? " to" : " off") +
+                     " cuda:" + std::to_string(e.region->kind.device()));
+    failures->push_back({e.index, s.code(), std::string(s.message())});
+  };
+  std::vector<const StagedEntry*> queued;
   for (const StagedEntry& e : staged) {
     if (e.region->kind.type() != MemoryKind::Type::kCuda) continue;
-    const int ordinal = e.region->kind.device();
     char* device = reinterpret_cast<char*>(e.addr);
-    Status s = to_device ? Copies().Copy(ordinal, device, host + e.offset, e.length)
-                         : Copies().Copy(ordinal, host + e.offset, device, e.length);
-    if (!s.ok()) {
-      s = s.WithPrefix("peer " + target().peer_id() + ": copying the bytes of " +
-                       FormatRange(e.addr, e.length) + (to_device ? " to" : " off") +
-                       " cuda:" + std::to_string(ordinal));
-      failures->push_back({e.index, s.code(), std::string(s.message())});
+    const int ordinal = e.region->kind.device();
+    Status s = to_device ? Copies().Queue(ordinal, device, host + e.offset, e.length)
+                         : Copies().Queue(ordinal, host + e.offset, device, e.length);
+    if (s.ok()) {
+      queued.push_back(&e);
+    } else {
+      failed(e, std::move(s));
     }
   }
+  if (queued.empty()) return;
+  // A failed wait fails every entry queued on that device: which of its
+  // copies failed is not known.
+  const std::map<int, Status> waited = Copies().WaitAll();
+  for (const StagedEntry* e : queued) {
+    auto it = waited.find(e->region->kind.device());
+    if (it != waited.end() && !it->second.ok()) failed(*e, it->second);
+  }
+  if (failures->size() > 1) SortByEntry(failures);
 }
 
 Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeader& h) {
@@ -214,7 +237,7 @@ Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeade
     send(std::move(body), std::move(payload), std::move(r.pins), std::move(r.host));
   };
   if (!r->staged.empty()) {
-    r->host = StagingBytes(staged_bytes);
+    r->host = BufferFor(r->staged, staged_bytes);
     CopyGpu(r->staged, r->host.get(), /*to_device=*/false, &r->rep.failures);
     if (HasFiles(r->staged)) {
       StartFileIo(

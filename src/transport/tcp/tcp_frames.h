@@ -31,8 +31,10 @@ class TcpFrameEncoder : public stream::FrameEncoder {
 // The frames of a tcp stream whose hello was accepted: kWrite, kRead, kNotify.
 class TcpStreamService : public stream::TargetService {
  public:
-  explicit TcpStreamService(std::shared_ptr<EngineTarget> target)
-      : TargetService(std::move(target), "tcp") {}
+  // pinned_gpu_staging: GPU entries are staged through page-locked memory
+  // (TargetService::GpuStagingBytes).
+  TcpStreamService(std::shared_ptr<EngineTarget> target, bool pinned_gpu_staging)
+      : TargetService(std::move(target), "tcp"), pinned_gpu_staging_(pinned_gpu_staging) {}
   bool Accepts(wire::FrameType t) const override;
   Status OnFrame(stream::Connection& c, const wire::FrameHeader& h, std::string_view body) override;
   Status OnPayload(stream::Connection& c, const wire::FrameHeader& h) override;
@@ -42,8 +44,12 @@ class TcpStreamService : public stream::TargetService {
   Status ServeRead(stream::Connection& c, const wire::FrameHeader& h, std::string_view body);
 
   cuda::SyncCopies& Copies();
+  // A host buffer of n bytes for `staged`: page-locked if it holds GPU
+  // entries (and pinned_gpu_staging_).
+  std::shared_ptr<char> BufferFor(const std::vector<StagedEntry>& staged, size_t n) const;
   // Moves the GPU entries of `staged` between the host buffer at `host` and
-  // the device (to_device: a write), failures into `failures`.
+  // the device (to_device: a write), failures into `failures`: all queued,
+  // then one wait per device.
   void CopyGpu(const std::vector<StagedEntry>& staged, char* host, bool to_device,
                std::vector<wire::EntryFailure>* failures);
 
@@ -53,6 +59,7 @@ class TcpStreamService : public stream::TargetService {
   std::vector<StagedEntry> staged_;
   std::shared_ptr<char> staged_bytes_;  // the host buffer its staged entries land in
   std::unique_ptr<cuda::SyncCopies> copies_;
+  const bool pinned_gpu_staging_;
 };
 
 }  // namespace ferry::internal::tcp

@@ -131,15 +131,16 @@ class TcpTransport : public Transport {
 };
 
 // kStreamHello on the rpc port: checks the hello, then serves the stream.
-Status OpenTcpStream(const stream::HelloPolicy& policy, Connection& c, const wire::FrameHeader& h,
-                     std::string_view body) {
+Status OpenTcpStream(const stream::HelloPolicy& policy, bool pinned_gpu_staging, Connection& c,
+                     const wire::FrameHeader& h, std::string_view body) {
   FERRY_ASSIGN_OR_RETURN(wire::StreamHello hello, wire::DecodeStreamHello(body));
   Status result = stream::CheckHello(policy, hello);
   std::string reply;
   wire::EncodeStatus(result, &reply);
   c.QueueReply(wire::FrameType::kStreamHelloAck, h.seq, std::move(reply));
   if (result.ok()) {
-    c.Serve(std::make_shared<tcp::TcpStreamService>(policy.target), hello.wire_version,
+    c.Serve(std::make_shared<tcp::TcpStreamService>(policy.target, pinned_gpu_staging),
+            hello.wire_version,
             hello.initiator_peer_id + " (stream " + std::to_string(hello.stream_index) + ")");
     stream::ArrangeIdleClose(policy, h, c);
   }
@@ -162,10 +163,11 @@ StatusOr<std::unique_ptr<Transport>> MakeTcpTransport(const TransportContext& ct
   TransportCaps caps = TcpCaps();
   caps.max_slice = ctx.options->slice_size;
   const stream::HelloPolicy policy = ctx.hello_policy();
+  const bool pinned = !ctx.options->testing.pageable_gpu_staging;
   ctx.streams->rpc_openers().Add(
       wire::FrameType::kStreamHello,
-      [policy](Connection& c, const wire::FrameHeader& h, std::string_view body) {
-        return OpenTcpStream(policy, c, h, body);
+      [policy, pinned](Connection& c, const wire::FrameHeader& h, std::string_view body) {
+        return OpenTcpStream(policy, pinned, c, h, body);
       });
   // The served streams carry read replies: a small send buffer keeps the
   // bytes the reader copies in its cache (EngineOptions::tcp_send_buffer).
