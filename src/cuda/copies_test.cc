@@ -149,6 +149,7 @@ TEST_F(CudaCopies, CopiesBetweenGpuMemoryGoInOneKernelLaunch) {
   const std::vector<uint8_t> in = Pattern(kSize, 11);
   void* src = Device(kSize, in);
   void* dst = Device(kSize, std::vector<uint8_t>(kSize, 0));
+  CudaContextScope scope(d_, 0);
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<cuda::CopyQueue> q, cuda::CopyQueue::Create(d_, 0));
   ASSERT_TRUE(q->has_kernel());
   auto at = [](void* p, size_t off) { return static_cast<char*>(p) + off; };
@@ -177,6 +178,21 @@ TEST_F(CudaCopies, CopiesBetweenGpuMemoryGoInOneKernelLaunch) {
   q->Submit(copies, [&](Status s) { again.set_value(std::move(s)); });
   ASSERT_THAT(again.get_future().get(), IsOk());
   EXPECT_EQ(fake_.KernelLaunches(), launches + 1);
+
+  // A longer task list than the queue had room for (it grows): 4,000
+  // copies of 16 bytes, word i to word 3999 - i.
+  ASSERT_THAT(d_.Fill(dst, 0, kSize), IsOk());
+  std::vector<cuda::Copy> words;
+  for (size_t i = 0; i < 4000; ++i)
+    words.push_back({at(dst, (3999 - i) * 16), at(src, i * 16), 16});
+  std::promise<Status> many;
+  q->Submit(
+      words, [&](Status s) { many.set_value(std::move(s)); }, /*on_device=*/true);
+  ASSERT_THAT(many.get_future().get(), IsOk());
+  EXPECT_EQ(fake_.KernelLaunches(), launches + 2);
+  const std::vector<uint8_t> out = Read(dst, 4000 * 16);
+  for (size_t i = 0; i < 4000; ++i)
+    ASSERT_EQ(0, std::memcmp(out.data() + (3999 - i) * 16, in.data() + i * 16, 16)) << i;
 }
 
 TEST_F(CudaCopies, ADriverThatCannotLoadTheKernelBatchesInstead) {

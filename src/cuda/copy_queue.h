@@ -3,12 +3,13 @@
 // Submit queues copies (host or device memory on either side: one
 // cuMemcpyBatchAsync where the driver has it, else cuMemcpyAsync each) and
 // records an event after them; the queue's own thread waits for the
-// events in order (a bounded spin on cuEventQuery, then cuEventSynchronize of
+// events in order (a bounded spin on cuEventQuery, kSpin, then cuEventSynchronize of
 // that one event: never a device-wide wait) and runs each submission's `done`
 // once its bytes are in place. With nothing queued the thread sleeps on a
 // condition variable: an idle queue uses no CPU.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -60,6 +61,8 @@ class CopyQueue {
   // The kernel's unit of work: copies longer than this are cut into tasks
   // of this many bytes, so that a long copy keeps many blocks busy.
   static constexpr size_t kTaskBytes = size_t{256} << 10;
+  // How long the queue's thread polls a submission's event before it blocks.
+  static constexpr std::chrono::microseconds kSpin{200};
   // Whether the copy kernel is loaded (else on_device copies go as others).
   bool has_kernel() const { return kernel_ != nullptr; }
   // Returns once everything submitted before it completed, or at
@@ -95,6 +98,7 @@ class CopyQueue {
   bool batch_;
   CudaDriver::Module module_ = nullptr;  // the copy kernel's, if loaded
   CudaDriver::Function kernel_ = nullptr;
+
   std::vector<HostBlock> free_blocks_;  // task lists to reuse, guarded by mu_
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <optional>
 #include <random>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "common/cuda_driver.h"
+#include "cuda/copy_queue.h"
 #include "ferry/ferry.h"
 #include "tests/integration/peer_process.h"
 #include "tests/testing/fake_cuda.h"
@@ -420,9 +422,40 @@ TEST_F(GpuBench, DISABLED_Figures) {
       batch = Measure(kKv, kDuration, [&] { return gpu_->CopyMany(dsts, srcs, lengths, true); });
       Row("KV page-16: cuMemcpyBatchAsync", batch, Ratio(batch, each, "each"));
     }
+    {  // Ferry's copy queue alone, in this process: the copy kernel's share.
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::cuda::CopyQueue> q,
+                           internal::cuda::CopyQueue::Create(*driver_, 0));
+      std::vector<internal::cuda::Copy> copies;
+      for (uint64_t i = 0; i < kPages; ++i) copies.push_back({dsts[i], srcs[i], kPage});
+      const double queue = Measure(kKv, kDuration, [&] {
+        std::promise<Status> done;
+        q->Submit(
+            copies, [&](Status st) { done.set_value(std::move(st)); }, true);
+        return done.get_future().get();
+      });
+      Row(std::string("KV page-16: Ferry's copy queue in-process") +
+              (q->has_kernel() ? " (kernel)" : " (no kernel)"),
+          queue, Ratio(queue, each, "each"));
+    }
     const double ipc = Measure(kKv, kDuration, [&] { return engine().TransferSync(reqs); });
     Row("KV page-16: Ferry cuda_ipc to another process", ipc,
         Ratio(ipc, each, "each") + Ratio(ipc, batch, "batch"));
+    {  // The same as a prepared transfer (NIXL's way: lists made once, indices).
+      const DescRow local_rows[] = {{reinterpret_cast<uint64_t>(kv), kPage, kPage, kPages}};
+      const DescRow remote_rows[] = {{kv_peer->buffer_addr(), kPage, kPage, kPages}};
+      ASSERT_OK_AND_ASSIGN(DescListHandle ll, engine().PrepareLocalList(local_rows));
+      ASSERT_OK_AND_ASSIGN(DescListHandle rl, engine().PrepareRemoteList(kseg, remote_rows));
+      std::vector<uint32_t> li(from.begin(), from.end()), ri(to.begin(), to.end());
+      ASSERT_OK_AND_ASSIGN(TransferHandle xfer,
+                           engine().MakeTransfer(Opcode::kWrite, ll, li, rl, ri));
+      const double prepared = Measure(kKv, kDuration, [&] {
+        Status posted = engine().PostTransfer(xfer);
+        return posted.ok() ? engine().WaitTransfer(xfer, std::chrono::seconds(30)) : posted;
+      });
+      Row("KV page-16: Ferry cuda_ipc, a prepared transfer", prepared,
+          Ratio(prepared, each, "each") + Ratio(prepared, batch, "batch"));
+      ASSERT_OK(engine().ReleaseTransfer(xfer));
+    }
     // Every byte of one write of new contents checked: page to[i] of the
     // peer is page from[i] here.
     std::vector<unsigned char> mine(kKv);

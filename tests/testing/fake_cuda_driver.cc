@@ -772,12 +772,19 @@ FERRY_FAKE_EXPORT int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned
   }
   Stream* s = FindStream(stream);
   if (s == nullptr) return kInvalidHandle;
-  const auto* tasks = *static_cast<const FakeCopyTask* const*>(params[0]);
+  const auto list = reinterpret_cast<unsigned long long>(*static_cast<void* const*>(params[0]));
   const unsigned long long n = *static_cast<const unsigned long long*>(params[1]);
   ++kernel_launches;
-  s->Push([tasks, n] {
+  s->Push([list, n] {
     const unsigned delay = copy_delay_us;
     if (delay != 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+    // The task list: GPU memory (its shadow) or page-locked host memory.
+    Side where;
+    if (Resolve(list, n * sizeof(FakeCopyTask), &where) != kSuccess) {
+      std::fprintf(stderr, "fake CUDA: the copy kernel's task list is not readable\n");
+      std::abort();
+    }
+    const auto* tasks = reinterpret_cast<const FakeCopyTask*>(where.address);
     for (unsigned long long i = 0; i < n; ++i) {
       const FakeCopyTask t = tasks[i];
       Side to, from;

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 
 #include "common/cuda_driver.h"
@@ -76,6 +77,11 @@ class CudaIpcLink : public PeerLink {
     BatchState::Completer now(*ctx.batch);
     const auto& regions = ctx.peer->desc().regions;
     bool landing = false;
+    uint32_t last_region = kNoRegion;
+    Mapping last_map;
+    size_t group = 0;
+    std::pair<uint64_t, uint64_t> local_gpu{0, 0};  // the last local GPU allocation seen
+    groups.reserve(2);
     for (const Slice& s : slices) {
       auto fail = [&](const Status& st) {
         now.Complete(s.request, 1, st.WithPrefix("peer " + label_));
@@ -91,10 +97,29 @@ class CudaIpcLink : public PeerLink {
                                   " is outside region " + FormatRange(r.addr, r.length)));
         continue;
       }
-      auto mapped = MappingOf(r);
-      if (!mapped.ok()) {
-        fail(mapped.status());
-        continue;
+      // The slices of a post mostly share their remote region and local
+      // allocation: the last ones' mapping, queue and group are kept.
+      if (s.remote_region != last_region) {
+        auto mapped = MappingOf(r);
+        if (!mapped.ok()) {
+          fail(mapped.status());
+          continue;
+        }
+        auto queue = QueueFor(MemoryKind::FromName(r.kind).device());
+        if (!queue.ok()) {
+          fail(queue.status());
+          continue;
+        }
+        last_region = s.remote_region;
+        last_map = *mapped;
+        auto g = std::find_if(groups.begin(), groups.end(),
+                              [&](const Group& x) { return x.queue == *queue; });
+        if (g == groups.end()) {
+          g = groups.insert(groups.end(), Group{*queue, {}, {}, true});
+          g->copies.reserve(slices.size());
+          g->slices.reserve(slices.size());
+        }
+        group = static_cast<size_t>(g - groups.begin());
       }
       if (s.opcode == Opcode::kRead && !landing) {
         if (!ctx.batch->BeginLanding()) {
@@ -103,16 +128,17 @@ class CudaIpcLink : public PeerLink {
         }
         landing = true;
       }
-      auto queue = QueueFor(MemoryKind::FromName(r.kind).device());
-      if (!queue.ok()) {
-        fail(queue.status());
-        continue;
+      Group* g = &groups[group];
+      char* remote = static_cast<char*>(last_map.base) + (s.remote - r.addr);
+      const uint64_t local = reinterpret_cast<uint64_t>(s.local);
+      if (g->on_device && !(local >= local_gpu.first && local + s.length <= local_gpu.second)) {
+        auto range = LocalGpuRange(s.local, s.length);
+        if (range) {
+          local_gpu = *range;
+        } else {
+          g->on_device = false;
+        }
       }
-      char* remote = static_cast<char*>(mapped->base) + (s.remote - r.addr);
-      auto g = std::find_if(groups.begin(), groups.end(),
-                            [&](const Group& x) { return x.queue == *queue; });
-      if (g == groups.end()) g = groups.insert(groups.end(), Group{*queue, {}, {}, true});
-      if (g->on_device && !LocalOnDevice(s.local, s.length)) g->on_device = false;
       if (s.opcode == Opcode::kWrite) {
         g->copies.push_back({remote, s.local, s.length});
       } else {
@@ -216,26 +242,29 @@ class CudaIpcLink : public PeerLink {
     return q.get();
   }
 
-  // Whether [p, p + n) lies in GPU memory of this process (an allocation
-  // seen before, else asked of the driver once per allocation).
-  bool LocalOnDevice(const char* p, uint64_t n) {
+  // The GPU allocation of this process [base, end) holding [p, p + n), if
+  // it is GPU memory (allocations seen before, else asked of the driver
+  // once per allocation).
+  std::optional<std::pair<uint64_t, uint64_t>> LocalGpuRange(const char* p, uint64_t n) {
     const uint64_t a = reinterpret_cast<uint64_t>(p);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& [base, end] : device_ranges_) {
-        if (a >= base && a + n <= end) return true;
+      for (const auto& range : device_ranges_) {
+        if (a >= range.first && a + n <= range.second) return range;
       }
     }
     auto device = driver_.DeviceOfPointer(p);
-    if (!device.ok() || !device->has_value()) return false;
+    if (!device.ok() || !device->has_value()) return std::nullopt;
     CudaContextScope scope(driver_, **device);
-    if (!scope.status().ok()) return false;
+    if (!scope.status().ok()) return std::nullopt;
     auto allocation = driver_.AllocationOf(p);
-    if (!allocation.ok() || a + n > allocation->base + allocation->size) return false;
+    if (!allocation.ok() || a + n > allocation->base + allocation->size) return std::nullopt;
+    const std::pair<uint64_t, uint64_t> range{allocation->base,
+                                              allocation->base + allocation->size};
     std::lock_guard<std::mutex> lock(mu_);
     if (device_ranges_.size() >= 64) device_ranges_.erase(device_ranges_.begin());
-    device_ranges_.emplace_back(allocation->base, allocation->base + allocation->size);
-    return true;
+    device_ranges_.push_back(range);
+    return range;
   }
 
   // The region's first byte mapped into this process (opened once per
