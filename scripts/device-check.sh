@@ -85,6 +85,41 @@ if python3 -c 'import torch, ferry, nixl; assert torch.cuda.is_available()' >"$l
   grep -E '^device-python|Error|error' "$logs/python.log" | head -40 | tee -a "$logs/summary.txt"
   say "python exit $r after $(( $(date +%s) - start )) s"
   [ $r -eq 0 ] || rc=$r
+  # NIXL's own tests and its two-peer examples on GPU tensors (--use_cuda), unchanged,
+  # where the kit carries them (scripts/device-kit.sh).
+  up=${kit:-}/upstream/nixl
+  if [ -n "${kit:-}" ] && [ -d "$up/test/python" ]; then
+    (cd "$up" && PYTHONUNBUFFERED=1 timeout 150 python3 -m pytest -q -p no:cacheprovider test/python) \
+      >"$logs/nixl-pytest.log" 2>&1
+    r=$?
+    grep -E 'passed|failed|error' "$logs/nixl-pytest.log" | tail -3 | tee -a "$logs/summary.txt"
+    say "nixl test/python exit $r after $(( $(date +%s) - start )) s"
+    [ $r -eq 0 ] || rc=$r
+    for ex in basic_two_peers expanded_two_peers; do
+      (cd "$up/examples/python" && NIXL_LOG_LEVEL=INFO timeout 60 python3 "$ex.py" --mode=target \
+        --ip=127.0.0.1 --port=0 --use_cuda True) >"$logs/$ex.target.log" 2>&1 &
+      tpid=$!
+      port=
+      for _ in $(seq 300); do
+        port=$(awk '/MD listener is listening on port/ { print $NF; exit }' "$logs/$ex.target.log")
+        [ -n "$port" ] && break
+        kill -0 "$tpid" 2>/dev/null || break
+        sleep 0.1
+      done
+      r=1
+      if [ -n "$port" ]; then
+        (cd "$up/examples/python" && timeout 60 python3 "$ex.py" --mode=initiator --ip=127.0.0.1 \
+          --port="$port" --use_cuda True) >"$logs/$ex.initiator.log" 2>&1
+        r=$?
+        wait "$tpid" || r=$?
+      else
+        kill "$tpid" 2>/dev/null
+      fi
+      tail -3 "$logs/$ex.initiator.log" "$logs/$ex.target.log" 2>/dev/null | tee -a "$logs/summary.txt"
+      say "nixl $ex.py --use_cuda True exit $r"
+      [ $r -eq 0 ] || rc=$r
+    done
+  fi
 else
   tail -5 "$logs/python-probe.log" | tee -a "$logs/summary.txt"
   say "python checks skipped: python3 lacks torch with a GPU, or the ferry package"

@@ -12,6 +12,9 @@
 #                  own Python and torch keep their newer copies
 #   KIT/python/    the ferry and nixl packages of PYTHON_BUILD_DIR, whose
 #                  extension must match the device's python3 (3.12 there)
+#   KIT/upstream/nixl/  NIXL's own Python tests and examples at the commit
+#                  scripts/run-upstream-tests.sh pins, unchanged, where the mirror
+#                  is here ($NIXL_MIRROR; never committed: KIT is ignored)
 #
 # On the device: scripts/device-check.sh KIT/build (it finds ../lib itself).
 # KIT must be a folder git ignores (echo /.devkit/ >> .git/info/exclude).
@@ -41,4 +44,10 @@ for lib in $libs; do
     *) cp -L "$lib" "$kit/lib/" ;;
   esac
 done
+nixl_mirror=${NIXL_MIRROR:-/work/.mirror/ai-dynamo+nixl/repo}
+nixl_commit=$(sed -n 's/^NIXL_COMMIT=//p' scripts/run-upstream-tests.sh)
+if [ -d "$nixl_mirror" ] && [ -n "$nixl_commit" ]; then
+  mkdir -p "$kit/upstream/nixl"
+  git -C "$nixl_mirror" archive "$nixl_commit" test/python examples/python | tar -x -C "$kit/upstream/nixl"
+fi
 du -sh "$kit"
