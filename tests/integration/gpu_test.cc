@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -313,6 +314,39 @@ class GpuBench : public GpuTest {
     return static_cast<double>(moved) / Seconds(start) / 1e9;
   }
 
+  // The rows `rounds` measured in turn, kPasses times over (A B C, A B C,
+  // ...), each for kPass: the medians, so that a drift of the GPU's clocks
+  // over the run reaches every row alike.
+  struct Round {
+    std::string name;
+    std::function<Status()> run;
+  };
+  std::vector<double> Interleaved(uint64_t bytes, const std::vector<Round>& rounds) {
+    constexpr int kPasses = 5;
+    constexpr auto kPass = std::chrono::milliseconds(250);
+    std::vector<std::vector<double>> got(rounds.size());
+    for (int p = 0; p < kPasses; ++p) {
+      for (size_t i = 0; i < rounds.size(); ++i)
+        got[i].push_back(Measure(bytes, kPass, rounds[i].run));
+    }
+    std::vector<double> medians;
+    for (auto& g : got) {
+      std::sort(g.begin(), g.end());
+      medians.push_back(g[g.size() / 2]);
+    }
+    return medians;
+  }
+
+  // Ferry's copy queue alone, in this process (one submission of `copies`,
+  // waited for): the engine's share of a row is the difference.
+  static Status QueueRound(internal::cuda::CopyQueue& q,
+                           const std::vector<internal::cuda::Copy>& copies) {
+    std::promise<Status> done;
+    q.Submit(
+        copies, [&](Status st) { done.set_value(std::move(st)); }, /*on_device=*/true);
+    return done.get_future().get();
+  }
+
   // Writes [0, size) of `local` to the peer's buffer in requests of `chunk`.
   Status WriteAll(SegmentHandle seg, unsigned char* local, uint64_t remote, uint64_t size,
                   uint64_t chunk = kMiB, Opcode op = Opcode::kWrite) {
@@ -333,7 +367,8 @@ class GpuBench : public GpuTest {
   }
 };
 
-// The figures of issue 32, each against a baseline measured in this run:
+// The figures of issue 32, each against a baseline measured in this run
+// (the rows of each part measured in turn, five times over: medians):
 // 1. GPU -> GPU of another process through cuda_ipc, requests of 32 KiB,
 //    1 MiB and 64 MiB, against the driver's own device-to-device copies of
 //    the same sizes (cuMemcpyAsync each, and one cuMemcpyBatchAsync);
@@ -346,7 +381,6 @@ class GpuBench : public GpuTest {
 //    with the target's staging page-locked and pageable (the older build).
 TEST_F(GpuBench, DISABLED_Figures) {
   constexpr uint64_t kSize = 64 * kMiB;
-  constexpr auto kDuration = std::chrono::milliseconds(1000);
   if (fake_) fake_->SetCopyDelayUs(0);
   std::printf("gpu-bench driver %s, batch copies %s\n", TestCudaDriverLibrary().c_str(),
               driver_->has_batch_copies() ? "yes" : "no");
@@ -361,29 +395,40 @@ TEST_F(GpuBench, DISABLED_Figures) {
   ASSERT_NE(gpu_peer, nullptr);
   ASSERT_OK(engine().RegisterMemory(a, kSize, "cuda:0"));
   ASSERT_OK_AND_ASSIGN(SegmentHandle gseg, engine().OpenSegment(gpu_peer->peer_id()));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::cuda::CopyQueue> queue,
+                       internal::cuda::CopyQueue::Create(*driver_, 0));
+  const std::string kernel = queue->has_kernel() ? "" : " (no kernel)";
   for (uint64_t chunk : {32 * kKiB, kMiB, 64 * kMiB}) {
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
     std::vector<size_t> lengths;
+    std::vector<internal::cuda::Copy> copies;
     for (uint64_t o = 0; o < kSize; o += chunk) {
       dsts.push_back(b + o);
       srcs.push_back(a + o);
       lengths.push_back(chunk);
+      copies.push_back({b + o, a + o, chunk});
     }
     const std::string size = std::to_string(chunk / kKiB) + " KiB";
-    const double each =
-        Measure(kSize, kDuration, [&] { return gpu_->CopyMany(dsts, srcs, lengths, false); });
-    Row("DtoD " + size + ": cuMemcpyAsync each (baseline)", each);
-    double batch = 0;
+    std::vector<Round> rounds = {
+        {"cuMemcpyAsync each (baseline)",
+         [&] { return gpu_->CopyMany(dsts, srcs, lengths, false); }},
+        {"Ferry's copy queue in-process" + kernel, [&] { return QueueRound(*queue, copies); }},
+        {"Ferry cuda_ipc to another process",
+         [&] { return WriteAll(gseg, a, gpu_peer->buffer_addr(), kSize, chunk); }}};
     if (driver_->has_batch_copies()) {
-      batch = Measure(kSize, kDuration, [&] { return gpu_->CopyMany(dsts, srcs, lengths, true); });
-      Row("DtoD " + size + ": cuMemcpyBatchAsync", batch, Ratio(batch, each, "each"));
+      rounds.insert(rounds.begin() + 1, {"cuMemcpyBatchAsync", [&] {
+                                           return gpu_->CopyMany(dsts, srcs, lengths, true);
+                                         }});
     }
-    const double ipc = Measure(
-        kSize, kDuration, [&] { return WriteAll(gseg, a, gpu_peer->buffer_addr(), kSize, chunk); });
-    Row("DtoD " + size + ": Ferry cuda_ipc to another process", ipc,
-        Ratio(ipc, each, "each (goal >= 0.9)") + Ratio(ipc, batch, "batch"));
+    const std::vector<double> got = Interleaved(kSize, rounds);
+    for (size_t i = 0; i < rounds.size(); ++i) {
+      const bool ferry = i + 1 == rounds.size();
+      Row("DtoD " + size + ": " + rounds[i].name, got[i],
+          i == 0 ? "" : Ratio(got[i], got[0], ferry ? "each (goal >= 0.9)" : "each"));
+    }
   }
+  queue.reset();
   engine_.reset();
 
   // 2. The KV page-16 preset.
@@ -414,48 +459,39 @@ TEST_F(GpuBench, DISABLED_Figures) {
       reqs.push_back({Opcode::kWrite, kv + from[i] * kPage, kseg,
                       kv_peer->buffer_addr() + to[i] * kPage, kPage});
     }
-    const double each =
-        Measure(kKv, kDuration, [&] { return gpu_->CopyMany(dsts, srcs, lengths, false); });
-    Row("KV page-16 (16,384 x 32 KiB): cuMemcpyAsync each", each);
-    double batch = 0;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::cuda::CopyQueue> q,
+                         internal::cuda::CopyQueue::Create(*driver_, 0));
+    std::vector<internal::cuda::Copy> copies;
+    for (uint64_t i = 0; i < kPages; ++i) copies.push_back({dsts[i], srcs[i], kPage});
+    // The same as a prepared transfer (NIXL's way: lists made once, indices).
+    const DescRow local_rows[] = {{reinterpret_cast<uint64_t>(kv), kPage, kPage, kPages}};
+    const DescRow remote_rows[] = {{kv_peer->buffer_addr(), kPage, kPage, kPages}};
+    ASSERT_OK_AND_ASSIGN(DescListHandle ll, engine().PrepareLocalList(local_rows));
+    ASSERT_OK_AND_ASSIGN(DescListHandle rl, engine().PrepareRemoteList(kseg, remote_rows));
+    std::vector<uint32_t> li(from.begin(), from.end()), ri(to.begin(), to.end());
+    ASSERT_OK_AND_ASSIGN(TransferHandle xfer,
+                         engine().MakeTransfer(Opcode::kWrite, ll, li, rl, ri));
+    std::vector<Round> rounds = {
+        {"cuMemcpyAsync each (baseline)",
+         [&] { return gpu_->CopyMany(dsts, srcs, lengths, false); }},
+        {"Ferry's copy queue in-process" + std::string(q->has_kernel() ? "" : " (no kernel)"),
+         [&] { return QueueRound(*q, copies); }},
+        {"Ferry cuda_ipc to another process", [&] { return engine().TransferSync(reqs); }},
+        {"Ferry cuda_ipc, a prepared transfer", [&] {
+           Status posted = engine().PostTransfer(xfer);
+           return posted.ok() ? engine().WaitTransfer(xfer, std::chrono::seconds(30)) : posted;
+         }}};
     if (driver_->has_batch_copies()) {
-      batch = Measure(kKv, kDuration, [&] { return gpu_->CopyMany(dsts, srcs, lengths, true); });
-      Row("KV page-16: cuMemcpyBatchAsync", batch, Ratio(batch, each, "each"));
+      rounds.insert(rounds.begin() + 1, {"cuMemcpyBatchAsync", [&] {
+                                           return gpu_->CopyMany(dsts, srcs, lengths, true);
+                                         }});
     }
-    {  // Ferry's copy queue alone, in this process: the copy kernel's share.
-      ASSERT_OK_AND_ASSIGN(std::unique_ptr<internal::cuda::CopyQueue> q,
-                           internal::cuda::CopyQueue::Create(*driver_, 0));
-      std::vector<internal::cuda::Copy> copies;
-      for (uint64_t i = 0; i < kPages; ++i) copies.push_back({dsts[i], srcs[i], kPage});
-      const double queue = Measure(kKv, kDuration, [&] {
-        std::promise<Status> done;
-        q->Submit(
-            copies, [&](Status st) { done.set_value(std::move(st)); }, true);
-        return done.get_future().get();
-      });
-      Row(std::string("KV page-16: Ferry's copy queue in-process") +
-              (q->has_kernel() ? " (kernel)" : " (no kernel)"),
-          queue, Ratio(queue, each, "each"));
+    const std::vector<double> got = Interleaved(kKv, rounds);
+    for (size_t i = 0; i < rounds.size(); ++i) {
+      Row("KV page-16 (16,384 x 32 KiB): " + rounds[i].name, got[i],
+          i == 0 ? "" : Ratio(got[i], got[0], "each"));
     }
-    const double ipc = Measure(kKv, kDuration, [&] { return engine().TransferSync(reqs); });
-    Row("KV page-16: Ferry cuda_ipc to another process", ipc,
-        Ratio(ipc, each, "each") + Ratio(ipc, batch, "batch"));
-    {  // The same as a prepared transfer (NIXL's way: lists made once, indices).
-      const DescRow local_rows[] = {{reinterpret_cast<uint64_t>(kv), kPage, kPage, kPages}};
-      const DescRow remote_rows[] = {{kv_peer->buffer_addr(), kPage, kPage, kPages}};
-      ASSERT_OK_AND_ASSIGN(DescListHandle ll, engine().PrepareLocalList(local_rows));
-      ASSERT_OK_AND_ASSIGN(DescListHandle rl, engine().PrepareRemoteList(kseg, remote_rows));
-      std::vector<uint32_t> li(from.begin(), from.end()), ri(to.begin(), to.end());
-      ASSERT_OK_AND_ASSIGN(TransferHandle xfer,
-                           engine().MakeTransfer(Opcode::kWrite, ll, li, rl, ri));
-      const double prepared = Measure(kKv, kDuration, [&] {
-        Status posted = engine().PostTransfer(xfer);
-        return posted.ok() ? engine().WaitTransfer(xfer, std::chrono::seconds(30)) : posted;
-      });
-      Row("KV page-16: Ferry cuda_ipc, a prepared transfer", prepared,
-          Ratio(prepared, each, "each") + Ratio(prepared, batch, "batch"));
-      ASSERT_OK(engine().ReleaseTransfer(xfer));
-    }
+    ASSERT_OK(engine().ReleaseTransfer(xfer));
     // Every byte of one write of new contents checked: page to[i] of the
     // peer is page from[i] here.
     std::vector<unsigned char> mine(kKv);
@@ -485,23 +521,20 @@ TEST_F(GpuBench, DISABLED_Figures) {
     ASSERT_OK(engine().RegisterMemory(b, kSize, "cuda:0"));
     ASSERT_OK_AND_ASSIGN(SegmentHandle hseg, engine().OpenSegment(host_peer->peer_id()));
     const std::string t = transport;
-    const double from_host = Measure(kSize, kDuration, [&] {
-      return WriteAll(hseg, host.data(), host_peer->buffer_addr(), kSize);
-    });
-    Row(t + " host -> peer host (baseline), 1 MiB requests", from_host);
-    const double staged = Measure(
-        kSize, kDuration, [&] { return WriteAll(hseg, b, host_peer->buffer_addr(), kSize); });
-    Row(t + " GPU -> peer host (staged here)", staged,
-        Ratio(staged, from_host, "host (goal >= 0.8)"));
-    const double read_host = Measure(kSize, kDuration, [&] {
-      return WriteAll(hseg, host.data(), host_peer->buffer_addr(), kSize, kMiB, Opcode::kRead);
-    });
-    Row(t + " peer host -> host (baseline, reads)", read_host);
-    const double read_staged = Measure(kSize, kDuration, [&] {
-      return WriteAll(hseg, b, host_peer->buffer_addr(), kSize, kMiB, Opcode::kRead);
-    });
-    Row(t + " peer host -> GPU (staged here, reads)", read_staged,
-        Ratio(read_staged, read_host, "host (goal >= 0.8)"));
+    const uint64_t remote = host_peer->buffer_addr();
+    const std::vector<Round> rounds = {
+        {"host -> peer host (baseline), 1 MiB requests",
+         [&] { return WriteAll(hseg, host.data(), remote, kSize); }},
+        {"GPU -> peer host (staged here)", [&] { return WriteAll(hseg, b, remote, kSize); }},
+        {"peer host -> host (baseline, reads)",
+         [&] { return WriteAll(hseg, host.data(), remote, kSize, kMiB, Opcode::kRead); }},
+        {"peer host -> GPU (staged here, reads)",
+         [&] { return WriteAll(hseg, b, remote, kSize, kMiB, Opcode::kRead); }}};
+    const std::vector<double> got = Interleaved(kSize, rounds);
+    for (size_t i = 0; i < rounds.size(); ++i) {
+      Row(t + " " + rounds[i].name, got[i],
+          i % 2 == 0 ? "" : Ratio(got[i], got[i - 1], "host (goal >= 0.8)"));
+    }
     engine_.reset();
   }
 
@@ -509,6 +542,8 @@ TEST_F(GpuBench, DISABLED_Figures) {
   // stages, through page-locked and through pageable memory.
   ASSERT_NO_FATAL_FAILURE(CreateEngine("tcp"));
   ASSERT_OK(engine().RegisterMemory(host.data(), kSize, "cpu"));
+  std::vector<Round> rounds;
+  std::vector<SegmentHandle> segs;
   for (bool pageable : {false, true}) {
     peers_.push_back(std::make_unique<PeerProcess>());
     PeerProcess* p = peers_.back().get();
@@ -517,12 +552,16 @@ TEST_F(GpuBench, DISABLED_Figures) {
                                                 "--pageable-gpu-staging", pageable ? "1" : "0"}));
     ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(p->peer_id()));
     const std::string how = pageable ? "pageable" : "page-locked";
-    Row("tcp host -> peer GPU, target stages " + how, Measure(kSize, kDuration, [&] {
-          return WriteAll(seg, host.data(), p->buffer_addr(), kSize);
-        }));
-    Row("tcp peer GPU -> host (reads), target stages " + how, Measure(kSize, kDuration, [&] {
-          return WriteAll(seg, host.data(), p->buffer_addr(), kSize, kMiB, Opcode::kRead);
-        }));
+    const uint64_t remote = p->buffer_addr();
+    rounds.push_back({"tcp host -> peer GPU, target stages " + how,
+                      [&, seg, remote] { return WriteAll(seg, host.data(), remote, kSize); }});
+    rounds.push_back({"tcp peer GPU -> host (reads), target stages " + how, [&, seg, remote] {
+                        return WriteAll(seg, host.data(), remote, kSize, kMiB, Opcode::kRead);
+                      }});
+  }
+  const std::vector<double> got = Interleaved(kSize, rounds);
+  for (size_t i = 0; i < rounds.size(); ++i) {
+    Row(rounds[i].name, got[i], i < 2 ? "" : Ratio(got[i], got[i - 2], "page-locked"));
   }
 }
 
