@@ -130,32 +130,48 @@ class LocalLink : public PeerLink {
   void PostSlices(const PostContext& ctx, const std::shared_ptr<EngineTarget>& target,
                   const std::vector<Slice>& slices, BatchState::Completer& done,
                   FileOpGroups& file_ops) {
+    // A post's slices mostly fall in one remote region and one local one:
+    // the last remote region stays pinned (for the rest of the post) and the
+    // last local region's kind is kept, instead of a registry lookup each.
+    RegionPin last_pin;
+    MemoryRegistry::Found last_local;
     for (const Slice& s : slices) {
       if (!target) {
         done.Complete(s.request, 1, UnavailableError("peer engine " + peer_id_ + " was shut down"));
         continue;
       }
-      auto pin = target->registry().PinExported(s.remote, s.length, "remote range");
-      if (!pin.ok()) {
-        done.Complete(s.request, 1, pin.status().WithPrefix("peer " + peer_id_ + " refused"));
-        continue;
+      const Region* r = last_pin.region();
+      if (r == nullptr || s.remote < r->addr || s.remote - r->addr > r->length ||
+          s.length > r->length - (s.remote - r->addr)) {
+        auto pin = target->registry().PinExported(s.remote, s.length, "remote range");
+        if (!pin.ok()) {
+          done.Complete(s.request, 1, pin.status().WithPrefix("peer " + peer_id_ + " refused"));
+          continue;
+        }
+        last_pin = std::move(*pin);
+        r = last_pin.region();
       }
       void* remote = reinterpret_cast<void*>(s.remote);
-      const MemoryKind remote_kind = pin->region()->kind;
+      const MemoryKind remote_kind = r->kind;
       MemoryKind local_kind;
       if (self_->registry().ever_non_cpu()) {
-        MemoryRegistry::Found found;
-        if (self_->registry()
-                .Check(reinterpret_cast<uint64_t>(s.local), s.length, "local buffer", &found)
-                .ok()) {
-          local_kind = found.kind;
+        const uint64_t local = reinterpret_cast<uint64_t>(s.local);
+        if (last_local.length == 0 || local < last_local.addr ||
+            local - last_local.addr > last_local.length ||
+            s.length > last_local.length - (local - last_local.addr)) {
+          MemoryRegistry::Found found;
+          last_local = self_->registry().Check(local, s.length, "local buffer", &found).ok()
+                           ? found
+                           : MemoryRegistry::Found{};
         }
+        local_kind = last_local.kind;
       }
       if (remote_kind.type() == MemoryKind::Type::kFile ||
           local_kind.type() == MemoryKind::Type::kFile) {
-        // File I/O: queued on the file's ring below, completed by its thread.
+        // File I/O: queued on the file's ring below, completed by its thread
+        // (the op takes the pin of the remote region with it).
         Status queued =
-            AddFileOp(ctx, *target, s, std::move(*pin), remote_kind, local_kind, &file_ops);
+            AddFileOp(ctx, *target, s, std::move(last_pin), remote_kind, local_kind, &file_ops);
         if (!queued.ok()) done.Complete(s.request, 1, queued);
         continue;
       }
