@@ -150,10 +150,12 @@ class FERRY_API Engine {
   StatusOr<TransferStatus> GetTransferStatus(BatchId batch, size_t index) const;
   StatusOr<BatchStatus> GetBatchStatus(BatchId batch) const;
   // GetBatchStatus for callers that poll in a loop. When it is called again
-  // within 4 x `wait` of its previous return while requests are pending (a
-  // caller spinning on it), it first waits one step: within wait_spin of the
-  // batch becoming busy it yields the core once (as WaitBatch spins then);
-  // later it blocks, without spinning, until they finished or `wait` passed,
+  // within 200 us (or 4 x `wait`, if less) of its previous return while
+  // requests are pending (a caller spinning on it), it first waits one step:
+  // within wait_spin of the batch becoming busy it yields the core once (as
+  // WaitBatch spins then); later it blocks, without spinning, until any
+  // batch or transfer of this engine finished (this one or another: a caller
+  // polling several in turn looks at the others at once) or `wait` passed,
   // so the spinning caller leaves the core to the engine's threads that move
   // the data. Otherwise (nothing pending, a caller that checks now and then)
   // it reports at once. `wait` 0: GetBatchStatus.

@@ -267,13 +267,16 @@ bool BatchState::WaitIdle(std::chrono::steady_clock::time_point deadline,
   return idle_cv_.wait_until(lock, deadline, [&] { return pending() == 0; });
 }
 
-bool BatchState::PollIdle(std::chrono::microseconds wait, std::chrono::microseconds spin) {
+bool BatchState::PollIdle(std::chrono::microseconds wait, std::chrono::microseconds spin,
+                          std::optional<std::chrono::microseconds> tight,
+                          const std::function<void(std::chrono::steady_clock::time_point)>& block) {
   if (pending() == 0) return true;
   const int64_t now_ns = NowNs();
-  const int64_t wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
+  const int64_t tight_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(tight.value_or(4 * wait)).count();
   const int64_t since_last_poll = now_ns - last_poll_ns_.load(std::memory_order_relaxed);
   bool idle = false;
-  if (since_last_poll > 4 * wait_ns) {
+  if (since_last_poll > tight_ns) {
     // Not polled in a tight loop: nothing to leave the core for.
   } else if (now_ns - busy_since_ns_.load(std::memory_order_relaxed) <
              std::chrono::duration_cast<std::chrono::nanoseconds>(spin).count()) {
@@ -281,7 +284,12 @@ bool BatchState::PollIdle(std::chrono::microseconds wait, std::chrono::microseco
     idle = pending() == 0;
   } else {
     const std::chrono::steady_clock::time_point now{std::chrono::nanoseconds(now_ns)};
-    idle = WaitIdle(now + wait, std::chrono::microseconds(0));
+    if (block) {
+      block(now + wait);
+      idle = pending() == 0;
+    } else {
+      idle = WaitIdle(now + wait, std::chrono::microseconds(0));
+    }
   }
   last_poll_ns_.store(NowNs(), std::memory_order_relaxed);
   return idle;

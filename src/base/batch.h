@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -170,14 +171,19 @@ class BatchState {
   // imminent). True when nothing is pending any more (whatever the outcome).
   bool WaitIdle(std::chrono::steady_clock::time_point deadline, std::chrono::microseconds spin);
   // One step of a caller polling the batch. Nothing pending: true at once.
-  // A poll more than 4 x `wait` after the previous one returned (a caller
-  // that checks now and then, or the first poll) reports at once too. A
-  // caller polling in a tight loop waits a step instead, so that it leaves
-  // the core to the threads that move the data: within `spin` of the batch
-  // becoming busy it yields the core once (completion may be imminent, as in
-  // WaitIdle's spin); later it blocks, without spinning, until nothing is
-  // pending or `wait` passed. True when nothing is pending any more.
-  bool PollIdle(std::chrono::microseconds wait, std::chrono::microseconds spin);
+  // A poll more than `tight` (default 4 x `wait`) after the previous one
+  // returned (a caller that checks now and then, or the first poll) reports
+  // at once too. A caller polling in a tight loop waits a step instead, so
+  // that it leaves the core to the threads that move the data: within `spin`
+  // of the batch becoming busy it yields the core once (completion may be
+  // imminent, as in WaitIdle's spin); later it blocks, without spinning,
+  // until nothing is pending or `wait` passed — or, given `block`, in
+  // block(deadline), which returns early when the caller's engine finished
+  // any work (so one poller of several transfers is not held by this one).
+  // True when nothing is pending any more.
+  bool PollIdle(std::chrono::microseconds wait, std::chrono::microseconds spin,
+                std::optional<std::chrono::microseconds> tight = std::nullopt,
+                const std::function<void(std::chrono::steady_clock::time_point)>& block = {});
 
  private:
   // One request's state. 8 bytes: batches of 100,000s of requests are

@@ -20,9 +20,12 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/fd_limit.h"
@@ -54,10 +57,36 @@ class CompletionSignal {
   }
 
   // Called once per finished batch or post, after its final state is
-  // visible to status readers.
+  // visible to status readers: writes the eventfd (if armed) and wakes the
+  // in-process waiters (WaitForChange).
   void Notify() {
+    Wake();
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (armed_.load(std::memory_order_relaxed)) Write();
+  }
+
+  // In-process waiting, for callers that poll their transfers in a loop
+  // (Engine::PollBatch, PollTransfer): `changes()` counts Notify and Wake
+  // calls; WaitForChange returns once it differs from `seen` (read before the
+  // caller checked its own work) or at `deadline`. So a poller blocked on one
+  // transfer wakes when any of the engine's work finishes, and can look at
+  // its others at once. Wake alone: work that moved on (a prepared post's
+  // data landed) without finishing a post.
+  uint64_t changes() const { return changes_.load(std::memory_order_seq_cst); }
+  void Wake() {
+    changes_.fetch_add(1, std::memory_order_seq_cst);
+    if (waiters_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> lock(mu_);  // no lost wake-up: waiters test under mu_
+      cv_.notify_all();
+    }
+  }
+  void WaitForChange(uint64_t seen, std::chrono::steady_clock::time_point deadline) {
+    waiters_.fetch_add(1, std::memory_order_seq_cst);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_until(lock, deadline, [&] { return changes() != seen; });
+    }
+    waiters_.fetch_sub(1, std::memory_order_seq_cst);
   }
 
   // Adds 1 to the counter. EAGAIN (the counter at its maximum) leaves it
@@ -73,6 +102,10 @@ class CompletionSignal {
 
   const int fd_;
   std::atomic<bool> armed_{false};
+  std::atomic<uint64_t> changes_{0};
+  std::atomic<int> waiters_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
 };
 
 }  // namespace ferry::internal

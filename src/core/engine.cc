@@ -400,7 +400,7 @@ StatusOr<BatchStatus> Engine::GetBatchStatus(BatchId id) const {
 
 StatusOr<BatchStatus> Engine::PollBatch(BatchId id, std::chrono::microseconds wait) const {
   FERRY_ASSIGN_OR_RETURN(auto batch, impl_->GetBatch(id));
-  if (wait.count() > 0) (void)batch->PollIdle(wait, impl_->options().wait_spin);
+  if (wait.count() > 0) (void)impl_->PollStep(*batch, wait);
   return batch->Summary();
 }
 

@@ -17,6 +17,8 @@
 // layer's view of the core.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -61,6 +63,22 @@ class Engine::Impl {
   internal::Notifier& notifier() { return *notifier_; }
   // Lives as long as the engine: batches and posts hold it by pointer.
   internal::CompletionSignal& completion() { return *completion_; }
+
+  // One step of a caller polling `batch` in a loop (Engine::PollBatch,
+  // PollTransfer): BatchState::PollIdle, where a poll counts as part of a
+  // tight loop when it comes within kPollTightGap (or 4 x `wait`, if less) of
+  // the previous one, and blocks until any of this engine's work finished or
+  // `wait` passed. So a long `wait` costs a caller that polls several
+  // transfers in turn nothing (it wakes on the first to finish), and one
+  // that checks only now and then never waits.
+  static constexpr std::chrono::microseconds kPollTightGap{200};
+  bool PollStep(internal::BatchState& batch, std::chrono::microseconds wait) {
+    const uint64_t seen = completion_->changes();
+    return batch.PollIdle(wait, options().wait_spin, std::min(4 * wait, kPollTightGap),
+                          [&](std::chrono::steady_clock::time_point deadline) {
+                            completion_->WaitForChange(seen, deadline);
+                          });
+  }
   const std::shared_ptr<internal::Metrics>& metrics() const { return metrics_; }
   const internal::MetricsServer* metrics_server() const { return metrics_server_.get(); }
   internal::HandleTable<internal::BatchState>& batches() { return batches_; }

@@ -135,7 +135,9 @@ void NotifyWhenIdle(Engine::Impl& impl, const std::shared_ptr<PostState>& post,
   internal::Notifier* notifier = &impl.notifier();  // stops in ~Impl before the rest goes
   std::shared_ptr<Segment> seg = t.spec().seg;
   const uint64_t instance = t.spec().peer->desc().instance_id;
-  post->batch()->SetOnIdle([weak, notifier, seg, note = std::move(note), instance] {
+  internal::CompletionSignal* signal = &impl.completion();
+  post->batch()->SetOnIdle([weak, notifier, seg, note = std::move(note), instance, signal] {
+    signal->Wake();  // pollers waiting for the data (PollStep) look again
     std::shared_ptr<PostState> p = weak.lock();
     if (!p) return;
     if (!note || p->batch()->cancelled() || p->batch()->Summary().failed > 0) {
@@ -240,7 +242,7 @@ StatusOr<TransferStatus> Engine::PollTransfer(TransferHandle h, std::chrono::mic
     }
     // While only its notification is on its way (a short round trip) it
     // yields the core once instead.
-    if (p->batch()->PollIdle(wait, impl_->options().wait_spin) && !p->finished()) {
+    if (impl_->PollStep(*p->batch(), wait) && !p->finished()) {
       std::this_thread::yield();
     }
   }
