@@ -162,6 +162,40 @@ TEST_F(GpuTest, GpuToGpuAcrossProcessesEveryByteBothWays) {
   EXPECT_EQ(peer->Stop(), 0);
 }
 
+// GPU memory here on another device than the peer's: the copy kernel runs
+// on one device (and would need peer access to touch the other), so these
+// copies go through the driver; every byte in place. The fake's second
+// device (a real machine with one GPU skips).
+TEST_F(GpuTest, GpuToGpuOfAnotherDeviceGoesThroughTheDriver) {
+  if (!fake_) GTEST_SKIP() << "needs the stand-in driver's second device";
+  ASSERT_NO_FATAL_FAILURE(CreateEngine());
+  constexpr uint64_t kSize = kMiB, kPeerSeed = 61, kData = 62;
+  PeerProcess* peer = SpawnGpuPeer(kSize, kPeerSeed);  // its buffer is on cuda:0
+  ASSERT_NE(peer, nullptr);
+  void* local = nullptr;
+  {
+    internal::CudaContextScope scope(*driver_, 1);
+    ASSERT_OK(scope.status());
+    ASSERT_OK_AND_ASSIGN(local, driver_->AllocateDevice(kSize));
+  }
+  std::vector<unsigned char> host(kSize);
+  FillPattern(host.data(), kSize, kData, 0);
+  ASSERT_OK(gpu_->Copy(local, host.data(), kSize));
+  ASSERT_OK(engine().RegisterMemory(local, kSize, "cuda:1"));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine().OpenSegment(peer->peer_id()));
+  const unsigned long long launches = fake_->KernelLaunches();
+  std::vector<TransferRequest> writes;
+  for (uint64_t o = 0; o < kSize; o += 64 * kKiB)
+    writes.push_back(
+        {Opcode::kWrite, static_cast<char*>(local) + o, seg, peer->buffer_addr() + o, 64 * kKiB});
+  ASSERT_OK(engine().TransferSync(writes));
+  EXPECT_EQ(peer->Call(Checked(kData, 0, kSize)), "OK");
+  EXPECT_EQ(fake_->KernelLaunches(), launches) << "a kernel on one device touched another's memory";
+  ASSERT_OK(engine().UnregisterMemory(local));
+  internal::CudaContextScope scope(*driver_, 1);
+  EXPECT_OK(driver_->FreeDevice(local));
+}
+
 // Host memory here, GPU memory there: host to device and back.
 TEST_F(GpuTest, HostMemoryToGpuMemoryOfAnotherProcessAndBack) {
   ASSERT_NO_FATAL_FAILURE(CreateEngine());

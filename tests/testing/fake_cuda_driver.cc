@@ -774,8 +774,9 @@ FERRY_FAKE_EXPORT int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned
   if (s == nullptr) return kInvalidHandle;
   const auto list = reinterpret_cast<unsigned long long>(*static_cast<void* const*>(params[0]));
   const unsigned long long n = *static_cast<const unsigned long long*>(params[1]);
+  const int device = Current()->device;  // a kernel reaches its own device's memory only
   ++kernel_launches;
-  s->Push([list, n] {
+  s->Push([list, n, device] {
     const unsigned delay = copy_delay_us;
     if (delay != 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
     // The task list: GPU memory (its shadow) or page-locked host memory.
@@ -793,6 +794,14 @@ FERRY_FAKE_EXPORT int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned
       if (Resolve(t.dst, t.len, &to) != kSuccess || Resolve(t.src, t.len, &from) != kSuccess ||
           !to.device || !from.device) {
         std::fprintf(stderr, "fake CUDA: the copy kernel's task %llu is not device memory\n", i);
+        std::abort();
+      }
+      if (to.mapping->device != device || from.mapping->device != device) {
+        std::fprintf(stderr,
+                     "fake CUDA: the copy kernel on device %d touches memory of device %d "
+                     "(task %llu; no peer access is enabled)\n",
+                     device,
+                     to.mapping->device != device ? to.mapping->device : from.mapping->device, i);
         std::abort();
       }
       std::memmove(to.address, from.address, t.len);

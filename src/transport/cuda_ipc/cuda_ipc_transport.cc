@@ -44,6 +44,13 @@ const wire::RegionKey* IpcKey(const wire::RegionEntry& r) {
   return nullptr;
 }
 
+// A GPU allocation of this process: [base, end) on `device`.
+struct GpuRange {
+  uint64_t base = 0;
+  uint64_t end = 0;
+  int device = -1;
+};
+
 class CudaIpcLink : public PeerLink {
  public:
   CudaIpcLink(const CudaDriver& driver, std::shared_ptr<const PeerInfo> peer, UniqueFd pidfd)
@@ -80,7 +87,7 @@ class CudaIpcLink : public PeerLink {
     uint32_t last_region = kNoRegion;
     Mapping last_map;
     size_t group = 0;
-    std::pair<uint64_t, uint64_t> local_gpu{0, 0};  // the last local GPU allocation seen
+    GpuRange local_gpu;  // the last local GPU allocation the kernel may touch
     groups.reserve(2);
     for (const Slice& s : slices) {
       auto fail = [&](const Status& st) {
@@ -131,9 +138,15 @@ class CudaIpcLink : public PeerLink {
       Group* g = &groups[group];
       char* remote = static_cast<char*>(last_map.base) + (s.remote - r.addr);
       const uint64_t local = reinterpret_cast<uint64_t>(s.local);
-      if (g->on_device && !(local >= local_gpu.first && local + s.length <= local_gpu.second)) {
+      // The copy kernel runs on the queue's device and touches both sides
+      // there: only where the peer's memory and this local range are both
+      // on that device (no peer access is enabled between devices).
+      const int device = g->queue->device();
+      if (g->on_device &&
+          (MemoryKind::FromName(r.kind).device() != device || local < local_gpu.base ||
+           local + s.length > local_gpu.end || local_gpu.device != device)) {
         auto range = LocalGpuRange(s.local, s.length);
-        if (range) {
+        if (range && range->device == device && MemoryKind::FromName(r.kind).device() == device) {
           local_gpu = *range;
         } else {
           g->on_device = false;
@@ -242,15 +255,15 @@ class CudaIpcLink : public PeerLink {
     return q.get();
   }
 
-  // The GPU allocation of this process [base, end) holding [p, p + n), if
-  // it is GPU memory (allocations seen before, else asked of the driver
-  // once per allocation).
-  std::optional<std::pair<uint64_t, uint64_t>> LocalGpuRange(const char* p, uint64_t n) {
+  // The GPU allocation of this process holding [p, p + n), if it is GPU
+  // memory (allocations seen before, else asked of the driver once per
+  // allocation).
+  std::optional<GpuRange> LocalGpuRange(const char* p, uint64_t n) {
     const uint64_t a = reinterpret_cast<uint64_t>(p);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& range : device_ranges_) {
-        if (a >= range.first && a + n <= range.second) return range;
+      for (const GpuRange& range : device_ranges_) {
+        if (a >= range.base && a + n <= range.end) return range;
       }
     }
     auto device = driver_.DeviceOfPointer(p);
@@ -259,8 +272,7 @@ class CudaIpcLink : public PeerLink {
     if (!scope.status().ok()) return std::nullopt;
     auto allocation = driver_.AllocationOf(p);
     if (!allocation.ok() || a + n > allocation->base + allocation->size) return std::nullopt;
-    const std::pair<uint64_t, uint64_t> range{allocation->base,
-                                              allocation->base + allocation->size};
+    const GpuRange range{allocation->base, allocation->base + allocation->size, **device};
     std::lock_guard<std::mutex> lock(mu_);
     if (device_ranges_.size() >= 64) device_ranges_.erase(device_ranges_.begin());
     device_ranges_.push_back(range);
@@ -307,8 +319,8 @@ class CudaIpcLink : public PeerLink {
   bool retired_ = false;
   std::map<int, std::unique_ptr<cuda::CopyQueue>> queues_;  // by local device
   std::map<std::string, Mapping> mappings_;                 // by IPC handle: the allocation's base
-  // This process's GPU allocations that local ranges were found in: [base, end).
-  std::vector<std::pair<uint64_t, uint64_t>> device_ranges_;
+  // This process's GPU allocations that local ranges were found in.
+  std::vector<GpuRange> device_ranges_;
 };
 
 class CudaIpcTransport : public Transport {
