@@ -21,11 +21,8 @@ StatusOr<CudaDriver::Stream> SyncCopies::StreamOf(int device) {
 }
 
 Status SyncCopies::Copy(int device, void* dst, const void* src, size_t n) {
-  CudaContextScope scope(d_, device);
-  FERRY_RETURN_IF_ERROR(scope.status());
-  FERRY_ASSIGN_OR_RETURN(CudaDriver::Stream s, StreamOf(device));
-  FERRY_RETURN_IF_ERROR(d_.CopyAsync(dst, src, n, s));
-  return d_.WaitStream(s);
+  FERRY_RETURN_IF_ERROR(Queue(device, dst, src, n));
+  return WaitAll().at(device);
 }
 
 Status SyncCopies::Queue(int device, void* dst, const void* src, size_t n) {

@@ -20,7 +20,8 @@ class SyncCopies {
   SyncCopies& operator=(const SyncCopies&) = delete;
 
   // Copies `n` bytes (host or GPU memory on either side) in device
-  // `device`'s context and returns once they are in place.
+  // `device`'s context and returns once they (and whatever was queued
+  // before) are in place: Queue, then WaitAll.
   Status Copy(int device, void* dst, const void* src, size_t n);
   // Queues such a copy; WaitAll then waits for every device queued on since
   // the last WaitAll and says, by device, whether its copies all landed.

@@ -86,6 +86,7 @@ class CudaIpcLink : public PeerLink {
     bool landing = false;
     uint32_t last_region = kNoRegion;
     Mapping last_map;
+    bool remote_on_queue_device = false;  // the last region is on its queue's device
     size_t group = 0;
     GpuRange local_gpu;  // the last local GPU allocation the kernel may touch
     groups.reserve(2);
@@ -119,6 +120,7 @@ class CudaIpcLink : public PeerLink {
         }
         last_region = s.remote_region;
         last_map = *mapped;
+        remote_on_queue_device = MemoryKind::FromName(r.kind).device() == (*queue)->device();
         auto g = std::find_if(groups.begin(), groups.end(),
                               [&](const Group& x) { return x.queue == *queue; });
         if (g == groups.end()) {
@@ -142,11 +144,10 @@ class CudaIpcLink : public PeerLink {
       // there: only where the peer's memory and this local range are both
       // on that device (no peer access is enabled between devices).
       const int device = g->queue->device();
-      if (g->on_device &&
-          (MemoryKind::FromName(r.kind).device() != device || local < local_gpu.base ||
-           local + s.length > local_gpu.end || local_gpu.device != device)) {
-        auto range = LocalGpuRange(s.local, s.length);
-        if (range && range->device == device && MemoryKind::FromName(r.kind).device() == device) {
+      if (g->on_device && (!remote_on_queue_device || local < local_gpu.base ||
+                           local + s.length > local_gpu.end || local_gpu.device != device)) {
+        auto range = remote_on_queue_device ? LocalGpuRange(s.local, s.length) : std::nullopt;
+        if (range && range->device == device) {
           local_gpu = *range;
         } else {
           g->on_device = false;
