@@ -101,7 +101,9 @@ case "$CASE" in
     expect_status 2 "$FERRY" bench --block-size 12Q
     expect_status 2 "$FERRY" bench --operation sideways
     expect_status 2 "$FERRY" bench --workload kv:gpt-9
-    expect_status 2 "$FERRY" bench --threads 0 ;;
+    expect_status 2 "$FERRY" bench --threads 0
+    expect_status 2 "$FERRY" bench --local-memory huge
+    expect_status 2 "$FERRY" bench --role target --local-memory shared ;;
   shm)
     # Forced shm, reads and writes in one batch, every byte checked.
     if [ "$(same_host_transport)" != shm ]; then
@@ -152,7 +154,10 @@ PYEOF
       "$FERRY" bench --transport tcp --operation mixed --workload kv:llama3-8b:tokens=256:page=1 --duration 0.5 --json --verify --no-baseline ;;
   bench_read_verify)
     check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0" \
-      "$FERRY" bench --operation read --block-size 64K --batch-size 16 --threads 2 --duration 0.5 --json --verify --no-baseline ;;
+      "$FERRY" bench --operation read --block-size 64K --batch-size 16 --threads 2 --duration 0.5 --json --verify --no-baseline
+    # Into a shared (memfd) local buffer, as the Python package's managed buffers.
+    check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0" \
+      "$FERRY" bench --operation read --local-memory shared --duration 0.5 --json --verify --no-baseline ;;
   bench_kv_mixed_verify)
     check_json "d['mismatches'] == 0 and d['verified_bytes'] > 0 and d['entries_per_batch'] == 64 * 256" \
       "$FERRY" bench --operation mixed --workload kv:llama3-8b:tokens=256:page=1 --duration 0.5 --json --verify --no-baseline

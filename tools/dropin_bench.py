@@ -20,16 +20,31 @@ Transports: "tcp" (NIXL agent ferry_options {"transport": "tcp"}, Mooncake
 protocol "tcp") and "auto" (NIXL's default backend, Mooncake protocol "rdma":
 both map to Ferry's auto, i.e. shm between two processes of one host).
 
-Beside every shape and transport it runs `ferry bench --prepared` (the C++
-bench, its own target process, the same shape): its prepared throughput is the
-reference of the nixl rows, its plain-batch throughput that of the Mooncake
-rows. Rows are repeated --repeats times, interleaved (every row once per
-round), and the table reports each median and dropin / C++.
+Beside every shape and transport it runs `ferry bench --role initiator
+--prepared` (the C++ bench, the same shape) against the very target engine and
+buffer the drop-in's row moves to (the child's NIXL agent's engine, or its
+Mooncake engine), with a local buffer of the same kind as the drop-in's: its
+prepared throughput is the reference of the nixl rows, its plain-batch
+throughput that of the Mooncake rows. So the ratio is the cost of the API
+alone. Memory matters (2 KiB copies run ~30 % faster on huge pages; the
+target's kind picks the same-host route), so:
+
+* nixl rows use numpy buffers on both sides (private memory, which numpy
+  backs with transparent huge pages): the C++ bench's local buffer gets
+  --hugepages;
+* Mooncake rows use allocate_managed_buffer on both sides (sealed memfds
+  mapped shared, 4 KiB pages, which a same-host peer maps): the C++ bench's
+  local buffer is --local-memory shared.
+
+Every buffer is written once before use. Rows are repeated --repeats times,
+interleaved (every row once per round), and the table reports each median and
+dropin / C++.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import shutil
@@ -59,6 +74,16 @@ def shape_name(shape) -> str:
     return f"{batch}x{size_name(block)} {op}"
 
 
+# Every buffer is written once before use, as `ferry bench` populates its own:
+# an untouched anonymous buffer (np.zeros) reads as the kernel's shared zero
+# page, which made reads from it look faster than reads of real memory.
+FILL = 0x5A
+
+
+def _populated(np):
+    return np.full(BUFFER, FILL, np.uint8)
+
+
 # ---- the target process ------------------------------------------------------------
 
 
@@ -70,7 +95,7 @@ def serve() -> None:
     from nixl._api import nixl_agent, nixl_agent_config
     from ferry.mooncake import TransferEngine
 
-    nixl_buf = np.zeros(BUFFER, np.uint8)
+    nixl_buf = _populated(np)
     agent = nixl_agent("dropin-bench-target", nixl_agent_config())
     agent.register_memory(agent.get_reg_descs([(nixl_buf.ctypes.data, BUFFER, 0, "")], "DRAM"))
 
@@ -80,7 +105,10 @@ def serve() -> None:
     mc_addr = te.allocate_managed_buffer(BUFFER)
     if not mc_addr:
         raise SystemExit(f"allocate_managed_buffer: {te.last_error()}")
+    ctypes.memset(mc_addr, FILL, BUFFER)
     hello = {"nixl": agent.get_agent_metadata().hex(), "nixl_addr": nixl_buf.ctypes.data,
+             # The agent's Ferry engine, which `ferry bench --role initiator` also writes to.
+             "nixl_peer": agent.agent._engine.peer_id,
              "mooncake": f"127.0.0.1:{te.get_rpc_port()}", "mooncake_addr": mc_addr}
     print(json.dumps(hello), flush=True)
     sys.stdin.read()  # until the initiator closes our stdin
@@ -110,7 +138,7 @@ class Initiator:
             if transport != "auto":
                 conf.ferry_options = {"transport": transport}
             agent = nixl_agent(f"dropin-bench-{transport}", conf)
-            buf = np.zeros(BUFFER, np.uint8)
+            buf = _populated(np)
             agent.register_memory(agent.get_reg_descs([(buf.ctypes.data, BUFFER, 0, "")], "DRAM"))
             peer = agent.add_remote_agent(bytes.fromhex(self.hello["nixl"]))
             self.nixl_agents[transport] = (agent, buf, peer)
@@ -127,6 +155,7 @@ class Initiator:
             addr = te.allocate_managed_buffer(BUFFER)
             if not addr:
                 raise SystemExit(f"allocate_managed_buffer: {te.last_error()}")
+            ctypes.memset(addr, FILL, BUFFER)
             self.mooncake[transport] = (te, addr)
         return self.mooncake[transport]
 
@@ -203,12 +232,27 @@ def _timed(one, nbytes: int, duration: float) -> float:
             return count * nbytes / (now - start) / 1e9
 
 
-def cpp_bench(ferry: str, transport: str, shape, duration: float) -> tuple[float, float]:
-    """(prepared GB/s, plain-batch GB/s) of `ferry bench --prepared`."""
+# The local memory of each API's buffers, as `ferry bench` flags (see the docstring).
+MEMORY = {
+    "nixl": ["--hugepages"],
+    "mooncake": ["--local-memory", "shared"],
+}
+
+
+def memory_of(api: str) -> str:
+    return "nixl" if api == "nixl" else "mooncake"
+
+
+def cpp_bench(ferry: str, hello: dict, memory: str, transport: str, shape,
+              duration: float) -> tuple[float, float]:
+    """(prepared GB/s, plain-batch GB/s) of `ferry bench --prepared` against
+    the target engine of `memory`'s API in the child, on a local buffer of the
+    same kind as that API's."""
     op, batch, block = shape
-    cmd = [ferry, "bench", "--json", "--no-baseline", "--prepared", "--transport", transport,
-           "--operation", op, "--batch-size", str(batch), "--block-size", str(block),
-           "--duration", str(duration)]
+    target = hello["nixl_peer"] if memory == "nixl" else hello["mooncake"]
+    cmd = [ferry, "bench", "--role", "initiator", "--target", target, "--json", "--no-baseline",
+           "--prepared", "--transport", transport, "--operation", op, "--batch-size", str(batch),
+           "--block-size", str(block), "--duration", str(duration), *MEMORY[memory]]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120).stdout
     result = json.loads(out.strip().splitlines()[-1])
     return result["throughput_gbps"], result["prepared"]["plain_throughput_gbps"]
@@ -249,7 +293,7 @@ def main() -> None:
 
     ferry = find_ferry(args.ferry)
     # Each measurement: (api, transport, shape); the C++ bench row of a
-    # (transport, shape) gives both references.
+    # (memory, transport, shape) gives both references.
     rows = [(api, transport, shape) for shape in SHAPES for transport in TRANSPORTS
             for api in APIS]
 
@@ -260,7 +304,8 @@ def main() -> None:
         rows = [r for r in rows if all(w in name(*r) for w in args.rows)]
     if not rows:
         raise SystemExit("no row matches --rows")
-    refs = sorted({(t, s) for _a, t, s in rows}, key=lambda k: (SHAPES.index(k[1]), k[0]))
+    refs = sorted({(memory_of(a), t, s) for a, t, s in rows},
+                  key=lambda k: (SHAPES.index(k[2]), k[1], k[0]))
 
     # The child's stdout carries its JSON replies: NIXL's INFO lines (stdout) stay off it.
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"],
@@ -271,12 +316,14 @@ def main() -> None:
         initiator = Initiator(hello)
         samples: dict = {}
         for round_ in range(args.repeats):
-            for transport, shape in refs:
-                prepared, plain = cpp_bench(ferry, transport, shape, args.duration)
-                samples.setdefault(("c++ prepared", transport, shape), []).append(prepared)
-                samples.setdefault(("c++ plain", transport, shape), []).append(plain)
+            for memory, transport, shape in refs:
+                prepared, plain = cpp_bench(ferry, hello, memory, transport, shape,
+                                            args.duration)
+                samples.setdefault((f"c++ prepared/{memory}", transport, shape),
+                                   []).append(prepared)
+                samples.setdefault((f"c++ plain/{memory}", transport, shape), []).append(plain)
                 for api, t, s in rows:
-                    if (t, s) != (transport, shape):
+                    if (memory_of(api), t, s) != (memory, transport, shape):
                         continue
                     if api == "nixl":
                         gbps = initiator.nixl(t, s, args.duration)
@@ -290,10 +337,11 @@ def main() -> None:
         child.wait(timeout=30)
 
     print(f"{'row':<34} {'dropin GB/s':>11} {'C++ GB/s':>9} {'ratio':>6}   (medians of "
-          f"{args.repeats}; C++: ferry bench --prepared, nixl vs prepared, mooncake vs plain)")
+          f"{args.repeats}; C++: ferry bench --prepared, same target, nixl vs prepared, "
+          "mooncake vs plain)")
     for api, transport, shape in rows:
         dropin = statistics.median(samples[(api, transport, shape)])
-        ref_kind = "c++ prepared" if api == "nixl" else "c++ plain"
+        ref_kind = ("c++ prepared/nixl" if api == "nixl" else "c++ plain/mooncake")
         ref = statistics.median(samples[(ref_kind, transport, shape)])
         print(f"{name(api, transport, shape):<34} {dropin:>11.2f} {ref:>9.2f} "
               f"{dropin / ref:>6.2f}")

@@ -315,6 +315,9 @@ def test_request_columns_take_lists_and_integer_arrays(engine, target):
     base = local.ctypes.data
     for bad, what in (([base, 1.5], r"\[1\] is not an integer \(float\)"),
                       ([base, -1], r"\[1\] is negative"),
+                      ([base, 2**64], r"\[1\] is negative or does not fit in 64 bits"),
+                      ([base, -2**70], r"\[1\] is negative or does not fit in 64 bits"),
+                      ([base, np.int64(-3)], r"\[1\] is negative or does not fit"),
                       ([base, "x"], r"\[1\] is not an integer \(str\)"),
                       (np.array([base, base], np.float64), "1-D integer array"),
                       (np.array([-1, 1], np.int64), r"\[0\] is negative")):

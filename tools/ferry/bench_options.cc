@@ -72,6 +72,9 @@ Workload:
                             loads and stores) or private (anonymous memory:
                             same-host copies go through the target, cross-memory
                             attach)
+  --local-memory private|shared   the initiator's buffer: private (default:
+                            anonymous memory) or shared (a sealed memfd mapped
+                            shared, as the Python package's managed buffers)
 
 Engine:
   --transport auto|tcp|local|shm|fabric   (auto: shm for the target this bench
@@ -314,6 +317,12 @@ void BenchOptions::AddRunFlags(CLI::App& app) {
     }
     target_shared = v == "shared";
   });
+  Value(app, "--local-memory", [this](const std::string& v) {
+    if (v != "shared" && v != "private") {
+      throw cli::UsageError("bad value '" + v + "' for --local-memory: expected shared or private");
+    }
+    local_shared = v == "shared";
+  });
 }
 
 void BenchOptions::AddFileFlags(CLI::App& app) {
@@ -467,7 +476,7 @@ void BenchOptions::CheckTarget() {
   if (o.role != Role::kTarget) return;
   // The target only needs what shapes its engine and buffer.
   if (o.json || o.verify || o.sweep || o.sync || o.prepared || o.kv || o.block_set || o.batch_set ||
-      o.threads_set || o.duration > 0 || o.total_bytes > 0 || o.no_baseline) {
+      o.threads_set || o.duration > 0 || o.total_bytes > 0 || o.no_baseline || o.local_shared) {
     throw cli::UsageError(
         "--role target takes only --listen, --metadata, --name, --buffer-size, --hugepages, "
         "--target-memory, "

@@ -64,6 +64,10 @@ struct BenchOptions {
   // (same-host initiators map it: "Mapped segments"), or private memory
   // (same-host copies go through the target).
   bool target_shared = true;
+  // The initiator's buffer: private anonymous memory (default) or a sealed
+  // memfd mapped shared, like the managed buffers of the Python package and
+  // the Mooncake drop-in (tools/dropin_bench.py compares against it).
+  bool local_shared = false;
 
   bool verify = false;
   // Test-only (--inject-mismatch): damages the first entry of the first measured

@@ -135,7 +135,7 @@ void OpenSession(Session& s, const BenchOptions& o, const std::string& target,
   ConnectControl(s, control_addr);
 
   s.hugepages = o.hugepages;
-  s.local = std::make_unique<Buffer>(local_bytes, true, o.hugepages);
+  s.local = std::make_unique<Buffer>(local_bytes, true, o.hugepages, o.local_shared);
   Status st = s.engine->RegisterMemory(s.local->data(), s.local->length(), "cpu:0");
   if (!st.ok()) Fail("cannot register the local buffer", st);
 }
