@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -1232,6 +1233,22 @@ PYBIND11_MODULE(_ferry, m) {
                               static_cast<uint64_t>(b.view.len));
       },
       py::arg("obj"), py::arg("writable") = true);
+
+  // Maps [addr, addr + length) again, in place, as a private (copy-on-write)
+  // mapping of `fd` from offset 0: what a forked child does with the managed
+  // buffers' shared arenas (ferry/_pool.py), so that its writes stay its own
+  // instead of landing in its parent's memory. Raises OSError.
+  m.def(
+      "remap_private",
+      [](uint64_t addr, uint64_t length, int fd) {
+        void* p = mmap(reinterpret_cast<void*>(addr), length, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_FIXED, fd, 0);
+        if (p == MAP_FAILED) {
+          PyErr_SetFromErrno(PyExc_OSError);
+          throw py::error_already_set();
+        }
+      },
+      py::arg("addr"), py::arg("length"), py::arg("fd"));
 
   // memcpy(dest, src buffer, length) from Python memory into raw memory.
   m.def(

@@ -20,6 +20,10 @@ WIRE_VERSION_MAX: int
 def version() -> str: ...
 def buffer_address(obj: _Buffer, writable: bool = True) -> Tuple[int, int]:
     """(address, nbytes) of a C- or F-contiguous buffer; raises BufferError."""
+def remap_private(addr: int, length: int, fd: int) -> None:
+    """Maps [addr, addr + length) again, in place, as a private copy-on-write
+    mapping of ``fd`` from offset 0 (a forked child's managed-buffer arenas);
+    raises OSError."""
 def copy_from_buffer(dest: int, src: _Buffer, length: int) -> None:
     """memcpy(dest, src, length) from Python memory into raw memory."""
 def read_bytes(source: int, length: int) -> bytes:

@@ -16,6 +16,17 @@ whatever the user registered), never the free space of an arena, another
 buffer, or the alignment padding after a buffer: a transfer touching any of
 those is refused by the target. Allocations are carved from the arenas
 first-fit (in steps of 256 bytes) and coalesced when freed. Thread-safe.
+
+Forked children: a shared mapping stays shared across fork(), so a child
+writing into a managed buffer would write into its parent's (and, through
+the parent's peers, into what they read). Right after os.fork() (also
+multiprocessing's "fork" start method) the child maps every memfd arena
+again, in place, as a private copy-on-write mapping of the same memfd: the
+child starts with the buffers' bytes, and its writes stay its own, as with
+the copy-on-write memory a fork gives any other buffer. One difference from
+a snapshot: a page the child has not written yet shows what the parent
+writes there later. Memory from Engine.allocate_shared is asked for as
+shared and stays shared in children.
 """
 
 from __future__ import annotations
@@ -63,6 +74,24 @@ def _shared_file(size: int) -> int | None:
         return None
 
 
+# The memfd arenas of every pool in this process, made private in a forked
+# child (see the module docstring).
+_shared_arenas: "weakref.WeakSet[_Arena]" = weakref.WeakSet()
+
+
+def _privatize_arenas_in_child() -> None:
+    for arena in list(_shared_arenas):
+        try:
+            _ferry.remap_private(arena.addr, arena.size, arena.fd)
+        except OSError as e:
+            log.warning("managed buffers: a forked child could not make its copy of an arena "
+                        "private (%s); its writes to managed buffers reach the parent's",
+                        e.strerror or e)
+
+
+os.register_at_fork(after_in_child=_privatize_arenas_in_child)
+
+
 def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
@@ -92,6 +121,8 @@ class _Arena:
             weakref.finalize(self, os.close, self.fd)
         self.view = memoryview(self.map)  # sliced per buffer; slices keep the mapping alive
         self.addr, self.size = _ferry.buffer_address(self.view, True)
+        if self.fd is not None:
+            _shared_arenas.add(self)
         self.free = [(self.addr, self.size)]  # (start, size), sorted, never adjacent
 
     def allocate(self, size: int) -> int | None:

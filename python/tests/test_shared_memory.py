@@ -246,3 +246,46 @@ def test_a_stopped_peers_shared_memory_is_written_and_read_through_the_mapping(s
     expected[12345:12345 + 777] = src[:777]
     assert sha(back[:SIZE // 2]) == sha(expected[12345 - 1000:12345 - 1000 + SIZE // 2])
     assert target.request("sha")["sha"] == sha(expected)
+
+
+# ---- Forked children --------------------------------------------------------------
+def test_a_forked_childs_writes_to_managed_buffers_stay_in_the_child(engine):
+    """Arenas are shared mappings, which fork() would leave shared: the child
+    maps them privately (copy-on-write) right after the fork, so it starts
+    with the buffers' bytes and its writes never reach the parent."""
+    pool = _pool.ManagedPool(engine, arena_size=4 << 20)
+    a = pool.allocate(2 * PAGE)
+    b = pool.allocate(1000)
+    ctypes.memset(a, 0x11, 2 * PAGE)
+    ctypes.memset(b, 0x22, 1000)
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it saw and wrote, never return into pytest
+        try:
+            seen = ctypes.string_at(a, 2 * PAGE) + ctypes.string_at(b, 1000)
+            ctypes.memset(a, 0x33, 2 * PAGE)
+            ctypes.memset(b, 0x44, 1000)
+            own = ctypes.string_at(a, 2 * PAGE) + ctypes.string_at(b, 1000)
+            os.write(writer, hashlib.sha256(seen).digest() + hashlib.sha256(own).digest())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    try:
+        report = b""
+        while len(report) < 64:
+            chunk = os.read(reader, 64 - len(report))
+            assert chunk, "the child died before reporting"
+            report += chunk
+    finally:
+        os.close(reader)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    before = b"\x11" * (2 * PAGE) + b"\x22" * 1000
+    after = b"\x33" * (2 * PAGE) + b"\x44" * 1000
+    assert report[:32] == hashlib.sha256(before).digest()  # the child started with the bytes
+    assert report[32:] == hashlib.sha256(after).digest()  # and read back its own writes
+    # The parent's buffers are untouched, and still its engine's registered memory.
+    assert ctypes.string_at(a, 2 * PAGE) + ctypes.string_at(b, 1000) == before
+    assert engine.registered() == {a: 2 * PAGE, b: 1000}
+    pool.free(a)
+    pool.free(b)
