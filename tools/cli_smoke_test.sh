@@ -197,6 +197,13 @@ PYEOF
     check_json "d['operation'] == 'write' and not d['random'] and d['ferry']['gbps'] > 0" \
       "$FERRY" bench --target-kind file --file "$dir/f" --operation write --block-size 64K --batch-size 4 --duration 0.4 --no-baseline --json
     expect_status 2 "$FERRY" bench --file "$dir/f"
+    # KV pages (--workload): 64 layer buffers x 16 pages of 32 KiB as one batch,
+    # written back against fio's random 32 KiB writes of the same file, then read.
+    check_json "d['workload'] == 'kv:llama3-8b:tokens=256:page=16' and d['requests_per_batch'] == 1024 and d['block'] == 32768 and d['queue_depth'] == 64 and d['file_bytes'] == 32 << 20 and d['ferry']['iops'] > 0 and (d['fio']['iops'] > 0 or d['fio']['error'] != '')" \
+      "$FERRY" bench --target-kind file --file "$dir/k" --workload kv:llama3-8b:tokens=256 --operation write --duration 0.4 --json
+    check_json "d['operation'] == 'read' and d['requests_per_batch'] == 1024 and d['ferry']['gbps'] > 0" \
+      "$FERRY" bench --target-kind file --file "$dir/k" --workload kv:llama3-8b:tokens=256 --operation read --duration 0.3 --no-baseline --json
+    expect_status 2 "$FERRY" bench --target-kind file --file "$dir/k" --workload kv:llama3-8b --random
     rm -rf "$dir" ;;
   sweep)
     # Two points, no baselines: the CSV names the transport; the chart is drawn

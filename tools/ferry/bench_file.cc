@@ -10,7 +10,9 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,14 +20,28 @@
 #include "bench_util.h"
 #include "cli.h"
 #include "ferry/ferry.h"
+#include "workload.h"
 
 namespace ferry::bench {
 namespace {
 
-// The file a run uses: at least 256 MiB, and twice one batch.
-uint64_t FileSize(const BenchOptions& o) {
+// Ferry's ring depth and fio's iodepth for --workload (KV pages).
+constexpr uint64_t kKvQueueDepth = 64;
+
+// The file a run uses: blocks: at least 256 MiB, and twice one batch; KV
+// pages: the preset's pages (its target side).
+uint64_t FileSize(const BenchOptions& o, const Workload* kv) {
+  if (kv != nullptr) return RoundUp(kv->remote_bytes, 1ull << 20);
   return RoundUp(std::max<uint64_t>(256ull << 20, 2 * o.block * o.batch), 1ull << 20);
 }
+
+// What one request of a run looks like: its size, how many the ring holds,
+// random or sequential offsets.
+struct Shape {
+  uint64_t block = 0;
+  uint64_t depth = 0;
+  bool random = false;
+};
 
 // Creates or extends the file to `size` bytes; for reads, writes every byte
 // once (reads of a hole would measure nothing).
@@ -116,21 +132,49 @@ Figures RunFerry(Engine& e, SegmentHandle self, uint8_t* buf, uint64_t base, con
   return f;
 }
 
+// Ferry, KV pages (--workload): every page of the preset, at its scattered
+// offsets in the buffer and in the file (the page write-back of an offload;
+// reads: the cache hit that loads them back), as one batch, again and again
+// for `seconds`. The ring (file_queue_depth) keeps kKvQueueDepth in flight.
+Figures RunFerryPages(Engine& e, SegmentHandle seg, uint8_t* buf, uint64_t base,
+                      const std::vector<Entry>& entries, double seconds) {
+  std::vector<TransferRequest> reqs;
+  reqs.reserve(entries.size());
+  uint64_t batch_bytes = 0;
+  for (const Entry& x : entries) {
+    reqs.push_back({x.opcode, buf + x.local_off, seg, base + x.remote_off, x.length});
+    batch_bytes += x.length;
+  }
+  Figures f;
+  const auto start = Clock::now();
+  do {
+    Status s = e.TransferSync(std::span<const TransferRequest>(reqs));
+    if (!s.ok()) Fail("the Ferry phase failed", s);
+    f.bytes += batch_bytes;
+    f.ops += reqs.size();
+  } while (Seconds(Clock::now() - start) < seconds);
+  f.seconds = Seconds(Clock::now() - start);
+  return f;
+}
+
 std::string Quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
 }
 
-// fio's job of the same shape, as a command line.
-std::string FioCommand(const BenchOptions& o, uint64_t file_size, double seconds) {
+// fio's job of the same shape, as a command line. KV pages: random offsets
+// in page steps over the same file, each page once per pass (fio's random
+// map), at the same depth: the same pages, in fio's order.
+std::string FioCommand(const BenchOptions& o, const Shape& shape, uint64_t file_size,
+                       double seconds) {
   const bool read = o.op == Operation::kRead;
   char runtime[32];
   std::snprintf(runtime, sizeof(runtime), "%.0fms", seconds * 1000);
   std::string cmd = "fio --name=ferry-bench-baseline --filename=" + Quote(o.file) +
-                    " --ioengine=io_uring --rw=" + (o.random ? "rand" : "") +
-                    (read ? "read" : "write") + " --bs=" + std::to_string(o.block) +
-                    " --iodepth=" + std::to_string(o.batch) +
+                    " --ioengine=io_uring --rw=" + (shape.random ? "rand" : "") +
+                    (read ? "read" : "write") + " --bs=" + std::to_string(shape.block) +
+                    " --iodepth=" + std::to_string(shape.depth) +
                     " --direct=" + (o.direct ? "1" : "0") + " --size=" + std::to_string(file_size) +
                     " --time_based --runtime=" + runtime + " --output-format=json";
   if (o.durable && !read) cmd += " --sync=dsync";
@@ -165,8 +209,12 @@ StatusOr<Figures> RunFio(const std::string& cmd, bool read) {
 }  // namespace
 
 int RunFileBench(const BenchOptions& o) {
-  const uint64_t file_size = FileSize(o);
+  std::optional<Workload> kv;
+  if (o.kv) kv = MakeKvWorkload(o.op, *o.kv, 1);
+  const uint64_t file_size = FileSize(o, kv ? &*kv : nullptr);
   const bool read = o.op == Operation::kRead;
+  Shape shape{o.block, o.batch, o.random};
+  if (kv) shape = {o.kv->page * o.kv->bytes_per_token, kKvQueueDepth, true};
   PrepareFile(o.file, file_size, read);
   // Local: this engine's own file region through its own segment. Remote
   // (--transport tcp|shm): a second engine of this process holds the file
@@ -174,7 +222,7 @@ int RunFileBench(const BenchOptions& o) {
   const bool remote = o.transport == "tcp" || o.transport == "shm";
   EngineOptions eo = o.MakeEngineOptions();
   if (!remote) eo.transport = "local";
-  eo.file_queue_depth = static_cast<uint32_t>(std::min<uint64_t>(o.batch, 4096));
+  eo.file_queue_depth = static_cast<uint32_t>(std::min<uint64_t>(shape.depth, 4096));
   auto engine = Engine::Create(eo);
   if (!engine.ok()) Fail("cannot start the engine", engine.status());
   Engine& e = **engine;  // holds the file
@@ -202,21 +250,26 @@ int RunFileBench(const BenchOptions& o) {
   }
   auto seg = init.OpenSegment(e.PeerId());
   if (!seg.ok()) Fail("cannot open the segment of " + e.PeerId(), seg.status());
-  Buffer buf(2 * o.block * o.batch, true, o.hugepages);  // two batches in flight
+  // Blocks: two batches in flight; KV pages: the preset's pages.
+  Buffer buf(kv ? kv->local_bytes : 2 * o.block * o.batch, true, o.hugepages);
   Status st = init.RegisterMemory(buf.data(), buf.length(), "cpu");
   if (!st.ok()) Fail("cannot register the buffer", st);
 
   // Ferry, fio(, Ferry to memory), Ferry, fio(, ...): half the duration
   // each, so drift in the machine's load weighs on all alike.
   const double half = (o.duration > 0 ? o.duration : 1.5) / 2;
-  const std::string fio = FioCommand(o, file_size, half);
+  const std::string fio = FioCommand(o, shape, file_size, half);
   Figures ferry_figures, fio_figures, memory_figures;
   std::string fio_error;
   uint64_t cursor = 0, memory_cursor = 0;
   std::mt19937_64 rng(42), memory_rng(42);
+  // One phase of Ferry's transfers to `target` (the file region or memory).
+  auto run_ferry = [&](uint64_t target, uint64_t* at, std::mt19937_64* r) {
+    if (kv) return RunFerryPages(init, *seg, buf.data(), target, kv->batches[0], half);
+    return RunFerry(init, *seg, buf.data(), target, o, file_size, half, at, r);
+  };
   for (int round = 0; round < 2; ++round) {
-    ferry_figures.Add(RunFerry(init, *seg, buf.data(), reinterpret_cast<uint64_t>(*base), o,
-                               file_size, half, &cursor, &rng));
+    ferry_figures.Add(run_ferry(reinterpret_cast<uint64_t>(*base), &cursor, &rng));
     if (o.no_baseline) continue;
     if (fio_error.empty()) {
       auto f = RunFio(fio, read);
@@ -227,9 +280,8 @@ int RunFileBench(const BenchOptions& o) {
       }
     }
     if (target_memory) {
-      memory_figures.Add(RunFerry(init, *seg, buf.data(),
-                                  reinterpret_cast<uint64_t>(target_memory->data()), o, file_size,
-                                  half, &memory_cursor, &memory_rng));
+      memory_figures.Add(run_ferry(reinterpret_cast<uint64_t>(target_memory->data()),
+                                   &memory_cursor, &memory_rng));
     }
   }
   const EngineMetrics m = e.GetMetrics();
@@ -247,11 +299,13 @@ int RunFileBench(const BenchOptions& o) {
     j["file"] = o.file;
     j["file_bytes"] = file_size;
     j["operation"] = std::string(OperationName(o.op));
-    j["block"] = o.block;
-    j["queue_depth"] = o.batch;
+    j["workload"] = kv ? Json(kv->description) : Json(nullptr);
+    j["requests_per_batch"] = kv ? kv->batches[0].size() : o.batch;
+    j["block"] = shape.block;
+    j["queue_depth"] = shape.depth;
     j["direct"] = o.direct;
     j["durable"] = o.durable;
-    j["random"] = o.random;
+    j["random"] = shape.random;
     j["ferry"] = {{"gbps", Figure(ferry_figures.GBps())},
                   {"iops", Figure(ferry_figures.Iops())},
                   {"direct_ops", m.file_direct_ops},
@@ -273,10 +327,16 @@ int RunFileBench(const BenchOptions& o) {
     PrintJson(j);
     return 0;
   }
-  std::cout << "ferry bench --target-kind file: " << OperationName(o.op) << " " << o.block
-            << " B blocks, queue depth " << o.batch << ", file " << o.file << " ("
-            << (file_size >> 20) << " MiB), " << (o.direct ? "O_DIRECT" : "page cache")
-            << (o.durable ? ", durable" : "") << (o.random ? ", random offsets" : "")
+  std::cout << "ferry bench --target-kind file: " << OperationName(o.op) << " ";
+  if (kv) {
+    std::cout << "of KV pages " << kv->description << " (" << kv->batches[0].size() << " x "
+              << shape.block << " B, scattered in buffer and file)";
+  } else {
+    std::cout << o.block << " B blocks";
+  }
+  std::cout << ", queue depth " << shape.depth << ", file " << o.file << " (" << (file_size >> 20)
+            << " MiB), " << (o.direct ? "O_DIRECT" : "page cache") << (o.durable ? ", durable" : "")
+            << (o.random ? ", random offsets" : "")
             << (remote ? ", held by a second engine of this process over " + o.transport
                        : std::string(", this engine's own region (local)"))
             << "; rounds Ferry, fio" << (target_memory ? ", Ferry to memory" : "") << " ×2 of "

@@ -105,7 +105,13 @@ Files (issue 30):
                             against fio (ioengine=io_uring, the same file, block
                             size and queue depth), rounds Ferry, fio, Ferry, fio;
                             takes --operation write|read, --block-size,
-                            --batch-size, --duration, --no-baseline, --json
+                            --batch-size, --duration, --no-baseline, --json;
+                            or --workload kv:...: every page of the preset at
+                            scattered offsets in buffer and file, one batch
+                            (write-back of an offload; read: the cache hit
+                            loading them back), ring depth 64, against fio
+                            writing/reading the same file in page-sized random
+                            blocks at depth 64 (each page once per pass)
   --file PATH               the file (default ./ferry-bench.file; at least 256 MiB,
                             created or extended, filled once for reads)
   --direct                  O_DIRECT on both sides (default: the page cache)
@@ -385,13 +391,17 @@ void BenchOptions::CheckFileTarget() {
   if (o.role != Role::kLauncher ||
       (o.transport != "auto" && o.transport != "local" && o.transport != "tcp" &&
        o.transport != "shm") ||
-      o.op == Operation::kMixed || o.sweep || o.kv || o.prepared || o.sync || o.verify ||
-      o.threads_set || o.total_bytes > 0 || o.ByName()) {
+      o.op == Operation::kMixed || o.sweep || o.prepared || o.sync || o.verify || o.threads_set ||
+      o.total_bytes > 0 || o.ByName()) {
     throw cli::UsageError(
         "--target-kind file measures this engine's own file region (--transport local, the "
         "default) or a second engine's (--transport tcp or shm) and takes only --operation "
-        "write|read, --block-size, --batch-size, --duration, --file, --direct, --durable, "
-        "--random, --hugepages, --no-baseline, --json and the tcp options");
+        "write|read, --block-size, --batch-size or --workload, --duration, --file, --direct, "
+        "--durable, --random, --hugepages, --no-baseline, --json and the tcp options");
+  }
+  if (o.kv && o.random) {
+    throw cli::UsageError(
+        "--random does not apply to --workload (the preset's pages are scattered already)");
   }
 }
 
