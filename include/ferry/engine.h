@@ -107,7 +107,9 @@ class FERRY_API Engine {
   // offset file.offset + k. Transfers name it like memory (TransferRequest
   // local or remote_addr); this engine's own transfers between it and cpu
   // or GPU memory go through the `local` transport (open this engine's own
-  // segment), a peer's through tcp or shm (this engine does the I/O). The bytes
+  // segment), a peer's through tcp or shm (this engine does the I/O); as the
+  // local side of a request to a peer's memory over tcp or shm, each slice is
+  // staged through a host buffer of this engine. The bytes
   // move through io_uring (EngineOptions::file_queue_depth), with O_DIRECT
   // when buffer, offset and length are aligned for it. A write completes
   // once the kernel completed it (durable: once on stable storage). The

@@ -659,7 +659,9 @@ class Engine:
         and returns its base address: addresses [base, base + length) stand
         for the file's bytes [offset, offset + length) (nothing is mapped
         there; use them only in transfers). Transfers reach it like memory:
-        this engine's own through its own segment, a peer's over tcp.
+        this engine's own through its own segment, a peer's over tcp or shm;
+        and it may be the local side of a transfer to a peer's memory over
+        tcp or shm (staged through a host buffer here).
 
         ``path_or_fd``: a path, or a descriptor you own (the engine opens the
         file itself, so you may close yours at any time). ``length`` None:

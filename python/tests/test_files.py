@@ -1,7 +1,8 @@
 """File regions (Engine.register_file, issue 30): cpu memory written to a
 range of a file and read back, through the engine's own segment (the local
 transport) and a second engine's over tcp (the engine that owns the file
-does the I/O); the range checks, read-only registrations and a descriptor
+does the I/O); this engine's file as the local side of transfers to a peer
+over tcp and shm; the range checks, read-only registrations and a descriptor
 closed by its owner; a writer killed mid-batch."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -55,6 +57,76 @@ def test_write_then_read_back(pair, tmp_path):
     counters = owner.metrics()["counters"]
     assert counters["file_direct_ops"] + counters["file_buffered_ops"] == 4
     owner.unregister(base)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_own_file_to_and_from_a_peers_memory(transport, tmp_path):
+    """This engine's file region as the local side of transfers to a peer's
+    memory (staged through host buffers here): file -> peer, peer -> file."""
+    from conftest import same_host_copy_refusal
+
+    if transport == "shm" and same_host_copy_refusal():
+        pytest.skip(f"this host refuses same-host copies: {same_host_copy_refusal()}")
+    path = make_file(tmp_path, 1 << 20)
+    original = np.random.default_rng(2).integers(0, 256, 1 << 20, dtype=np.uint8)
+    original.tofile(path)
+    with ferry.Engine(transport=transport, listen_host="127.0.0.1") as a, \
+            ferry.Engine(transport=transport, listen_host="127.0.0.1") as b:
+        base = a.register_file(path)
+        theirs = np.zeros(1 << 20, np.uint8)
+        b.register(theirs)
+        seg = a.open_segment(b.peer_id)
+        a.write(seg, base + 8192, theirs.ctypes.data, 65536)  # file -> peer
+        a.write(seg, base + 100003, theirs.ctypes.data + 200000, 777)
+        assert np.array_equal(theirs[:65536], original[8192:8192 + 65536])
+        assert np.array_equal(theirs[200000:200777], original[100003:100780])
+        theirs[:] = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
+        a.read(seg, base + 4096, theirs.ctypes.data + 4096, 12288)  # peer -> file
+        with open(path, "rb") as f:
+            data = np.frombuffer(f.read(), np.uint8)
+        assert np.array_equal(data[4096:16384], theirs[4096:16384])
+        assert np.array_equal(data[:4096], original[:4096])  # nothing else touched
+        assert np.array_equal(data[16384:], original[16384:])
+        counters = a.metrics()["counters"]
+        assert counters["file_direct_ops"] + counters["file_buffered_ops"] == 3
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_prepared_pages_from_own_file_notify_after_the_data(transport, tmp_path):
+    """Prepared lists over this engine's file region: 32 pages of 32 KiB in
+    a shuffled order to a peer, with a notification; once the peer has the
+    notification it has every byte."""
+    from conftest import same_host_copy_refusal
+
+    if transport == "shm" and same_host_copy_refusal():
+        pytest.skip(f"this host refuses same-host copies: {same_host_copy_refusal()}")
+    page, pages = 32768, 32
+    path = make_file(tmp_path, page * pages)
+    original = np.random.default_rng(5).integers(0, 256, page * pages, dtype=np.uint8)
+    original.tofile(path)
+    with ferry.Engine(transport=transport, listen_host="127.0.0.1") as a, \
+            ferry.Engine(transport=transport, listen_host="127.0.0.1") as b:
+        base = a.register_file(path)
+        theirs = np.zeros(page * pages, np.uint8)
+        b.register(theirs)
+        seg = a.open_segment(b.peer_id)
+        local = a.prepare(np.array([[base + k * page, page, 0] for k in range(pages)], np.uint64))
+        remote = a.prepare(np.array([[theirs.ctypes.data + k * page, page, 0]
+                                     for k in range(pages)], np.uint64), seg)
+        order = np.random.default_rng(6).permutation(pages).astype(np.uint32)
+        transfer = a.make_transfer(ferry.Opcode.WRITE, local, order, remote,
+                                   np.arange(pages, dtype=np.uint32), ("kv", b"ready"))
+        transfer.post()
+        deadline = time.monotonic() + 30
+        notes = []
+        while not notes and time.monotonic() < deadline:
+            notes = b.notifications()
+            time.sleep(0.001)
+        assert [(n.name, n.message) for n in notes] == [("kv", b"ready")]
+        for k in range(pages):
+            want = original[order[k] * page:(order[k] + 1) * page]
+            assert np.array_equal(theirs[k * page:(k + 1) * page], want), f"page {k}"
+        transfer.wait(30)
 
 
 def test_direct_false_keeps_every_op_in_the_page_cache(tmp_path):

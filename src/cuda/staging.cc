@@ -5,9 +5,10 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <set>
 #include <thread>
 
+#include "base/wrapping.h"
+#include "base/write_fence.h"
 #include "common/cuda_driver.h"
 #include "common/log.h"
 #include "cuda/copy_queue.h"
@@ -21,34 +22,6 @@ const CudaDriver* DriverFor(const std::string& library) {
   if (!library.empty()) return &CudaDriver::Load(library);
   return CudaDriver::LoadedInProcess() ? &CudaDriver::Get() : nullptr;
 }
-
-// What a link's Flush and Notify wait for: its staged writes in flight.
-struct LinkWrites {
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t seq = 0;
-  std::set<uint64_t> in_flight;
-
-  uint64_t Add() {
-    std::lock_guard<std::mutex> lock(mu);
-    in_flight.insert(++seq);
-    return seq;
-  }
-  void Done(uint64_t s) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      in_flight.erase(s);
-    }
-    cv.notify_all();
-  }
-  // Returns once every write added before the call is done.
-  bool Wait(Clock::time_point deadline) {
-    std::unique_lock<std::mutex> lock(mu);
-    const uint64_t upto = seq;
-    return cv.wait_until(lock, deadline,
-                         [&] { return in_flight.empty() || *in_flight.begin() > upto; });
-  }
-};
 
 // The transport's staging machinery, shared by its links: the page-locked
 // buffers, a copy queue per device and a worker that starts slices as
@@ -64,7 +37,7 @@ class Stager {
     PostContext ctx;
     Slice slice;
     std::shared_ptr<PeerLink> inner;
-    std::shared_ptr<LinkWrites> writes;  // a write's link
+    std::shared_ptr<WriteFence> writes;  // a write's link
     int device = 0;
     uint64_t seq = 0;        // a write's number in writes
     char* buffer = nullptr;  // the page-locked buffer while it has one
@@ -267,18 +240,17 @@ class Stager {
   std::thread worker_;
 };
 
-class StagingLink : public PeerLink {
+class StagingLink : public StagedLink {
  public:
   StagingLink(std::shared_ptr<PeerLink> inner, std::shared_ptr<EngineTarget> self, Stager* stager,
-              std::string transport)
-      : inner_(std::move(inner)),
+              const std::string& transport)
+      : StagedLink(std::move(inner), "staged GPU writes to the peer over " + transport),
         self_(std::move(self)),
-        stager_(stager),
-        transport_(std::move(transport)) {}
+        stager_(stager) {}
 
   void Post(const PostContext& ctx, std::vector<Slice> slices) override {
     if (!self_->registry().ever_non_cpu()) {
-      inner_->Post(ctx, std::move(slices));
+      inner()->Post(ctx, std::move(slices));
       return;
     }
     std::vector<Slice> direct;
@@ -294,49 +266,22 @@ class StagingLink : public PeerLink {
         direct.push_back(s);
         continue;
       }
-      staged.push_back({ctx, s, inner_, writes_, found.kind.device(), 0, nullptr});
+      staged.push_back({ctx, s, inner(), writes(), found.kind.device(), 0, nullptr});
     }
-    if (!direct.empty()) inner_->Post(ctx, std::move(direct));
+    if (!direct.empty()) inner()->Post(ctx, std::move(direct));
     if (!staged.empty()) stager_->Add(std::move(staged));
   }
 
-  Status Notify(const wire::NotifyBody& body, Clock::time_point deadline) override {
-    FERRY_RETURN_IF_ERROR(WaitForStagedWrites(deadline));
-    return inner_->Notify(body, deadline);
-  }
-
-  Status Flush(Clock::time_point deadline) override {
-    FERRY_RETURN_IF_ERROR(WaitForStagedWrites(deadline));
-    return inner_->Flush(deadline);
-  }
-
-  bool Healthy() const override { return inner_->Healthy(); }
-  // Every staged slice holds the inner link until it is posted and done;
-  // only Post makes new ones, and the core asks while nobody posts.
-  bool Idle() const override { return inner_.use_count() == 1 && inner_->Idle(); }
-  bool Closing() const override { return inner_->Closing(); }
-  void Retire() override { inner_->Retire(); }
-
  private:
-  Status WaitForStagedWrites(Clock::time_point deadline) {
-    if (writes_->Wait(deadline)) return OkStatus();
-    return DeadlineExceededError("staged GPU writes to the peer over " + transport_ +
-                                 " did not complete before the deadline");
-  }
-
-  const std::shared_ptr<PeerLink> inner_;
   const std::shared_ptr<EngineTarget> self_;
   Stager* const stager_;
-  const std::string transport_;
-  const std::shared_ptr<LinkWrites> writes_ = std::make_shared<LinkWrites>();
 };
 
-class StagingTransport : public Transport {
+class StagingTransport : public WrappingTransport {
  public:
   StagingTransport(std::unique_ptr<Transport> inner, std::shared_ptr<EngineTarget> self,
                    std::string cuda_driver)
-      : Transport(CapsOf(inner->caps())),
-        inner_(std::move(inner)),
+      : WrappingTransport(std::move(inner), CapsOf),
         self_(std::move(self)),
         stager_(std::make_unique<Stager>(std::move(cuda_driver), MaxSlice(), std::string(Name()))) {
   }
@@ -348,27 +293,14 @@ class StagingTransport : public Transport {
     return c;
   }
 
-  void Describe(wire::PeerDescriptor* self) const override { inner_->Describe(self); }
-  bool CanReach(const wire::PeerDescriptor& peer) const override { return inner_->CanReach(peer); }
-  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> peer,
-                                              uint16_t version,
-                                              Clock::time_point deadline) override {
-    FERRY_ASSIGN_OR_RETURN(auto link, inner_->Connect(std::move(peer), version, deadline));
-    return std::shared_ptr<PeerLink>(
-        std::make_shared<StagingLink>(std::move(link), self_, stager_.get(), std::string(Name())));
+ protected:
+  std::shared_ptr<PeerLink> Wrap(std::shared_ptr<PeerLink> inner) override {
+    return std::make_shared<StagingLink>(std::move(inner), self_, stager_.get(),
+                                         std::string(Name()));
   }
-  StatusOr<std::vector<wire::RegionKey>> RegisterRegion(const Region& r) override {
-    return inner_->RegisterRegion(r);
-  }
-  void UnregisterRegion(const Region& r) override { inner_->UnregisterRegion(r); }
-  // The inner transport fails what is in flight; the stager then drains.
-  void Shutdown() override {
-    inner_->Shutdown();
-    stager_->Stop();
-  }
+  void Drain() override { stager_->Stop(); }
 
  private:
-  const std::unique_ptr<Transport> inner_;
   const std::shared_ptr<EngineTarget> self_;
   const std::unique_ptr<Stager> stager_;
 };

@@ -5,6 +5,7 @@
 #include "common/log.h"
 #include "cuda/staging.h"
 #include "ferry/transports.h"
+#include "storage/file_staging.h"
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/fabric/fabric_transport.h"
 #include "transport/fault/fault_transport.h"
@@ -75,6 +76,17 @@ Status TransportSet::Start(const TransportContext& given) {
       if (made->caps().reach != Reach::kSameProcess &&
           std::find(kinds.begin(), kinds.end(), MemoryKind::Type::kCuda) == kinds.end()) {
         made = WithStaging(std::move(made), ctx.target, ctx.options->testing.cuda_driver);
+      }
+      // The stream transports, which serve a peer's file regions, take any
+      // host buffer of this process as a slice's local side: this engine's
+      // file regions go through staging buffers of their own.
+      const auto& local_kinds = made->caps().memory_kinds;
+      const auto& remote_kinds = made->caps().remote_kinds;
+      if (std::find(remote_kinds.begin(), remote_kinds.end(), MemoryKind::Type::kFile) !=
+              remote_kinds.end() &&
+          std::find(local_kinds.begin(), local_kinds.end(), MemoryKind::Type::kFile) ==
+              local_kinds.end()) {
+        made = storage::WithFileStaging(std::move(made), ctx.target);
       }
       const auto& faults = ctx.options->testing.link_faults;
       transports_.push_back(faults.seed != 0 ? WithFaults(std::move(made), faults)

@@ -51,6 +51,10 @@ inline const std::vector<std::string> kTransports = [] {
 // own in $TMPDIR): the suites whose cases apply to files instantiate these
 // too ("FileTargets/...").
 inline const std::vector<std::string> kFileTargets = {"local_file", "shm_file", "tcp_file"};
+// The transports that move this engine's own file regions to and from a
+// peer (staged through host buffers: storage/file_staging.h), run with the
+// initiator's buffers in file regions of its own ("LocalFiles/...").
+inline const std::vector<std::string> kLocalFiles = {"shm_local_files", "tcp_local_files"};
 
 // Generous bounds; no test asserts how fast anything is.
 inline constexpr std::chrono::milliseconds kTransferTimeout{60000};
@@ -82,11 +86,12 @@ class EnginePair {
   }
   // With options of the caller's; the target's buffers as test parameter
   // `param` says: shared memory ("shm_mapped"), file regions ("*_file"), or
-  // plain memory.
+  // plain memory; the initiator's as file regions with "*_local_files".
   void Start(const std::string& param, const EngineOptions& initiator_options,
              const EngineOptions& target_options) {
     share_target_memory_ = SharesTargetMemory(param);
     target_files_ = TargetsFiles(param);
+    initiator_files_ = InitiatorFiles(param);
     Start(initiator_options, target_options);
   }
   void Start(const EngineOptions& initiator_options, const EngineOptions& target_options) {
@@ -120,10 +125,12 @@ class EnginePair {
   // memfd, when the transport parameter says so ("shm_mapped"); or files
   // ("*_file"): then the pointer returned is a shared mapping of the file,
   // through which the test sees its bytes, and transfers name the region
-  // by Addr(pointer). `exported` false: registered for `engine`'s own use.
+  // by Addr(pointer); the same for the initiator's buffers with
+  // "*_local_files". `exported` false: registered for `engine`'s own use.
   unsigned char* Alloc(size_t size, Engine* engine, bool exported = true) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (target_files_ && engine != nullptr && engine == target_.get()) {
+    if (engine != nullptr && ((target_files_ && engine == target_.get()) ||
+                              (initiator_files_ && engine == initiator_.get()))) {
       files_.push_back({std::make_unique<FileBuffer>(size), 0});
       FileRegion region;
       region.fd = files_.back().file->fd();
@@ -186,12 +193,15 @@ class EnginePair {
     }
 
     const uint64_t remote_addr = Addr(remote);
+    const uint64_t local_addr = Addr(local);
     std::vector<TransferRequest> reqs;
     reqs.reserve(pieces.size());
     for (const Piece& p : pieces) {
-      reqs.push_back({op, local + p.local_off, segment_, remote_addr + p.remote_off, p.length});
+      reqs.push_back({op, reinterpret_cast<void*>(local_addr + p.local_off), segment_,
+                      remote_addr + p.remote_off, p.length});
     }
     const EngineMetrics before = target_->GetMetrics();
+    const EngineMetrics initiator_before = initiator_->GetMetrics();
     auto batch_or = initiator_->AllocateBatch(reqs.size());
     ASSERT_THAT(GetStatus(batch_or), IsOk());
     const BatchId batch = *batch_or;
@@ -229,6 +239,12 @@ class EnginePair {
       EXPECT_GT(after.file_direct_ops + after.file_buffered_ops,
                 before.file_direct_ops + before.file_buffered_ops);
     }
+    if (initiator_files_) {
+      // The initiator's side went through its file (its ring).
+      const EngineMetrics after = initiator_->GetMetrics();
+      EXPECT_GT(after.file_direct_ops + after.file_buffered_ops,
+                initiator_before.file_direct_ops + initiator_before.file_buffered_ops);
+    }
 
     if (op == Opcode::kWrite) {
       EXPECT_TRUE(CheckLayout(remote, remote_size, remote_ranges, remote_bg)) << "remote (target)";
@@ -248,6 +264,7 @@ class EnginePair {
   std::mutex mu_;
   bool share_target_memory_ = false;
   bool target_files_ = false;
+  bool initiator_files_ = false;
   // Declared before the engines so it is destroyed after them.
   std::vector<std::unique_ptr<AlignedBuffer>> buffers_;
   std::vector<FileTarget> files_;

@@ -106,6 +106,17 @@ INSTANTIATE_TEST_SUITE_P(FileTargets, TransferSizeConformanceTest,
                                   (std::get<2>(info.param) ? "unaligned" : "aligned");
                          });
 
+// The initiator's buffers in file regions of its own, moved to and from a
+// peer's memory over tcp and shm (storage/file_staging.h).
+INSTANTIATE_TEST_SUITE_P(LocalFiles, TransferSizeConformanceTest,
+                         ::testing::Combine(::testing::ValuesIn(kLocalFiles),
+                                            ::testing::ValuesIn(kFileSizes), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<SizeParam>& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  std::to_string(std::get<1>(info.param)) + "B_" +
+                                  (std::get<2>(info.param) ? "unaligned" : "aligned");
+                         });
+
 // ---------------------------------------------------------------------------
 // Data path
 

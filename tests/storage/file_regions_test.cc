@@ -1,7 +1,8 @@
 // File regions (Engine::RegisterFile, issue 30): the bytes of cpu memory
 // written to a range of a file and read back, through this engine's own
 // segment (the local transport) and a peer's over tcp and shm (the target does the
-// I/O); and the bad inputs and faults: a range past the end of the file, a
+// I/O); this engine's own file regions to and from a peer's memory over tcp and
+// shm (staged on this side); and the bad inputs and faults: a range past the end of the file, a
 // read-only registration written, a file truncated under its registration,
 // the caller's descriptor closed, the device full, a cancelled batch.
 #include <fcntl.h>
@@ -627,23 +628,210 @@ TEST(FileRegionsShutdown, QueuedFileOpsFailWhenTheOwnerIsDestroyed) {
   EXPECT_OK(a->FreeBatch(batch));
 }
 
-// This engine's file region as the local side of a request to another
-// engine over tcp is not built (only through the local transport): refused
-// at submit, naming the kinds.
-TEST(FileRegionsTcp, LocalFileRegionToAPeerIsRefusedNamingTheKinds) {
-  EngineOptions o;
-  o.transport = "tcp";
-  o.listen_host = "127.0.0.1";
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> a, Engine::Create(o));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> b, Engine::Create(o));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, a->OpenSegment(b->PeerId()));
+// This engine's own file regions as the local side of requests to a peer's
+// memory over tcp and shm (storage/file_staging.h: each slice through a
+// host buffer of its own): a write reads the file and sends, a read
+// receives and writes the file.
+class LocalFilesTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
+    ASSERT_NO_FATAL_FAILURE(Start(Options()));
+  }
+  EngineOptions Options() const {
+    EngineOptions o;
+    o.transport = GetParam();
+    o.listen_host = "127.0.0.1";
+    o.transfer_timeout = kWait;
+    return o;
+  }
+  // The initiator (which owns the files) with `o`, and the peer.
+  void Start(const EngineOptions& o) {
+    initiator_.reset();
+    peer_.reset();
+    ASSERT_OK_AND_ASSIGN(initiator_, Engine::Create(o));
+    ASSERT_OK_AND_ASSIGN(peer_, Engine::Create(Options()));
+    ASSERT_OK_AND_ASSIGN(segment_, initiator_->OpenSegment(peer_->PeerId()));
+  }
+  // `size` bytes of the peer's memory, registered with it.
+  unsigned char* PeerMemory(size_t size) {
+    buffers_.push_back(std::make_unique<AlignedBuffer>(size));
+    EXPECT_OK(peer_->RegisterMemory(buffers_.back()->data(), size, "cpu"));
+    return buffers_.back()->data();
+  }
+  // One batch of `op` requests between the file region at `file_base`
+  // (Piece::file_off) and the peer's memory `mem` (Piece::mem_off); each
+  // request's final status.
+  std::vector<Status> Run(Opcode op, uint64_t file_base, unsigned char* mem,
+                          const std::vector<Piece>& pieces) {
+    std::vector<TransferRequest> reqs;
+    for (const Piece& p : pieces) {
+      reqs.push_back({op, reinterpret_cast<void*>(file_base + p.file_off), segment_,
+                      reinterpret_cast<uint64_t>(mem) + p.mem_off, p.length});
+    }
+    auto batch = initiator_->AllocateBatch(reqs.size());
+    EXPECT_OK(batch);
+    EXPECT_OK(initiator_->Submit(*batch, reqs));
+    (void)initiator_->WaitBatch(*batch, kWait);
+    std::vector<Status> out;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      auto st = initiator_->GetTransferStatus(*batch, i);
+      EXPECT_OK(st);
+      EXPECT_NE(st->state, TransferState::kPending) << "request " << i;
+      out.push_back(st->status);
+    }
+    EXPECT_OK(initiator_->FreeBatch(*batch));
+    return out;
+  }
+  static void WriteFile(const TempFile& file, const std::vector<unsigned char>& bytes) {
+    const int fd = ::open(file.path().c_str(), O_WRONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+    ::close(fd);
+  }
+
+  std::vector<std::unique_ptr<AlignedBuffer>> buffers_;
+  std::unique_ptr<Engine> initiator_, peer_;
+  SegmentHandle segment_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, LocalFilesTest, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+// Scattered pieces, aligned (O_DIRECT) and not: the file's bytes to the
+// peer's memory, then the peer's memory into the file; nothing else of
+// either side touched.
+TEST_P(LocalFilesTest, FileToPeerMemoryAndBack) {
+  constexpr size_t kSize = 1 << 20;
+  TempFile file(kSize);
+  std::vector<unsigned char> bytes(kSize);
+  FillPattern(bytes.data(), kSize, 41);
+  ASSERT_NO_FATAL_FAILURE(WriteFile(file, bytes));
+  void* base_ptr = nullptr;
+  ASSERT_OK_AND_ASSIGN(base_ptr, initiator_->RegisterFile({.path = file.path()}));
+  const uint64_t base = reinterpret_cast<uint64_t>(base_ptr);
+  unsigned char* mem = PeerMemory(kSize);
+  const std::vector<Piece> pieces = MixedPieces();
+  for (const Status& s : Run(Opcode::kWrite, base, mem, pieces)) EXPECT_OK(s);
+  std::vector<bool> written(kSize, false);
+  for (const Piece& p : pieces) {
+    EXPECT_EQ(std::memcmp(mem + p.mem_off, bytes.data() + p.file_off, p.length), 0)
+        << "peer memory at " << p.mem_off;
+    for (uint64_t k = 0; k < p.length; ++k) written[p.mem_off + k] = true;
+  }
+  for (size_t k = 0; k < kSize; ++k) {
+    if (!written[k]) {
+      ASSERT_EQ(mem[k], 0) << "peer byte " << k << " outside every piece";
+    }
+  }
+  // The peer's memory, changed, read back into the file.
+  FillPattern(mem, kSize, 43);
+  for (const Status& s : Run(Opcode::kRead, base, mem, pieces)) EXPECT_OK(s);
+  const std::vector<unsigned char> now = file.Read(0, kSize);
+  ASSERT_EQ(now.size(), kSize);
+  std::vector<bool> read(kSize, false);
+  for (const Piece& p : pieces) {
+    EXPECT_EQ(std::memcmp(now.data() + p.file_off, mem + p.mem_off, p.length), 0)
+        << "file bytes at " << p.file_off;
+    for (uint64_t k = 0; k < p.length; ++k) read[p.file_off + k] = true;
+  }
+  for (size_t k = 0; k < kSize; ++k) {
+    if (!read[k]) {
+      ASSERT_EQ(now[k], bytes[k]) << "file byte " << k << " outside every piece";
+    }
+  }
+  // Both directions went through the initiator's ring.
+  const EngineMetrics m = initiator_->GetMetrics();
+  EXPECT_EQ(m.file_direct_ops + m.file_buffered_ops, 2 * pieces.size());
+}
+
+// A read into a read-only file region is refused naming the file; nothing
+// of it is written, and the other requests of the batch complete.
+TEST_P(LocalFilesTest, ReadIntoAReadOnlyFileIsRefusedOthersComplete) {
   TempFile file(65536);
+  TempFile writable(65536);
+  void* ro = nullptr;
+  void* rw = nullptr;
+  ASSERT_OK_AND_ASSIGN(ro, initiator_->RegisterFile({.path = file.path(), .writable = false}));
+  ASSERT_OK_AND_ASSIGN(rw, initiator_->RegisterFile({.path = writable.path()}));
+  unsigned char* mem = PeerMemory(65536);
+  FillPattern(mem, 65536, 47);
+  std::vector<TransferRequest> reqs = {
+      {Opcode::kRead, ro, segment_, reinterpret_cast<uint64_t>(mem), 4096},
+      {Opcode::kRead, rw, segment_, reinterpret_cast<uint64_t>(mem) + 4096, 8192}};
+  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator_->AllocateBatch(2));
+  ASSERT_OK(initiator_->Submit(batch, reqs));
+  (void)initiator_->WaitBatch(batch, kWait);
+  ASSERT_OK_AND_ASSIGN(TransferStatus st, initiator_->GetTransferStatus(batch, 0));
+  EXPECT_THAT(st.status, StatusIs(StatusCode::kInvalidArgument,
+                                  AllOf(HasSubstr(file.path()), HasSubstr("read-only"))));
+  ASSERT_OK_AND_ASSIGN(st, initiator_->GetTransferStatus(batch, 1));
+  EXPECT_OK(st.status);
+  EXPECT_OK(initiator_->FreeBatch(batch));
+  EXPECT_EQ(file.Read(0, 4096), std::vector<unsigned char>(4096, 0)) << "nothing written";
+  EXPECT_EQ(std::memcmp(writable.Read(0, 8192).data(), mem + 4096, 8192), 0);
+}
+
+// An I/O error of the local file fails the requests that meet it, naming
+// the file and the offset; the others complete.
+TEST_P(LocalFilesTest, DeviceErrorOfTheLocalFileFailsOnlyItsRequests) {
+  EngineOptions o = Options();
+  o.testing.file_eio_offsets = {65536};
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  TempFile file(131072);
+  std::vector<unsigned char> bytes(131072);
+  FillPattern(bytes.data(), bytes.size(), 53);
+  ASSERT_NO_FATAL_FAILURE(WriteFile(file, bytes));
   void* base = nullptr;
-  ASSERT_OK_AND_ASSIGN(base, a->RegisterFile({.path = file.path()}));
-  AlignedBuffer mem(65536);
-  ASSERT_OK(b->RegisterMemory(mem.data(), 65536, "cpu"));
-  EXPECT_THAT(a->TransferSync({Opcode::kWrite, base, seg, mem.addr(), 4096}),
-              IsError(HasSubstr("file")));
+  ASSERT_OK_AND_ASSIGN(base, initiator_->RegisterFile({.path = file.path()}));
+  unsigned char* mem = PeerMemory(131072);
+  const std::vector<Status> w = Run(Opcode::kWrite, reinterpret_cast<uint64_t>(base), mem,
+                                    {{0, 0, 32768}, {65536, 65536, 4096}});
+  EXPECT_OK(w[0]);
+  EXPECT_EQ(std::memcmp(mem, bytes.data(), 32768), 0);
+  EXPECT_THAT(w[1],
+              StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(file.path()), MentionsNumber(65536),
+                                                    HasSubstr("Input/output error"))));
+  EXPECT_TRUE(std::all_of(mem + 65536, mem + 65536 + 4096, [](unsigned char c) { return c == 0; }))
+      << "a failed file read sent bytes";
+}
+
+// Once CancelBatch returns, no byte of the cancelled reads reaches the
+// local file: its bytes then are its bytes once every request ended.
+TEST_P(LocalFilesTest, NoByteReachesTheFileAfterCancelReturns) {
+  EngineOptions o = Options();
+  o.file_queue_depth = 1;
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  constexpr size_t kEntries = 256, kLen = 65536;
+  TempFile file(kEntries * kLen);
+  void* base_ptr = nullptr;
+  ASSERT_OK_AND_ASSIGN(base_ptr, initiator_->RegisterFile({.path = file.path()}));
+  const uint64_t base = reinterpret_cast<uint64_t>(base_ptr);
+  unsigned char* mem = PeerMemory(kEntries * kLen);
+  FillPattern(mem, kEntries * kLen, 59);
+  std::vector<TransferRequest> reqs;
+  for (size_t k = 0; k < kEntries; ++k) {
+    reqs.push_back({Opcode::kRead, reinterpret_cast<void*>(base + k * kLen), segment_,
+                    reinterpret_cast<uint64_t>(mem) + k * kLen, kLen});
+  }
+  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator_->AllocateBatch(kEntries));
+  ASSERT_OK(initiator_->Submit(batch, reqs));
+  ASSERT_OK(initiator_->CancelBatch(batch));
+  const std::vector<unsigned char> after_cancel = file.Read(0, kEntries * kLen);
+  (void)initiator_->WaitBatch(batch, kWait);
+  size_t cancelled = 0;
+  for (size_t k = 0; k < kEntries; ++k) {
+    ASSERT_OK_AND_ASSIGN(TransferStatus st, initiator_->GetTransferStatus(batch, k));
+    ASSERT_NE(st.state, TransferState::kPending) << "request " << k;
+    if (st.state == TransferState::kFailed) {
+      EXPECT_THAT(st.status, StatusIs(StatusCode::kCancelled));
+      ++cancelled;
+    }
+  }
+  EXPECT_OK(initiator_->FreeBatch(batch));
+  EXPECT_EQ(file.Read(0, kEntries * kLen), after_cancel)
+      << "bytes of the cancelled batch reached the file after CancelBatch returned";
+  RecordProperty("cancelled", static_cast<int>(cancelled));
 }
 
 // A same-host initiator of a build that does not take staged lends (its

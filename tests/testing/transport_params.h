@@ -19,11 +19,15 @@ namespace ferry::test {
 // Whether the target's buffers are file regions ("tcp_file", "shm_file",
 // "local_file": registered with Engine::RegisterFile).
 inline bool TargetsFiles(const std::string& param) { return param.ends_with("_file"); }
+// Whether the initiator's buffers are file regions of its own, staged over
+// the transport ("tcp_local_files", "shm_local_files").
+inline bool InitiatorFiles(const std::string& param) { return param.ends_with("_local_files"); }
 // A test parameter's transport ("fabric_tcp" -> "fabric", "tcp_file" ->
 // "tcp") and fabric provider ("tcp"; "" for the others).
 inline std::string TransportOf(const std::string& param) {
   if (param == "shm_mapped") return "shm";
   if (TargetsFiles(param)) return param.substr(0, param.size() - 5);
+  if (InitiatorFiles(param)) return param.substr(0, param.size() - 12);
   return param.starts_with("fabric_") ? "fabric" : param;
 }
 // Whether the target's buffers are shared memory (the initiator maps them).

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/wrapping.h"
+
 namespace ferry::internal {
 namespace {
 
@@ -175,27 +177,17 @@ class FaultyLink : public PeerLink {
   const std::shared_ptr<std::atomic<int>> held_ = std::make_shared<std::atomic<int>>(0);
 };
 
-class FaultyTransport : public Transport {
+class FaultyTransport : public WrappingTransport {
  public:
   FaultyTransport(std::unique_ptr<Transport> inner, std::shared_ptr<Dice> dice)
-      : Transport(inner->caps()), inner_(std::move(inner)), dice_(std::move(dice)) {}
-  void Describe(wire::PeerDescriptor* self) const override { inner_->Describe(self); }
-  bool CanReach(const wire::PeerDescriptor& peer) const override { return inner_->CanReach(peer); }
-  StatusOr<std::shared_ptr<PeerLink>> Connect(std::shared_ptr<const PeerInfo> peer,
-                                              uint16_t version,
-                                              Clock::time_point deadline) override {
-    FERRY_ASSIGN_OR_RETURN(auto link, inner_->Connect(std::move(peer), version, deadline));
-    return std::shared_ptr<PeerLink>(
-        std::make_shared<FaultyLink>(std::move(link), dice_, std::string(Name())));
+      : WrappingTransport(std::move(inner)), dice_(std::move(dice)) {}
+
+ protected:
+  std::shared_ptr<PeerLink> Wrap(std::shared_ptr<PeerLink> inner) override {
+    return std::make_shared<FaultyLink>(std::move(inner), dice_, std::string(Name()));
   }
-  StatusOr<std::vector<wire::RegionKey>> RegisterRegion(const Region& r) override {
-    return inner_->RegisterRegion(r);
-  }
-  void UnregisterRegion(const Region& r) override { inner_->UnregisterRegion(r); }
-  void Shutdown() override { inner_->Shutdown(); }
 
  private:
-  const std::unique_ptr<Transport> inner_;
   const std::shared_ptr<Dice> dice_;
 };
 
