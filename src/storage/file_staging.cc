@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdlib>
 #include <deque>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -75,27 +77,45 @@ class Stager {
     for (;;) {
       cv_.wait(lock, [&] { return stopping_ || !ready_.empty() || CanStartLocked(); });
       if (!ready_.empty()) {
-        Work w = std::move(ready_.front());
-        ready_.pop_front();
+        // Every write read from its file so far, posted together.
+        std::vector<Work> ready(std::make_move_iterator(ready_.begin()),
+                                std::make_move_iterator(ready_.end()));
+        ready_.clear();
         lock.unlock();
-        PostInner(std::move(w));
+        PostInner(std::move(ready));
         lock.lock();
         continue;
       }
       if (stopping_) return;
-      Work w = std::move(waiting_.front());
-      waiting_.pop_front();
-      if (Clock::now() >= w.ctx.deadline) {
-        lock.unlock();
+      // As many waiting slices as the staging bytes allow: reads are posted
+      // together, writes read their files first.
+      std::vector<Work> started, expired;
+      while (CanStartLocked()) {
+        Work w = std::move(waiting_.front());
+        waiting_.pop_front();
+        if (Clock::now() >= w.ctx.deadline) {
+          expired.push_back(std::move(w));
+          continue;
+        }
+        staged_bytes_ += w.slice.length;
+        w.started = true;
+        started.push_back(std::move(w));
+      }
+      lock.unlock();
+      for (Work& w : expired) {
         Finish(std::move(w), DeadlineExceededError("no staging buffer for a file slice over " +
                                                    transport_ + " before the transfer deadline"));
-        lock.lock();
-        continue;
       }
-      staged_bytes_ += w.slice.length;
-      w.started = true;
-      lock.unlock();
-      Start(std::move(w));
+      std::vector<Work> reads;
+      for (Work& w : started) {
+        if (!TakeBuffer(w)) continue;
+        if (w.slice.opcode == Opcode::kRead) {
+          reads.push_back(std::move(w));
+        } else {
+          ReadFile(std::move(w));
+        }
+      }
+      PostInner(std::move(reads));
       lock.lock();
     }
   }
@@ -107,21 +127,22 @@ class Stager {
            (staged_bytes_ == 0 || staged_bytes_ + waiting_.front().slice.length <= kMaxStagedBytes);
   }
 
-  // A slice with its buffer space: a write reads the file first, a read
-  // posts into the buffer.
-  void Start(Work w) {
+  // A page-aligned buffer for `w` (its slice fails if there is none).
+  bool TakeBuffer(Work& w) {
     const size_t size = std::max(kPage, (size_t{w.slice.length} + kPage - 1) / kPage * kPage);
     void* p = std::aligned_alloc(kPage, size);
     if (p == nullptr) {
       Finish(std::move(w),
              ResourceExhaustedError("no host memory to stage a file slice over " + transport_));
-      return;
+      return false;
     }
     w.buffer = std::shared_ptr<char>(static_cast<char*>(p), std::free);
-    if (w.slice.opcode == Opcode::kRead) {
-      PostInner(std::move(w));
-      return;
-    }
+    return true;
+  }
+
+  // A write's first step: the file range into the buffer; then it is
+  // ready to post (unless its batch was cancelled meanwhile).
+  void ReadFile(Work w) {
     auto work = std::make_shared<Work>(std::move(w));
     Status st = SubmitFileOp(*work, /*write_file=*/false, [this, work](const Status& s) {
       if (!s.ok()) {
@@ -165,20 +186,41 @@ class Stager {
     return OkStatus();
   }
 
-  // Moves the buffer's bytes with the inner link, through a batch of one.
-  void PostInner(Work w) {
-    auto shadow = std::make_shared<BatchState>(1);
-    (void)shadow->Reserve(1);
-    auto work = std::make_shared<Work>(std::move(w));
-    BatchState* raw = shadow.get();
-    shadow->SetOnIdle([this, work, raw] { OnInner(std::move(*work), raw->Get(0).status); });
-    Slice inner = work->slice;
-    inner.local = work->buffer.get();
-    inner.request = 0;
-    const PostContext ctx{shadow, work->ctx.deadline, work->ctx.peer};
-    std::shared_ptr<PeerLink> link = work->inner;
-    shadow->BeginRange(0, 1, [](size_t) { return 1u; });
-    link->Post(ctx, {inner});
+  // Moves the buffers' bytes with the inner links: each run of slices for
+  // one link and deadline (a post's) through one batch of its own, so the
+  // link frames them together.
+  void PostInner(std::vector<Work> works) {
+    for (size_t first = 0; first < works.size();) {
+      size_t end = first + 1;
+      while (end < works.size() && works[end].inner == works[first].inner &&
+             works[end].ctx.deadline == works[first].ctx.deadline &&
+             works[end].ctx.peer == works[first].ctx.peer) {
+        ++end;
+      }
+      auto run = std::make_shared<std::vector<Work>>(
+          std::make_move_iterator(works.begin() + static_cast<std::ptrdiff_t>(first)),
+          std::make_move_iterator(works.begin() + static_cast<std::ptrdiff_t>(end)));
+      first = end;
+      const size_t n = run->size();
+      auto shadow = std::make_shared<BatchState>(n);
+      (void)shadow->Reserve(n);
+      BatchState* raw = shadow.get();
+      shadow->SetOnIdle([this, run, raw] {
+        for (size_t i = 0; i < run->size(); ++i) OnInner(std::move((*run)[i]), raw->Get(i).status);
+      });
+      std::vector<Slice> inner;
+      inner.reserve(n);
+      for (size_t i = 0; i < n; ++i) {
+        Slice s = (*run)[i].slice;
+        s.local = (*run)[i].buffer.get();
+        s.request = static_cast<uint32_t>(i);
+        inner.push_back(s);
+      }
+      const PostContext ctx{shadow, (*run)[0].ctx.deadline, (*run)[0].ctx.peer};
+      std::shared_ptr<PeerLink> link = (*run)[0].inner;
+      shadow->BeginRange(0, n, [](size_t) { return 1u; });
+      link->Post(ctx, std::move(inner));
+    }
   }
 
   // The inner slice finished: a read writes the buffer to the file, the
@@ -198,11 +240,14 @@ class Stager {
     w.ctx.batch->CompleteSlice(w.slice.request, st);
     if (w.seq != 0) w.writes->Done(w.seq);
     w.buffer.reset();
+    bool wake = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (w.started) staged_bytes_ -= w.slice.length;
+      // Space for waiting slices, or nothing left (Stop waits for that).
+      wake = !waiting_.empty() || staged_bytes_ == 0;
     }
-    cv_.notify_all();
+    if (wake) cv_.notify_all();
   }
 
   const std::shared_ptr<EngineTarget> self_;

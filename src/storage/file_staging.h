@@ -14,7 +14,9 @@
 // At most kMaxStagedBytes of slices hold buffers at once per transport; the
 // others wait in order (a slice that waits past its deadline fails
 // kDeadlineExceeded). Inner posts run on the transport's worker thread, never
-// on the ring's reaping thread or another transport's completion threads.
+// on the ring's reaping thread or another transport's completion threads;
+// the slices ready at once are posted together (one inner batch per link and
+// deadline), so the link frames them as it frames memory slices.
 // Notify and Flush first wait for the staged writes posted before them, so a
 // notification still follows the data. Slices of memory go straight to the
 // inner link.
