@@ -164,10 +164,9 @@ class Stager {
         Finish(std::move(*work), st.WithPrefix("copying a GPU slice into its staging buffer"));
         return;
       }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ready_.push_back(std::move(*work));
-      }
+      // Notified under the lock, as in Finish.
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_.push_back(std::move(*work));
       cv_.notify_all();
     });
   }
@@ -216,12 +215,12 @@ class Stager {
   void Finish(Work w, const Status& st) {
     w.ctx.batch->CompleteSlice(w.slice.request, st);
     if (w.seq != 0) w.writes->Done(w.seq);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (w.buffer != nullptr) {
-        free_.push_back(w.buffer);
-        --in_flight_;
-      }
+    // Notified under the lock: once the last slice is done, Stop may return
+    // and the stager go as soon as the lock is released.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (w.buffer != nullptr) {
+      free_.push_back(w.buffer);
+      --in_flight_;
     }
     cv_.notify_all();
   }

@@ -153,10 +153,9 @@ class Stager {
         Finish(std::move(*work), CancelledError("the request's batch was cancelled"));
         return;
       }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ready_.push_back(std::move(*work));
-      }
+      // Notified under the lock, as in Finish.
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_.push_back(std::move(*work));
       cv_.notify_all();
     });
     if (!st.ok()) Finish(std::move(*work), st);
@@ -240,14 +239,12 @@ class Stager {
     w.ctx.batch->CompleteSlice(w.slice.request, st);
     if (w.seq != 0) w.writes->Done(w.seq);
     w.buffer.reset();
-    bool wake = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (w.started) staged_bytes_ -= w.slice.length;
-      // Space for waiting slices, or nothing left (Stop waits for that).
-      wake = !waiting_.empty() || staged_bytes_ == 0;
-    }
-    if (wake) cv_.notify_all();
+    // Notified under the lock: once the last slice is done, Stop may return
+    // and the stager go as soon as the lock is released.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (w.started) staged_bytes_ -= w.slice.length;
+    // Space for waiting slices, or nothing left (Stop waits for that).
+    if (!waiting_.empty() || staged_bytes_ == 0) cv_.notify_all();
   }
 
   const std::shared_ptr<EngineTarget> self_;

@@ -110,6 +110,8 @@ class EnginePair {
   }
 
   Engine& initiator() { return *initiator_; }
+  // Destroys the initiator engine (its buffers stay allocated).
+  void DestroyInitiator() { initiator_.reset(); }
   // Destroys the target engine (its buffers stay allocated).
   void DestroyTarget() { target_.reset(); }
   Engine& target() { return *target_; }

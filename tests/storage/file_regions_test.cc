@@ -834,6 +834,49 @@ TEST_P(LocalFilesTest, NoByteReachesTheFileAfterCancelReturns) {
   RecordProperty("cancelled", static_cast<int>(cancelled));
 }
 
+// Destroying the engine that owns the files while staged slices of both
+// directions are in flight (queued for staging buffers, in its ring, posted
+// to the peer) returns: the transports fail what they hold, and the stager
+// neither waits for answers that can no longer come nor posts to links that
+// were shut down. The file keeps only whole pieces of the peer's bytes.
+TEST_P(LocalFilesTest, EngineDestroyedWithStagedSlicesInFlight) {
+  constexpr size_t kEntries = 512, kLen = 16384;
+  TempFile file(kEntries * kLen);
+  AlignedBuffer buffer(kEntries * kLen);
+  unsigned char* mem = buffer.data();
+  FillPattern(mem, kEntries * kLen, 61);
+  for (int round = 0; round < 8; ++round) {
+    if (round > 0) {
+      ASSERT_NO_FATAL_FAILURE(Start(Options()));
+    }
+    ASSERT_OK(peer_->RegisterMemory(mem, kEntries * kLen, "cpu"));
+    void* base_ptr = nullptr;
+    ASSERT_OK_AND_ASSIGN(base_ptr, initiator_->RegisterFile({.path = file.path()}));
+    const uint64_t base = reinterpret_cast<uint64_t>(base_ptr);
+    // Writes of the first half of the file to the peer, reads of the
+    // peer's second half into the file: two batches.
+    for (Opcode op : {Opcode::kWrite, Opcode::kRead}) {
+      std::vector<TransferRequest> reqs;
+      for (size_t k = 0; k < kEntries / 2; ++k) {
+        const size_t at = (op == Opcode::kWrite ? k : kEntries / 2 + k) * kLen;
+        reqs.push_back({op, reinterpret_cast<void*>(base + at), segment_,
+                        reinterpret_cast<uint64_t>(mem) + at, kLen});
+      }
+      ASSERT_OK_AND_ASSIGN(BatchId batch, initiator_->AllocateBatch(reqs.size()));
+      ASSERT_OK(initiator_->Submit(batch, reqs));
+    }
+    initiator_.reset();  // with the batches in flight
+    const std::vector<unsigned char> now = file.Read(0, kEntries * kLen);
+    for (size_t k = kEntries / 2; k < kEntries; ++k) {
+      const unsigned char* piece = now.data() + k * kLen;
+      const bool untouched =
+          std::all_of(piece, piece + kLen, [](unsigned char c) { return c == 0; });
+      ASSERT_TRUE(untouched || std::memcmp(piece, mem + k * kLen, kLen) == 0)
+          << "round " << round << ": piece " << k << " is neither untouched nor the peer's bytes";
+    }
+  }
+}
+
 // A same-host initiator of a build that does not take staged lends (its
 // hello leaves the flag out) still writes a peer's file regions over shm,
 // but its reads of them (lent reads, which it would copy from the file

@@ -233,6 +233,33 @@ TEST(GpuAndOwnFile, WritesAndReadsBetweenGpuMemoryAndAFileOfThisEngine) {
   EXPECT_EQ(after, later) << "bytes of a cancelled read reached the GPU after the cancel";
 }
 
+// The initiator destroyed while staged GPU slices of both directions are
+// in flight (device copies, inner posts): its destructor ends them and
+// returns (the inner transport fails what it holds; nothing is posted to a
+// link that was shut down), and the target serves another initiator.
+TEST_P(GpuStagingTest, EngineDestroyedWithStagedSlicesInFlight) {
+  constexpr uint64_t kSize = 16 * kMiB, kChunk = 256 * kKiB;
+  unsigned char* gpu = gpu_->Allocate(kSize, 7);
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_OK(pair_.initiator().RegisterMemory(gpu, kSize, "cuda:0"));
+  unsigned char* host = pair_.Alloc(kSize, &pair_.target());
+  ASSERT_NE(host, nullptr);
+  std::vector<TransferRequest> reqs;
+  for (uint64_t off = 0; off < kSize; off += kChunk) {
+    reqs.push_back({(off / kChunk) % 2 == 0 ? Opcode::kWrite : Opcode::kRead, gpu + off,
+                    pair_.segment(), pair_.Addr(host) + off, kChunk});
+  }
+  ASSERT_OK_AND_ASSIGN(BatchId batch, pair_.initiator().AllocateBatch(reqs.size()));
+  ASSERT_OK(pair_.initiator().Submit(batch, reqs));
+  pair_.DestroyInitiator();  // with the batch in flight
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> again,
+                       Engine::Create(ConformanceOptions(GetParam())));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, again->OpenSegment(pair_.target().PeerId()));
+  AlignedBuffer buf(4096);
+  ASSERT_OK(again->RegisterMemory(buf.data(), 4096, "cpu"));
+  EXPECT_OK(again->TransferSync({Opcode::kRead, buf.data(), seg, pair_.Addr(host), 4096}));
+}
+
 INSTANTIATE_TEST_SUITE_P(HostTransports, GpuStagingTest,
                          ::testing::Values("tcp", "shm", "fabric_tcp"),
                          [](const ::testing::TestParamInfo<std::string>& info) {

@@ -113,6 +113,7 @@ struct Endpoint::Impl {
   void Shutdown() {
     if (!wakeup.Stop()) return;
     progress.Stop();
+    posting.Close();  // a caller posting now (a staging worker) no longer reaches the endpoint
     CloseFid(fids.ep);
     for (MsgBuf* b : posting.Stop()) {
       notify.OnSendDone(b, FI_ECANCELED, "the fabric endpoint was shut down");

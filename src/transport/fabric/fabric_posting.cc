@@ -166,6 +166,11 @@ bool Posting::Idle() {
 
 // ---- shutdown -----------------------------------------------------------------
 
+void Posting::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+}
+
 std::vector<MsgBuf*> Posting::Stop() {
   std::vector<Failure> failed;
   std::vector<Op*> ops;

@@ -22,7 +22,8 @@
 //   acknowledgements).
 // - Pump, PostSends, Sent, Finish, TakeLate, InFlight, Busy, Idle: the
 //   progress thread (Finish also Shutdown's, once that thread stopped).
-// - Stop: Endpoint::Shutdown, once the progress thread stopped.
+// - Close, then Stop: Endpoint::Shutdown, once the progress thread stopped
+//   (Close before the endpoint closes, Stop after).
 //
 // Lock: mu_ guards the queue, the list of operations in flight and its
 // count, the free operations, both message lists, stopped_, and every
@@ -106,9 +107,12 @@ class Posting {
   bool Busy();  // slices or messages queued
   bool Idle();  // nothing queued, nothing in flight
 
-  // Refuses work from now on, fails the queued slices and the operations in
-  // flight with kCancelled (the endpoint is closed), and returns the
-  // messages not completed: queued, or posted and never completed.
+  // Refuses work from now on: once it returns, no post or send reaches the
+  // provider (a later Post fails its slices), so the endpoint may close.
+  void Close();
+  // After Close and the endpoint's close: fails the queued slices and the
+  // operations in flight with kCancelled, and returns the messages not
+  // completed: queued, or posted and never completed.
   std::vector<MsgBuf*> Stop();
 
  private:

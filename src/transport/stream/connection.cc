@@ -187,6 +187,11 @@ void Connection::CloseAsync(Status why) {
   });
 }
 
+void Connection::OnStop() {
+  std::lock_guard<std::mutex> io(io_mu_);
+  Close(CancelledError("engine shut down; connection to " + peer_name_ + " closed"));
+}
+
 void Connection::CheckIdleRetire() {
   if (retire_.load() && inflight_.empty() && out_.empty()) {
     std::lock_guard<std::mutex> lock(submit_mu_);

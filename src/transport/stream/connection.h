@@ -136,6 +136,10 @@ class Connection : public EventLoop::Handler,
   void OnTick(Clock::time_point now) override;
   bool WantsTick() const override;
   Clock::time_point WakeAt() const override;
+  // The loop stopped (the engine shuts down): requests in flight or queued
+  // fail now, and later ones at once, instead of waiting for answers no
+  // loop will read.
+  void OnStop() override;
 
   // FrameReader::Sink
   Status OnHeader(const wire::FrameHeader& h) override;

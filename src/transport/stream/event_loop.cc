@@ -59,14 +59,40 @@ void EventLoop::WakeIfSleeping() {
 }
 
 void EventLoop::RunInLoop(std::function<void()> fn) {
+  bool drain = false;
   {
     std::lock_guard<std::mutex> lock(tasks_mu_);
     tasks_.push_back(std::move(fn));
+    if (stopped_ && !draining_) drain = draining_ = true;
   }
-  if (sleeping_.load(std::memory_order_seq_cst)) Wake();
+  if (drain) {
+    DrainStopped();  // no loop thread runs tasks any more
+  } else if (sleeping_.load(std::memory_order_seq_cst)) {
+    Wake();
+  }
+}
+
+void EventLoop::DrainStopped() {
+  std::vector<std::function<void()>> tasks;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(tasks_mu_);
+      if (tasks_.empty()) {
+        draining_ = false;
+        return;
+      }
+      tasks.swap(tasks_);
+    }
+    for (auto& t : tasks) t();
+    tasks.clear();
+  }
 }
 
 Status EventLoop::Add(int fd, uint32_t events, std::shared_ptr<Handler> handler) {
+  {
+    std::lock_guard<std::mutex> lock(tasks_mu_);
+    if (stopped_) return UnavailableError("event loop " + name_ + " stopped");
+  }
   epoll_event ev{};
   ev.events = events;
   ev.data.fd = fd;
@@ -179,7 +205,24 @@ void EventLoop::Run() {
       for (auto& h : hs) h->OnTick(now);
     }
   }
+  // The last pass: the tasks queued until now run, then every handler ends
+  // what waits on it, then the tasks those handed over. From here on a task
+  // runs on the thread that hands it over (RunInLoop), or on the one
+  // draining the tasks at that moment: one at a time, in order.
+  {
+    std::lock_guard<std::mutex> lock(tasks_mu_);
+    stopped_ = true;
+    draining_ = true;
+    tasks.swap(tasks_);
+  }
+  for (auto& t : tasks) t();
+  std::vector<std::shared_ptr<Handler>> hs;
+  hs.reserve(handlers_.size());
+  for (auto& [fd, h] : handlers_) hs.push_back(h);
+  for (auto& h : hs) h->OnStop();
+  hs.clear();
   handlers_.clear();
+  DrainStopped();
 }
 
 StatusOr<std::shared_ptr<LoopPool>> LoopPool::Start(int threads, std::chrono::microseconds spin) {

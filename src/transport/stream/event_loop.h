@@ -5,8 +5,12 @@
 // engine uses no CPU (it wakes every 50 ms only while a handler has a
 // deadline to watch).
 // Thread contract: RunInLoop may be called from any thread; Add/Modify/
-// Remove only on the loop thread. The loop thread is started by Start and
-// joined by Stop (or the destructor); handlers are called on it only.
+// Remove only on the loop thread (or in a task). The loop thread is started
+// by Start and joined by Stop (or the destructor); handlers are called on it
+// only. Once the loop stopped, each handler's OnStop ends what waits on it,
+// and a task handed to RunInLoop later runs on the caller's thread (or on
+// the thread running the stopped loop's tasks at that moment: one at a
+// time, in order), so nothing queued to a stopped loop waits forever.
 #pragma once
 
 #include <atomic>
@@ -40,16 +44,23 @@ class EventLoop {
     virtual std::chrono::steady_clock::time_point WakeAt() const {
       return std::chrono::steady_clock::time_point::max();
     }
+    // The loop stopped: nothing will call OnEvents or OnTick again, so end
+    // whatever waits on them (a connection fails its requests in flight).
+    // Called once, on the loop's thread, after its last task. Default: none.
+    virtual void OnStop() {}
   };
 
   EventLoop(std::string name, std::chrono::microseconds spin);
   ~EventLoop();
 
   Status Start();
-  // Runs pending tasks, then stops the thread. Handlers are dropped.
+  // Runs pending tasks, then stops the thread; every handler's OnStop runs
+  // and the handlers are dropped.
   void Stop();
 
-  // Runs `fn` on the loop thread (FIFO order among tasks).
+  // Runs `fn` on the loop thread (FIFO order among tasks); once the loop has
+  // stopped, before returning on this thread, unless a task running at that
+  // moment handed it over (it runs after that task).
   void RunInLoop(std::function<void()> fn);
   bool InLoopThread() const { return std::this_thread::get_id() == thread_id_; }
   // Makes a loop blocked in epoll_wait run one more round (so it re-reads
@@ -57,6 +68,7 @@ class EventLoop {
   void WakeIfSleeping();
 
   // Loop thread only. The loop keeps `handler` alive while registered.
+  // Fails once the loop has stopped.
   Status Add(int fd, uint32_t events, std::shared_ptr<Handler> handler);
   void Modify(int fd, uint32_t events);
   void Remove(int fd);
@@ -64,6 +76,9 @@ class EventLoop {
  private:
   void Run();
   void Wake();
+  // Runs the tasks handed to the stopped loop until none is left (by the
+  // thread that set draining_).
+  void DrainStopped();
 
   const std::string name_;
   const std::chrono::microseconds spin_;
@@ -79,6 +94,10 @@ class EventLoop {
 
   std::mutex tasks_mu_;
   std::vector<std::function<void()>> tasks_;
+  // Guarded by tasks_mu_: no loop thread runs tasks any more; and a thread
+  // runs the stopped loop's tasks now (DrainStopped).
+  bool stopped_ = false;
+  bool draining_ = false;
 
   std::unordered_map<int, std::shared_ptr<Handler>> handlers_;  // loop thread only
 };
