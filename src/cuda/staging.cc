@@ -1,12 +1,10 @@
 #include "cuda/staging.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <deque>
 #include <map>
 #include <mutex>
-#include <thread>
 
+#include "base/staging_queue.h"
 #include "base/wrapping.h"
 #include "base/write_fence.h"
 #include "common/cuda_driver.h"
@@ -23,50 +21,32 @@ const CudaDriver* DriverFor(const std::string& library) {
   return CudaDriver::LoadedInProcess() ? &CudaDriver::Get() : nullptr;
 }
 
+struct GpuWork : StagedWork {
+  char* buffer = nullptr;  // the page-locked buffer while it has one
+};
+
 // The transport's staging machinery, shared by its links: the page-locked
-// buffers, a copy queue per device and a worker that starts slices as
-// buffers free up (inner posts never run on another transport's completion
-// threads). Lives as long as the transport; waits for its work on the way out.
-class Stager {
+// buffers (at most kBuffers), a copy queue per device, and the queue and
+// worker (base/staging_queue.h). Lives as long as the transport; waits for
+// its work on the way out.
+class Stager : public StagingQueue<GpuWork> {
  public:
+  using Work = GpuWork;
   Stager(std::string cuda_driver, uint32_t chunk, std::string transport)
-      : cuda_driver_(std::move(cuda_driver)), chunk_(chunk), transport_(std::move(transport)) {}
-  ~Stager() { Stop(); }
-
-  struct Work {
-    PostContext ctx;
-    Slice slice;
-    std::shared_ptr<PeerLink> inner;
-    std::shared_ptr<WriteFence> writes;  // a write's link
-    int device = 0;
-    uint64_t seq = 0;        // a write's number in writes
-    char* buffer = nullptr;  // the page-locked buffer while it has one
-  };
-
-  void Add(std::vector<Work> work) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (Work& w : work) {
-        if (w.slice.opcode == Opcode::kWrite) w.seq = w.writes->Add();
-        waiting_.push_back(std::move(w));
-      }
-      if (!worker_.joinable() && !stopping_) worker_ = std::thread([this] { Run(); });
-    }
-    cv_.notify_all();
-  }
+      : StagingQueue("a GPU slice over " + transport),
+        cuda_driver_(std::move(cuda_driver)),
+        chunk_(chunk),
+        transport_(std::move(transport)) {}
+  ~Stager() override { Stop(); }
 
   void Stop() {
+    StopWorker();
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      // In-flight work ends by its completions (each bounded by its deadline).
-      cv_.wait(lock, [&] { return in_flight_ == 0 && waiting_.empty() && ready_.empty(); });
-      if (stopping_) return;
-      stopping_ = true;
+      std::lock_guard<std::mutex> lock(queues_mu_);
+      queues_.clear();  // no work left: their threads end
     }
-    cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
-    queues_.clear();  // no work left: their threads end
     const CudaDriver* d = DriverFor(cuda_driver_);
+    std::lock_guard<std::mutex> lock(mu());
     for (char* b : buffers_) {
       Status s = d != nullptr ? d->FreeHost(b) : OkStatus();
       if (!s.ok()) FERRY_LOG(kWarning, "staging over " << transport_ << ": " << s);
@@ -76,61 +56,46 @@ class Stager {
   }
 
  private:
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] {
-        return stopping_ || !ready_.empty() || (!waiting_.empty() && CanStartLocked());
-      });
-      if (!ready_.empty()) {
-        Work w = std::move(ready_.front());
-        ready_.pop_front();
-        lock.unlock();
-        PostInner(std::move(w));
-        lock.lock();
-        continue;
-      }
-      if (stopping_) return;
-      Work w = std::move(waiting_.front());
-      waiting_.pop_front();
-      if (Clock::now() >= w.ctx.deadline) {
-        lock.unlock();
-        Finish(std::move(w), DeadlineExceededError("no staging buffer for a GPU slice over " +
-                                                   transport_ + " before the transfer deadline"));
-        lock.lock();
-        continue;
-      }
-      Status got = TakeBufferLocked(w);
-      if (got.ok()) ++in_flight_;
-      lock.unlock();
-      if (!got.ok()) {
-        Finish(std::move(w), got.WithPrefix("a staging buffer for GPU memory over " + transport_));
-      } else {
-        Start(std::move(w));
-      }
-      lock.lock();
-    }
+  bool CanStartLocked(const Work&) const override {
+    return !free_.empty() || buffers_.size() < kBuffers;
   }
 
-  bool CanStartLocked() const { return !free_.empty() || buffers_.size() < kBuffers; }
-
-  Status TakeBufferLocked(Work& w) {
+  Status TakeLocked(Work& w) override {
     if (free_.empty()) {
-      const CudaDriver* d = DriverFor(cuda_driver_);
-      if (d == nullptr) return FailedPreconditionError("no CUDA driver");
-      CudaContextScope scope(*d, w.device);
-      FERRY_RETURN_IF_ERROR(scope.status());
-      FERRY_ASSIGN_OR_RETURN(void* b, d->AllocateHost(chunk_));
-      buffers_.push_back(static_cast<char*>(b));
-      free_.push_back(static_cast<char*>(b));
+      Status made = AddBufferLocked(w.local_kind.device());
+      if (!made.ok()) return made.WithPrefix("a staging buffer for GPU memory over " + transport_);
     }
     w.buffer = free_.back();
     free_.pop_back();
     return OkStatus();
   }
 
+  Status AddBufferLocked(int device) {
+    const CudaDriver* d = DriverFor(cuda_driver_);
+    if (d == nullptr) return FailedPreconditionError("no CUDA driver");
+    CudaContextScope scope(*d, device);
+    FERRY_RETURN_IF_ERROR(scope.status());
+    FERRY_ASSIGN_OR_RETURN(void* b, d->AllocateHost(chunk_));
+    buffers_.push_back(static_cast<char*>(b));
+    free_.push_back(static_cast<char*>(b));
+    return OkStatus();
+  }
+
+  void ReleaseLocked(Work& w) override {
+    free_.push_back(w.buffer);
+    w.buffer = nullptr;
+  }
+
+  void Start(std::vector<Work> started) override {
+    for (Work& w : started) StartOne(std::move(w));
+  }
+
+  void PostReady(std::vector<Work> ready) override {
+    for (Work& w : ready) PostInner(std::move(w));
+  }
+
   StatusOr<cuda::CopyQueue*> QueueFor(int device) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(queues_mu_);
     auto& q = queues_[device];
     if (!q) {
       const CudaDriver* d = DriverFor(cuda_driver_);
@@ -147,12 +112,12 @@ class Stager {
   }
 
   // A slice with its buffer: a write copies from the device first.
-  void Start(Work w) {
+  void StartOne(Work w) {
     if (w.slice.opcode == Opcode::kRead) {
       PostInner(std::move(w));
       return;
     }
-    auto q = QueueFor(w.device);
+    auto q = QueueFor(w.local_kind.device());
     if (!q.ok()) {
       Finish(std::move(w), q.status());
       return;
@@ -164,10 +129,7 @@ class Stager {
         Finish(std::move(*work), st.WithPrefix("copying a GPU slice into its staging buffer"));
         return;
       }
-      // Notified under the lock, as in Finish.
-      std::lock_guard<std::mutex> lock(mu_);
-      ready_.push_back(std::move(*work));
-      cv_.notify_all();
+      Ready(std::move(*work));
     });
   }
 
@@ -197,7 +159,7 @@ class Stager {
       Finish(std::move(w), CancelledError("the request's batch was cancelled"));
       return;
     }
-    auto q = QueueFor(w.device);
+    auto q = QueueFor(w.local_kind.device());
     if (!q.ok()) {
       w.ctx.batch->EndLanding();
       Finish(std::move(w), q.status());
@@ -212,68 +174,12 @@ class Stager {
     });
   }
 
-  void Finish(Work w, const Status& st) {
-    w.ctx.batch->CompleteSlice(w.slice.request, st);
-    if (w.seq != 0) w.writes->Done(w.seq);
-    // Notified under the lock: once the last slice is done, Stop may return
-    // and the stager go as soon as the lock is released.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (w.buffer != nullptr) {
-      free_.push_back(w.buffer);
-      --in_flight_;
-    }
-    cv_.notify_all();
-  }
-
   const std::string cuda_driver_;
   const uint32_t chunk_;
   const std::string transport_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Work> waiting_;  // slices without a buffer yet
-  std::deque<Work> ready_;    // writes copied off the device, to post
-  size_t in_flight_ = 0;      // slices holding a buffer
-  std::vector<char*> buffers_, free_;
-  std::map<int, std::unique_ptr<cuda::CopyQueue>> queues_;
-  bool stopping_ = false;
-  std::thread worker_;
-};
-
-class StagingLink : public StagedLink {
- public:
-  StagingLink(std::shared_ptr<PeerLink> inner, std::shared_ptr<EngineTarget> self, Stager* stager,
-              const std::string& transport)
-      : StagedLink(std::move(inner), "staged GPU writes to the peer over " + transport),
-        self_(std::move(self)),
-        stager_(stager) {}
-
-  void Post(const PostContext& ctx, std::vector<Slice> slices) override {
-    if (!self_->registry().ever_non_cpu()) {
-      inner()->Post(ctx, std::move(slices));
-      return;
-    }
-    std::vector<Slice> direct;
-    std::vector<Stager::Work> staged;
-    for (const Slice& s : slices) {
-      MemoryRegistry::Found found;
-      const bool gpu =
-          self_->registry()
-              .Check(reinterpret_cast<uint64_t>(s.local), s.length, "local buffer", &found)
-              .ok() &&
-          found.kind.type() == MemoryKind::Type::kCuda;
-      if (!gpu) {
-        direct.push_back(s);
-        continue;
-      }
-      staged.push_back({ctx, s, inner(), writes(), found.kind.device(), 0, nullptr});
-    }
-    if (!direct.empty()) inner()->Post(ctx, std::move(direct));
-    if (!staged.empty()) stager_->Add(std::move(staged));
-  }
-
- private:
-  const std::shared_ptr<EngineTarget> self_;
-  Stager* const stager_;
+  std::vector<char*> buffers_, free_;  // guarded by mu()
+  std::mutex queues_mu_;
+  std::map<int, std::unique_ptr<cuda::CopyQueue>> queues_;  // guarded by queues_mu_
 };
 
 class StagingTransport : public WrappingTransport {
@@ -294,8 +200,9 @@ class StagingTransport : public WrappingTransport {
 
  protected:
   std::shared_ptr<PeerLink> Wrap(std::shared_ptr<PeerLink> inner) override {
-    return std::make_shared<StagingLink>(std::move(inner), self_, stager_.get(),
-                                         std::string(Name()));
+    return std::make_shared<StagingQueueLink<GpuWork>>(
+        std::move(inner), "staged GPU writes to the peer over " + std::string(Name()), self_,
+        MemoryKind::Type::kCuda, stager_.get());
   }
   void Drain() override { stager_->Stop(); }
 

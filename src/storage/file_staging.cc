@@ -1,19 +1,16 @@
 #include "storage/file_staging.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdlib>
-#include <deque>
 #include <iterator>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "base/batch.h"
 #include "base/memory_registry.h"
+#include "base/staging_queue.h"
 #include "base/wrapping.h"
 #include "base/write_fence.h"
 #include "storage/file_io.h"
@@ -27,104 +24,45 @@ constexpr uint64_t kMaxStagedBytes = uint64_t{64} << 20;
 constexpr size_t kPage = 4096;
 
 // One staged slice, from its post to its completion.
-struct Work {
-  PostContext ctx;
-  Slice slice;
-  std::shared_ptr<PeerLink> inner;
-  std::shared_ptr<WriteFence> writes;  // the link's, for writes to the peer
-  uint64_t seq = 0;                    // a write's number in `writes`
-  std::shared_ptr<char> buffer;        // page-aligned, while it has one
-  bool started = false;                // counted in the stager's bytes
+struct FileWork : StagedWork {
+  std::shared_ptr<char> buffer;  // page-aligned, while it has one
 };
 
-// The transport's staging: a queue of slices waiting for buffer space and a
-// worker that starts them and posts their inner slices. Lives as long as the
-// transport; waits for its work on the way out.
-class Stager {
+// The transport's staging: a byte budget of kMaxStagedBytes for the slices'
+// buffers, and the queue and worker (base/staging_queue.h). Lives as long as
+// the transport; waits for its work on the way out.
+class Stager : public StagingQueue<FileWork> {
  public:
+  using Work = FileWork;
   Stager(std::shared_ptr<EngineTarget> self, std::string transport)
-      : self_(std::move(self)), transport_(std::move(transport)) {}
-  ~Stager() { Stop(); }
-
-  void Add(std::vector<Work> work) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (Work& w : work) {
-        if (w.slice.opcode == Opcode::kWrite) w.seq = w.writes->Add();
-        waiting_.push_back(std::move(w));
-      }
-      if (!worker_.joinable() && !stopping_) worker_ = std::thread([this] { Run(); });
-    }
-    cv_.notify_all();
-  }
-
-  // Waits until no slice is staged or waiting (each ends by its completion,
-  // bounded by its deadline and the file I/O), then ends the worker.
-  void Stop() {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return staged_bytes_ == 0 && waiting_.empty() && ready_.empty(); });
-      if (stopping_) return;
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
-  }
+      : StagingQueue("a file slice over " + transport),
+        self_(std::move(self)),
+        transport_(std::move(transport)) {}
+  ~Stager() override { StopWorker(); }
 
  private:
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stopping_ || !ready_.empty() || CanStartLocked(); });
-      if (!ready_.empty()) {
-        // Every write read from its file so far, posted together.
-        std::vector<Work> ready(std::make_move_iterator(ready_.begin()),
-                                std::make_move_iterator(ready_.end()));
-        ready_.clear();
-        lock.unlock();
-        PostInner(std::move(ready));
-        lock.lock();
-        continue;
-      }
-      if (stopping_) return;
-      // As many waiting slices as the staging bytes allow: reads are posted
-      // together, writes read their files first.
-      std::vector<Work> started, expired;
-      while (CanStartLocked()) {
-        Work w = std::move(waiting_.front());
-        waiting_.pop_front();
-        if (Clock::now() >= w.ctx.deadline) {
-          expired.push_back(std::move(w));
-          continue;
-        }
-        staged_bytes_ += w.slice.length;
-        w.started = true;
-        started.push_back(std::move(w));
-      }
-      lock.unlock();
-      for (Work& w : expired) {
-        Finish(std::move(w), DeadlineExceededError("no staging buffer for a file slice over " +
-                                                   transport_ + " before the transfer deadline"));
-      }
-      std::vector<Work> reads;
-      for (Work& w : started) {
-        if (!TakeBuffer(w)) continue;
-        if (w.slice.opcode == Opcode::kRead) {
-          reads.push_back(std::move(w));
-        } else {
-          ReadFile(std::move(w));
-        }
-      }
-      PostInner(std::move(reads));
-      lock.lock();
-    }
+  // Always when nothing is staged, however long the slice is.
+  bool CanStartLocked(const Work& next) const override {
+    return staged_bytes_ == 0 || staged_bytes_ + next.slice.length <= kMaxStagedBytes;
   }
+  Status TakeLocked(Work& w) override {
+    staged_bytes_ += w.slice.length;
+    return OkStatus();
+  }
+  void ReleaseLocked(Work& w) override { staged_bytes_ -= w.slice.length; }
 
-  // Whether the first waiting slice may take its buffer (always when none
-  // is staged, however long it is).
-  bool CanStartLocked() const {
-    return !waiting_.empty() &&
-           (staged_bytes_ == 0 || staged_bytes_ + waiting_.front().slice.length <= kMaxStagedBytes);
+  // Reads are posted together; writes read their files first.
+  void Start(std::vector<Work> started) override {
+    std::vector<Work> reads;
+    for (Work& w : started) {
+      if (!TakeBuffer(w)) continue;
+      if (w.slice.opcode == Opcode::kRead) {
+        reads.push_back(std::move(w));
+      } else {
+        ReadFile(std::move(w));
+      }
+    }
+    if (!reads.empty()) PostReady(std::move(reads));
   }
 
   // A page-aligned buffer for `w` (its slice fails if there is none).
@@ -153,10 +91,7 @@ class Stager {
         Finish(std::move(*work), CancelledError("the request's batch was cancelled"));
         return;
       }
-      // Notified under the lock, as in Finish.
-      std::lock_guard<std::mutex> lock(mu_);
-      ready_.push_back(std::move(*work));
-      cv_.notify_all();
+      Ready(std::move(*work));
     });
     if (!st.ok()) Finish(std::move(*work), st);
   }
@@ -188,7 +123,7 @@ class Stager {
   // Moves the buffers' bytes with the inner links: each run of slices for
   // one link and deadline (a post's) through one batch of its own, so the
   // link frames them together.
-  void PostInner(std::vector<Work> works) {
+  void PostReady(std::vector<Work> works) override {
     for (size_t first = 0; first < works.size();) {
       size_t end = first + 1;
       while (end < works.size() && works[end].inner == works[first].inner &&
@@ -235,68 +170,9 @@ class Stager {
     if (!submitted.ok()) Finish(std::move(*work), submitted);
   }
 
-  void Finish(Work w, const Status& st) {
-    w.ctx.batch->CompleteSlice(w.slice.request, st);
-    if (w.seq != 0) w.writes->Done(w.seq);
-    w.buffer.reset();
-    // Notified under the lock: once the last slice is done, Stop may return
-    // and the stager go as soon as the lock is released.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (w.started) staged_bytes_ -= w.slice.length;
-    // Space for waiting slices, or nothing left (Stop waits for that).
-    if (!waiting_.empty() || staged_bytes_ == 0) cv_.notify_all();
-  }
-
   const std::shared_ptr<EngineTarget> self_;
   const std::string transport_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Work> waiting_;  // slices without buffer space yet
-  std::deque<Work> ready_;    // writes read from their files, to post
-  uint64_t staged_bytes_ = 0;
-  bool stopping_ = false;
-  std::thread worker_;
-};
-
-class FileStagingLink : public StagedLink {
- public:
-  FileStagingLink(std::shared_ptr<PeerLink> inner, std::shared_ptr<EngineTarget> self,
-                  Stager* stager, const std::string& transport)
-      : StagedLink(std::move(inner), "staged writes of file regions to the peer over " + transport),
-        self_(std::move(self)),
-        stager_(stager) {}
-
-  void Post(const PostContext& ctx, std::vector<Slice> slices) override {
-    if (!self_->registry().ever_non_cpu()) {
-      inner()->Post(ctx, std::move(slices));
-      return;
-    }
-    std::vector<Slice> direct;
-    std::vector<Work> staged;
-    MemoryRegistry::Found last;  // the file region of the previous staged slice
-    for (const Slice& s : slices) {
-      const uint64_t local = reinterpret_cast<uint64_t>(s.local);
-      bool file =
-          last.length > 0 && local >= last.addr && local + s.length <= last.addr + last.length;
-      if (!file) {
-        MemoryRegistry::Found found;
-        file = self_->registry().Check(local, s.length, "local buffer", &found).ok() &&
-               found.kind.type() == MemoryKind::Type::kFile;
-        if (file) last = found;
-      }
-      if (!file) {
-        direct.push_back(s);
-        continue;
-      }
-      staged.push_back({ctx, s, inner(), writes(), 0, nullptr, false});
-    }
-    if (!direct.empty()) inner()->Post(ctx, std::move(direct));
-    if (!staged.empty()) stager_->Add(std::move(staged));
-  }
-
- private:
-  const std::shared_ptr<EngineTarget> self_;
-  Stager* const stager_;
+  uint64_t staged_bytes_ = 0;  // guarded by mu(): bytes of the slices holding room
 };
 
 class FileStagingTransport : public WrappingTransport {
@@ -315,10 +191,11 @@ class FileStagingTransport : public WrappingTransport {
 
  protected:
   std::shared_ptr<PeerLink> Wrap(std::shared_ptr<PeerLink> inner) override {
-    return std::make_shared<FileStagingLink>(std::move(inner), self_, stager_.get(),
-                                             std::string(Name()));
+    return std::make_shared<StagingQueueLink<FileWork>>(
+        std::move(inner), "staged writes of file regions to the peer over " + std::string(Name()),
+        self_, MemoryKind::Type::kFile, stager_.get());
   }
-  void Drain() override { stager_->Stop(); }
+  void Drain() override { stager_->StopWorker(); }
 
  private:
   const std::shared_ptr<EngineTarget> self_;
