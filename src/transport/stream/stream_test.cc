@@ -106,6 +106,14 @@ class StreamTest : public ::testing::Test {
   // and waits until the batch settles.
   std::shared_ptr<BatchState> Write(size_t frames, std::vector<size_t> bad = {},
                                     std::chrono::milliseconds deadline = std::chrono::seconds(30)) {
+    auto batch = Post(frames, std::move(bad), deadline);
+    EXPECT_TRUE(
+        batch->WaitIdle(Clock::now() + std::chrono::seconds(60), std::chrono::microseconds(0)));
+    return batch;
+  }
+  // The same, without waiting.
+  std::shared_ptr<BatchState> Post(size_t frames, std::vector<size_t> bad = {},
+                                   std::chrono::milliseconds deadline = std::chrono::seconds(30)) {
     const size_t n = frames * 4;
     auto batch = std::make_shared<BatchState>(n);
     EXPECT_TRUE(batch->Reserve(n).ok());
@@ -123,8 +131,6 @@ class StreamTest : public ::testing::Test {
                         .request = static_cast<uint32_t>(i)});
     }
     link_->Post({batch, Clock::now() + deadline, nullptr}, std::move(slices));
-    EXPECT_TRUE(
-        batch->WaitIdle(Clock::now() + std::chrono::seconds(60), std::chrono::microseconds(0)));
     return batch;
   }
 
@@ -210,6 +216,27 @@ TEST_F(StreamTest, DroppedReplyFailsByTheDeadline) {
     EXPECT_THAT(batch->Get(i).status, test::StatusIs(StatusCode::kDeadlineExceeded)) << i;
   }
   EXPECT_TRUE(EventuallyBroken());
+}
+
+// Stopping the loops (the engine shuts down) fails the frames in flight
+// (their replies were dropped: nothing would ever answer them) with
+// kCancelled, and a later post fails at once, though the link is still
+// held: nothing waits for a loop that no longer runs.
+TEST_F(StreamTest, StoppedLoopsFailWhatTheyHoldAndLaterPostsAtOnce) {
+  Open(Replies({Action::kDrop}));
+  auto held = Post(2, {}, std::chrono::seconds(600));
+  pool_->Stop();
+  ASSERT_TRUE(held->WaitIdle(Clock::now() + std::chrono::seconds(60), std::chrono::microseconds(0)))
+      << "requests in flight when the loop stopped never finished";
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_THAT(held->Get(i).status, test::StatusIs(StatusCode::kCancelled)) << i;
+  }
+  auto later = Post(1, {}, std::chrono::seconds(600));
+  ASSERT_TRUE(
+      later->WaitIdle(Clock::now() + std::chrono::seconds(60), std::chrono::microseconds(0)))
+      << "a request posted after the loop stopped never finished";
+  EXPECT_EQ(later->Summary().failed, 4u);
+  EXPECT_FALSE(link_->Healthy());
 }
 
 TEST_F(StreamTest, DelayedRepliesStillComplete) {
