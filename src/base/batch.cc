@@ -24,13 +24,24 @@ uint8_t BatchState::RouteTag(RouteCounters* route) {
   if (!metrics_ || route == nullptr) return 0;
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < route_count_; ++i) {
-    if (routes_[i].load(std::memory_order_relaxed) == route) return static_cast<uint8_t>(i + 1);
+    if (RouteEntry(i).load(std::memory_order_relaxed) == route) {
+      return static_cast<uint8_t>(i + 1);
+    }
   }
   if (route_count_ == 255) return 0;
+  if (route_count_ == kInlineRoutes) {
+    more_routes_ = std::make_unique<std::atomic<RouteCounters*>[]>(255 - kInlineRoutes);
+    more_.store(more_routes_.get(), std::memory_order_release);
+  }
   // Release: a Completer that reads a request's tag (written after this, and
   // published to it through the request's slot) finds the route.
-  routes_[route_count_].store(route, std::memory_order_release);
+  RouteEntry(route_count_).store(route, std::memory_order_release);
   return static_cast<uint8_t>(++route_count_);
+}
+
+std::atomic<RouteCounters*>& BatchState::RouteEntry(size_t i) const {
+  if (i < kInlineRoutes) return routes_[i];
+  return more_.load(std::memory_order_acquire)[i - kInlineRoutes];
 }
 
 void BatchState::MarkBusy() { busy_since_ns_.store(NowNs(), std::memory_order_relaxed); }
@@ -57,7 +68,7 @@ void BatchState::CountCancelled(size_t index) {
   const uint64_t info = info_[index];
   const uint8_t tag = info & 0xff;
   if (tag == 0) return;
-  RouteCounters* r = routes_[tag - 1].load(std::memory_order_acquire);
+  RouteCounters* r = RouteEntry(tag - 1).load(std::memory_order_acquire);
   r->requests_failed.fetch_add(1, std::memory_order_relaxed);
   r->bytes_failed.fetch_add(info >> 8, std::memory_order_relaxed);
 }
@@ -190,7 +201,7 @@ void BatchState::Completer::Count(uint64_t info, bool failed) {
 void BatchState::Completer::Publish() {
   for (Tally& t : tally_) {
     if (t.tag == 0) continue;
-    RouteCounters* r = batch_.routes_[t.tag - 1].load(std::memory_order_acquire);
+    RouteCounters* r = batch_.RouteEntry(t.tag - 1).load(std::memory_order_acquire);
     if (t.ok) r->requests_completed.fetch_add(t.ok, std::memory_order_relaxed);
     if (t.failed) r->requests_failed.fetch_add(t.failed, std::memory_order_relaxed);
     if (t.ok_bytes) r->bytes_completed.fetch_add(t.ok_bytes, std::memory_order_relaxed);

@@ -208,9 +208,19 @@ class BatchState {
   // Per request: length << 8 | route tag (0: not counted).
   std::unique_ptr<uint64_t[]> info_;
   const std::shared_ptr<Metrics> metrics_;
-  // By tag - 1; the first route_count_ are set (each once, under mu_).
-  std::atomic<RouteCounters*> routes_[255] = {};
-  size_t route_count_ = 0;  // guarded by mu_
+  // The route of tag t (1..255) is entry t - 1 of routes_ and then of
+  // more_routes_; the first route_count_ are set (each once, under mu_).
+  // A batch meets few routes (peer, transport, opcode): eight inline keep
+  // the object small enough for malloc's per-thread cache, which matters
+  // because a batch is often freed on a loop thread (its last frame's
+  // completion) while the caller allocates the next one; the rest of the
+  // 255 are allocated at the ninth route.
+  static constexpr size_t kInlineRoutes = 8;
+  std::atomic<RouteCounters*>& RouteEntry(size_t i) const;
+  mutable std::atomic<RouteCounters*> routes_[kInlineRoutes] = {};
+  std::unique_ptr<std::atomic<RouteCounters*>[]> more_routes_;  // set once, under mu_
+  std::atomic<std::atomic<RouteCounters*>*> more_{nullptr};     // more_routes_, published
+  size_t route_count_ = 0;                                      // guarded by mu_
   std::function<void()> on_idle_;
   std::atomic<int64_t> busy_since_ns_{0};
   std::atomic<int64_t> last_poll_ns_{0};  // when the last PollIdle returned

@@ -283,6 +283,47 @@ TEST(Batch, AShadowBatchLandsOnlyWhileItsParentMay) {
   EXPECT_FALSE(shadow.BeginLanding());
 }
 
+// A batch over more routes than it keeps inline (eight) and up to the
+// 255 tags: every request is counted on its own route, completed or
+// cancelled; past 255 routes a request is simply not counted.
+TEST(Batch, MetricsCountEveryRouteOfABatchWithManyRoutes) {
+  constexpr size_t kRoutes = 260;
+  auto metrics = std::make_shared<Metrics>();
+  BatchState b(kRoutes, metrics);
+  std::vector<uint8_t> tags;
+  for (size_t i = 0; i < kRoutes; ++i) {
+    RouteCounters* r = metrics->Route("127.0.0.1:" + std::to_string(i + 1), "tcp", Opcode::kWrite);
+    tags.push_back(b.RouteTag(r));
+    EXPECT_EQ(b.RouteTag(r), tags.back()) << i;  // the same route, the same tag
+  }
+  for (size_t i = 0; i < kRoutes; ++i) EXPECT_EQ(tags[i], i < 255 ? i + 1 : 0) << i;
+  ASSERT_TRUE(b.Reserve(kRoutes).ok());
+  b.BeginRange(0, kRoutes, [&](size_t i) {
+    b.Describe(i, 10 + i, tags[i]);
+    return 1u;
+  });
+  {
+    BatchState::Completer c(b);
+    for (size_t i = 0; i < kRoutes; i += 2) c.Complete(i, 1, OkStatus());
+  }
+  b.Cancel(CancelledError("stop"));  // the odd ones: failed by the cancel
+  const EngineMetrics m = metrics->Snapshot(0);
+  ASSERT_EQ(m.routes.size(), kRoutes);
+  size_t counted = 0;
+  for (const RouteMetrics& x : m.routes) {
+    const size_t i = std::stoul(x.peer.substr(x.peer.find(':') + 1)) - 1;
+    if (i >= 255) {
+      EXPECT_EQ(x.requests_completed + x.requests_failed, 0u) << x.peer;
+      continue;
+    }
+    ++counted;
+    EXPECT_EQ(x.requests_completed, i % 2 == 0 ? 1u : 0u) << x.peer;
+    EXPECT_EQ(x.requests_failed, i % 2 == 0 ? 0u : 1u) << x.peer;
+    EXPECT_EQ(i % 2 == 0 ? x.bytes_completed : x.bytes_failed, 10 + i) << x.peer;
+  }
+  EXPECT_EQ(counted, 255u);
+}
+
 TEST(Batch, MetricsCountRequestsAndBytesByRouteAndOutcome) {
   auto metrics = std::make_shared<Metrics>();
   BatchState b(4, metrics);
