@@ -1215,6 +1215,34 @@ TEST_P(TransportConformanceTest,
   }
 }
 
+// The initiator destroyed with a batch of writes and reads in flight: its
+// destructor returns (every transport, and every wrapper around one, fails
+// or finishes what it still holds; nothing waits for an answer no thread
+// will read), and the target serves a new initiator.
+TEST_P(TransportConformanceTest, AnInitiatorDestroyedWithABatchInFlightLeavesTheTargetServing) {
+  constexpr size_t kEntries = 256;
+  constexpr uint64_t kLen = 16 * kKiB;
+  unsigned char* local = Alloc(kEntries * kLen, &initiator());
+  unsigned char* remote = Alloc(kEntries * kLen, &target());
+  ASSERT_NE(local, nullptr);
+  ASSERT_NE(remote, nullptr);
+  std::vector<TransferRequest> reqs;
+  for (size_t k = 0; k < kEntries; ++k) {
+    reqs.push_back({k % 2 == 0 ? Opcode::kWrite : Opcode::kRead,
+                    reinterpret_cast<void*>(Addr(local + k * kLen)), segment(),
+                    Addr(remote + k * kLen), kLen});
+  }
+  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator().AllocateBatch(kEntries));
+  ASSERT_OK(initiator().Submit(batch, reqs));
+  DestroyInitiator();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> again,
+                       Engine::Create(ConformanceOptions(GetParam())));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, again->OpenSegment(target().PeerId()));
+  AlignedBuffer buf(4096);
+  ASSERT_OK(again->RegisterMemory(buf.data(), 4096, "cpu"));
+  EXPECT_OK(again->TransferSync({Opcode::kRead, buf.data(), seg, Addr(remote), 4096}));
+}
+
 TEST_P(TransportConformanceTest, NotificationsArriveInOrderWithExactPayload) {
   EXPECT_THAT(target().GetNotifications(), ::testing::IsEmpty());
   std::vector<std::pair<std::string, std::string>> sent;

@@ -43,7 +43,10 @@ std::shared_ptr<EngineTarget> LocalDirectory::Find(uint64_t instance_id) const {
 
 namespace {
 
-// The file writes a link has in flight: its notifications wait for them.
+// File ops in flight: a link's writes (its notifications wait for them),
+// and all of a transport's ops (its shutdown waits for them: they run on
+// the ring of the engine that owns the file, which may be another engine
+// of this process, and complete this engine's batches).
 class FileWrites {
  public:
   void Add() {
@@ -61,6 +64,10 @@ class FileWrites {
   bool WaitUntil(Clock::time_point deadline) {
     std::unique_lock<std::mutex> lock(mu_);
     return cv_.wait_until(lock, deadline, [&] { return n_ == 0; });
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return n_ == 0; });
   }
 
  private:
@@ -93,8 +100,11 @@ using FileOpGroups = std::vector<std::pair<storage::FileIo*, std::vector<storage
 class LocalLink : public PeerLink {
  public:
   LocalLink(std::shared_ptr<EngineTarget> self, std::weak_ptr<EngineTarget> target,
-            std::string peer_id)
-      : self_(std::move(self)), target_(std::move(target)), peer_id_(std::move(peer_id)) {}
+            std::string peer_id, std::shared_ptr<FileWrites> transport_ops)
+      : self_(std::move(self)),
+        transport_ops_(std::move(transport_ops)),
+        target_(std::move(target)),
+        peer_id_(std::move(peer_id)) {}
 
   void Post(const PostContext& ctx, std::vector<Slice> slices) override {
     std::shared_ptr<EngineTarget> target = target_.lock();
@@ -258,9 +268,10 @@ class LocalLink : public PeerLink {
     op.pins.push_back(std::move(file_pin));
     if (!remote_file) op.pins.push_back(std::move(other_pin));
     if (write_file) file_writes_->Add();
+    transport_ops_->Add();
     op.done = [batch = ctx.batch, request = s.request, writes = write_file ? file_writes_ : nullptr,
-               to_device, copies = gpu_copies_, driver, ordinal = other.device(), device, host,
-               length = s.length](const Status& status) {
+               all = transport_ops_, to_device, copies = gpu_copies_, driver,
+               ordinal = other.device(), device, host, length = s.length](const Status& status) {
       Status st = status;
       if (st.ok() && to_device) {
         if (!batch->BeginLanding()) {
@@ -274,6 +285,7 @@ class LocalLink : public PeerLink {
       }
       batch->CompleteSlice(request, st);
       if (writes) writes->Done();
+      all->Done();  // last: the transport's shutdown may end once it is done
     };
     storage::FileIo* io = &file.io();
     if (groups->empty() || groups->back().first != io) {
@@ -284,6 +296,7 @@ class LocalLink : public PeerLink {
   }
 
   const std::shared_ptr<EngineTarget> self_;
+  const std::shared_ptr<FileWrites> transport_ops_;  // every file op of the transport
   const std::shared_ptr<FileWrites> file_writes_ = std::make_shared<FileWrites>();
   const std::shared_ptr<GpuCopies> gpu_copies_ = std::make_shared<GpuCopies>();
   std::weak_ptr<EngineTarget> target_;
@@ -323,12 +336,21 @@ class LocalTransport : public Transport {
       return UnavailableError("peer " + peer.peer_id +
                               " is not an engine of this process (local transport)");
     }
-    return std::shared_ptr<PeerLink>(std::make_shared<LocalLink>(self_, t, peer.peer_id));
+    return std::shared_ptr<PeerLink>(
+        std::make_shared<LocalLink>(self_, t, peer.peer_id, file_ops_));
   }
-  void Shutdown() override { LocalDirectory::Get().Remove(self_->instance_id()); }
+  // Out of the directory; then waits for this engine's file ops still on a
+  // ring (its own, or another engine's for that engine's files): their
+  // completions finish this engine's batches, which must not outlive it.
+  // Each ends with its I/O, or fails once its ring's owner is destroyed.
+  void Shutdown() override {
+    LocalDirectory::Get().Remove(self_->instance_id());
+    file_ops_->Wait();
+  }
 
  private:
   const std::shared_ptr<EngineTarget> self_;
+  const std::shared_ptr<FileWrites> file_ops_ = std::make_shared<FileWrites>();
 };
 
 }  // namespace
