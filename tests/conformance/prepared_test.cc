@@ -360,6 +360,40 @@ TEST_P(PreparedTest, ATransfersNotificationArrivesAfterItsData) {
   EXPECT_EQ(target().GetMetrics().notifications_received, 2u);
 }
 
+// The initiator destroyed while prepared transfers with notifications are
+// in flight (their data posted, or their notifications queued behind it):
+// its destructor returns, every completion and notification job ends
+// before the engine is gone, and the target serves a new initiator.
+TEST_P(PreparedTest, AnInitiatorDestroyedWithTransfersInFlightLeavesTheTargetServing) {
+  constexpr size_t kN = 64;
+  constexpr uint64_t kLen = 16 * kKiB;
+  unsigned char* local = Alloc(kN * kLen, &initiator());
+  unsigned char* remote = Alloc(kN * kLen, &target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  ASSERT_OK_AND_ASSIGN(DescListHandle l, initiator().PrepareLocalList(Rows(local, kN, kLen, kLen)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r,
+                       initiator().PrepareRemoteList(segment(), Rows(remote, kN, kLen, kLen)));
+  // Eight transfers of eight rows each, none touching another's rows:
+  // four writes, then four reads.
+  for (uint32_t k = 0; k < 8; ++k) {
+    std::vector<uint32_t> idx;
+    for (uint32_t i = 0; i < kN / 8; ++i) idx.push_back(k * (kN / 8) + i);
+    ASSERT_OK_AND_ASSIGN(
+        TransferHandle t,
+        initiator().MakeTransfer(k < 4 ? Opcode::kWrite : Opcode::kRead, l, idx, r, idx,
+                                 Notification{"", "n" + std::to_string(k), "m"}));
+    ASSERT_OK(initiator().PostTransfer(t));
+  }
+  DestroyInitiator();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> again,
+                       Engine::Create(ConformanceOptions(GetParam())));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, again->OpenSegment(target().PeerId()));
+  AlignedBuffer buf(4096);
+  ASSERT_OK(again->RegisterMemory(buf.data(), 4096, "cpu"));
+  EXPECT_OK(again->TransferSync({Opcode::kRead, buf.data(), seg, Addr(remote), 4096}));
+}
+
 TEST_P(PreparedTest, NotificationsOfOneMebibyteArriveWhole) {
   std::string big(kMaxNotificationMessage, '\0');
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(PatternByte(3, i));
