@@ -58,14 +58,24 @@ class StagingQueue {
   StagingQueue(const StagingQueue&) = delete;
   StagingQueue& operator=(const StagingQueue&) = delete;
 
+  // Queues `work`; once the queue stopped (the transport shut down), fails
+  // it at once instead.
   void Add(std::vector<Work> work) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (Work& w : work) {
-      if (w.slice.opcode == Opcode::kWrite) w.seq = w.writes->Add();
-      waiting_.push_back(std::move(w));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stopping_) {
+        for (Work& w : work) {
+          if (w.slice.opcode == Opcode::kWrite) w.seq = w.writes->Add();
+          waiting_.push_back(std::move(w));
+        }
+        if (!worker_.joinable()) worker_ = std::thread([this] { Run(); });
+        cv_.notify_all();
+        return;
+      }
     }
-    if (!worker_.joinable() && !stopping_) worker_ = std::thread([this] { Run(); });
-    cv_.notify_all();
+    for (Work& w : work) {
+      Finish(std::move(w), CancelledError("engine shut down: " + what_ + " was not started"));
+    }
   }
 
   // Waits until nothing waits, is ready or holds room, then ends the worker.
