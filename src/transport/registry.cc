@@ -77,15 +77,17 @@ Status TransportSet::Start(const TransportContext& given) {
           std::find(kinds.begin(), kinds.end(), MemoryKind::Type::kCuda) == kinds.end()) {
         made = WithStaging(std::move(made), ctx.target, ctx.options->testing.cuda_driver);
       }
-      // The stream transports, which serve a peer's file regions, take any
-      // host buffer of this process as a slice's local side: this engine's
-      // file regions go through staging buffers of their own.
+      // Transports that move host memory of this process to a peer's host
+      // memory (tcp, shm, fabric) take this engine's file regions as a
+      // slice's local side too, through staging buffers of their own.
       const auto& local_kinds = made->caps().memory_kinds;
-      const auto& remote_kinds = made->caps().remote_kinds;
-      if (std::find(remote_kinds.begin(), remote_kinds.end(), MemoryKind::Type::kFile) !=
-              remote_kinds.end() &&
-          std::find(local_kinds.begin(), local_kinds.end(), MemoryKind::Type::kFile) ==
-              local_kinds.end()) {
+      const auto& remote_kinds =
+          made->caps().remote_kinds.empty() ? local_kinds : made->caps().remote_kinds;
+      auto has = [](const std::vector<MemoryKind::Type>& kinds, MemoryKind::Type t) {
+        return std::find(kinds.begin(), kinds.end(), t) != kinds.end();
+      };
+      if (made->caps().reach != Reach::kSameProcess && has(local_kinds, MemoryKind::Type::kCpu) &&
+          has(remote_kinds, MemoryKind::Type::kCpu) && !has(local_kinds, MemoryKind::Type::kFile)) {
         made = storage::WithFileStaging(std::move(made), ctx.target);
       }
       const auto& faults = ctx.options->testing.link_faults;

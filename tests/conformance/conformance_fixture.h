@@ -54,7 +54,8 @@ inline const std::vector<std::string> kFileTargets = {"local_file", "shm_file", 
 // The transports that move this engine's own file regions to and from a
 // peer (staged through host buffers: storage/file_staging.h), run with the
 // initiator's buffers in file regions of its own ("LocalFiles/...").
-inline const std::vector<std::string> kLocalFiles = {"shm_local_files", "tcp_local_files"};
+inline const std::vector<std::string> kLocalFiles = {"shm_local_files", "tcp_local_files",
+                                                     "fabric_tcp_local_files"};
 
 // Generous bounds; no test asserts how fast anything is.
 inline constexpr std::chrono::milliseconds kTransferTimeout{60000};

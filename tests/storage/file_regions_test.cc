@@ -640,7 +640,7 @@ class LocalFilesTest : public ::testing::TestWithParam<std::string> {
   }
   EngineOptions Options() const {
     EngineOptions o;
-    o.transport = GetParam();
+    SetTransportOptions(GetParam(), &o);
     o.listen_host = "127.0.0.1";
     o.transfer_timeout = kWait;
     return o;
@@ -695,7 +695,7 @@ class LocalFilesTest : public ::testing::TestWithParam<std::string> {
   SegmentHandle segment_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Transports, LocalFilesTest, ::testing::Values("tcp", "shm"),
+INSTANTIATE_TEST_SUITE_P(Transports, LocalFilesTest, ::testing::Values("tcp", "shm", "fabric_tcp"),
                          [](const auto& info) { return info.param; });
 
 // Scattered pieces, aligned (O_DIRECT) and not: the file's bytes to the

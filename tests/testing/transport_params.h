@@ -20,27 +20,35 @@ namespace ferry::test {
 // "local_file": registered with Engine::RegisterFile).
 inline bool TargetsFiles(const std::string& param) { return param.ends_with("_file"); }
 // Whether the initiator's buffers are file regions of its own, staged over
-// the transport ("tcp_local_files", "shm_local_files").
+// the transport ("tcp_local_files", "shm_local_files",
+// "fabric_tcp_local_files").
 inline bool InitiatorFiles(const std::string& param) { return param.ends_with("_local_files"); }
+// `param` without the suffix that says where the buffers are ("_file",
+// "_local_files").
+inline std::string BaseParam(const std::string& param) {
+  if (TargetsFiles(param)) return param.substr(0, param.size() - 5);
+  if (InitiatorFiles(param)) return param.substr(0, param.size() - 12);
+  return param;
+}
 // A test parameter's transport ("fabric_tcp" -> "fabric", "tcp_file" ->
 // "tcp") and fabric provider ("tcp"; "" for the others).
 inline std::string TransportOf(const std::string& param) {
   if (param == "shm_mapped") return "shm";
-  if (TargetsFiles(param)) return param.substr(0, param.size() - 5);
-  if (InitiatorFiles(param)) return param.substr(0, param.size() - 12);
-  return param.starts_with("fabric_") ? "fabric" : param;
+  const std::string base = BaseParam(param);
+  return base.starts_with("fabric_") ? "fabric" : base;
 }
 // Whether the target's buffers are shared memory (the initiator maps them).
 inline bool SharesTargetMemory(const std::string& param) { return param == "shm_mapped"; }
 inline std::string FabricProviderOf(const std::string& param) {
-  return param.starts_with("fabric_") ? param.substr(7) : "";
+  const std::string base = BaseParam(param);
+  return base.starts_with("fabric_") ? base.substr(7) : "";
 }
 
 // Why `param` cannot run on this machine ("" if it can): shm without
 // same-host copies, a fabric provider libfabric does not list here.
 inline std::string TransportRefusal(const std::string& param) {
   if (TransportOf(param) == "shm") return SameHostCopyRefusal();
-  if (param.starts_with("fabric_")) {
+  if (TransportOf(param) == "fabric") {
     const FabricInfo f = DescribeFabric(FabricProviderOf(param), "127.0.0.1");
     if (f.chosen.empty()) return "fabric provider " + FabricProviderOf(param) + ": " + f.why_none;
   }
