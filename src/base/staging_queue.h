@@ -125,7 +125,6 @@ class StagingQueue {
     cv_.notify_all();
   }
 
-  const std::string& what() const { return what_; }
   std::mutex& mu() { return mu_; }  // what the *Locked hooks run under
 
  private:

@@ -171,6 +171,33 @@ class EnginePair {
     return reinterpret_cast<uintptr_t>(p);
   }
 
+  // `n` requests of `len` bytes between `local` (the initiator's, Alloc)
+  // and `remote` (the target's), writes and reads in turn, none touching
+  // another's bytes.
+  std::vector<TransferRequest> WritesAndReads(const unsigned char* local,
+                                              const unsigned char* remote, size_t n, uint64_t len) {
+    std::vector<TransferRequest> reqs;
+    for (size_t k = 0; k < n; ++k) {
+      reqs.push_back({k % 2 == 0 ? Opcode::kWrite : Opcode::kRead,
+                      reinterpret_cast<void*>(Addr(local + k * len)), segment_,
+                      Addr(remote + k * len), len});
+    }
+    return reqs;
+  }
+
+  // A new engine with `options` reads 4 KiB at `remote` (the target's,
+  // Alloc): the target still serves.
+  void ExpectTargetServesANewEngine(const EngineOptions& options, const unsigned char* remote) {
+    auto again = Engine::Create(options);
+    ASSERT_THAT(GetStatus(again), IsOk()) << "creating another initiator";
+    auto seg = (*again)->OpenSegment(target_->PeerId());
+    ASSERT_THAT(GetStatus(seg), IsOk()) << "opening the target from another initiator";
+    AlignedBuffer buf(4096);
+    ASSERT_THAT((*again)->RegisterMemory(buf.data(), 4096, "cpu"), IsOk());
+    EXPECT_THAT((*again)->TransferSync({Opcode::kRead, buf.data(), *seg, Addr(remote), 4096}),
+                IsOk());
+  }
+
   // Runs `pieces` as one batch of `op` requests between `local` (registered
   // with the initiator) and `remote` (registered with the target), submitted
   // in calls of at most `submit_chunk` requests, and checks:

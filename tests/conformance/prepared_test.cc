@@ -386,12 +386,7 @@ TEST_P(PreparedTest, AnInitiatorDestroyedWithTransfersInFlightLeavesTheTargetSer
     ASSERT_OK(initiator().PostTransfer(t));
   }
   DestroyInitiator();
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> again,
-                       Engine::Create(ConformanceOptions(GetParam())));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, again->OpenSegment(target().PeerId()));
-  AlignedBuffer buf(4096);
-  ASSERT_OK(again->RegisterMemory(buf.data(), 4096, "cpu"));
-  EXPECT_OK(again->TransferSync({Opcode::kRead, buf.data(), seg, Addr(remote), 4096}));
+  ExpectTargetServesANewEngine(ConformanceOptions(GetParam()), remote);
 }
 
 TEST_P(PreparedTest, NotificationsOfOneMebibyteArriveWhole) {

@@ -1226,21 +1226,11 @@ TEST_P(TransportConformanceTest, AnInitiatorDestroyedWithABatchInFlightLeavesThe
   unsigned char* remote = Alloc(kEntries * kLen, &target());
   ASSERT_NE(local, nullptr);
   ASSERT_NE(remote, nullptr);
-  std::vector<TransferRequest> reqs;
-  for (size_t k = 0; k < kEntries; ++k) {
-    reqs.push_back({k % 2 == 0 ? Opcode::kWrite : Opcode::kRead,
-                    reinterpret_cast<void*>(Addr(local + k * kLen)), segment(),
-                    Addr(remote + k * kLen), kLen});
-  }
+  const std::vector<TransferRequest> reqs = WritesAndReads(local, remote, kEntries, kLen);
   ASSERT_OK_AND_ASSIGN(BatchId batch, initiator().AllocateBatch(kEntries));
   ASSERT_OK(initiator().Submit(batch, reqs));
   DestroyInitiator();
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> again,
-                       Engine::Create(ConformanceOptions(GetParam())));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, again->OpenSegment(target().PeerId()));
-  AlignedBuffer buf(4096);
-  ASSERT_OK(again->RegisterMemory(buf.data(), 4096, "cpu"));
-  EXPECT_OK(again->TransferSync({Opcode::kRead, buf.data(), seg, Addr(remote), 4096}));
+  ExpectTargetServesANewEngine(ConformanceOptions(GetParam()), remote);
 }
 
 // The target destroyed with a batch of the initiator's writes and reads in
@@ -1253,12 +1243,7 @@ TEST_P(TransportConformanceTest, ATargetDestroyedWithABatchInFlightFinishesEvery
   unsigned char* remote = Alloc(kEntries * kLen, &target());
   ASSERT_NE(local, nullptr);
   ASSERT_NE(remote, nullptr);
-  std::vector<TransferRequest> reqs;
-  for (size_t k = 0; k < kEntries; ++k) {
-    reqs.push_back({k % 2 == 0 ? Opcode::kWrite : Opcode::kRead,
-                    reinterpret_cast<void*>(Addr(local + k * kLen)), segment(),
-                    Addr(remote + k * kLen), kLen});
-  }
+  const std::vector<TransferRequest> reqs = WritesAndReads(local, remote, kEntries, kLen);
   ASSERT_OK_AND_ASSIGN(BatchId batch, initiator().AllocateBatch(kEntries));
   ASSERT_OK(initiator().Submit(batch, reqs));
   DestroyTarget();

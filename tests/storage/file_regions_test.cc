@@ -34,6 +34,25 @@ using ::testing::HasSubstr;
 constexpr std::chrono::milliseconds kWait{60000};
 
 // A file of `size` zero bytes in a fresh temporary folder (removed with it).
+// Runs `reqs` as one batch of `engine`'s and returns each request's final
+// status (none may still be pending after the wait).
+std::vector<Status> RunBatch(Engine& engine, const std::vector<TransferRequest>& reqs) {
+  auto batch = engine.AllocateBatch(reqs.size());
+  EXPECT_OK(batch);
+  if (!batch.ok()) return {};
+  EXPECT_OK(engine.Submit(*batch, reqs));
+  (void)engine.WaitBatch(*batch, kWait);
+  std::vector<Status> out;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto st = engine.GetTransferStatus(*batch, i);
+    EXPECT_OK(st);
+    EXPECT_NE(st->state, TransferState::kPending) << "request " << i;
+    out.push_back(st->status);
+  }
+  EXPECT_OK(engine.FreeBatch(*batch));
+  return out;
+}
+
 class TempFile {
  public:
   explicit TempFile(uint64_t size, const std::string& dir = "") {
@@ -155,19 +174,7 @@ class FileRegionsTest : public ::testing::TestWithParam<std::string> {
     std::vector<TransferRequest> reqs;
     for (const Piece& p : pieces)
       reqs.push_back({op, mem + p.mem_off, segment_, file_base + p.file_off, p.length});
-    auto batch = initiator_->AllocateBatch(reqs.size());
-    EXPECT_OK(batch);
-    EXPECT_OK(initiator_->Submit(*batch, reqs));
-    (void)initiator_->WaitBatch(*batch, kWait);
-    std::vector<Status> out;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      auto st = initiator_->GetTransferStatus(*batch, i);
-      EXPECT_OK(st);
-      EXPECT_NE(st->state, TransferState::kPending) << "request " << i;
-      out.push_back(st->status);
-    }
-    EXPECT_OK(initiator_->FreeBatch(*batch));
-    return out;
+    return RunBatch(*initiator_, reqs);
   }
 
   // Buffers first: freed only once the engines (whose threads read and
@@ -669,19 +676,7 @@ class LocalFilesTest : public ::testing::TestWithParam<std::string> {
       reqs.push_back({op, reinterpret_cast<void*>(file_base + p.file_off), segment_,
                       reinterpret_cast<uint64_t>(mem) + p.mem_off, p.length});
     }
-    auto batch = initiator_->AllocateBatch(reqs.size());
-    EXPECT_OK(batch);
-    EXPECT_OK(initiator_->Submit(*batch, reqs));
-    (void)initiator_->WaitBatch(*batch, kWait);
-    std::vector<Status> out;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      auto st = initiator_->GetTransferStatus(*batch, i);
-      EXPECT_OK(st);
-      EXPECT_NE(st->state, TransferState::kPending) << "request " << i;
-      out.push_back(st->status);
-    }
-    EXPECT_OK(initiator_->FreeBatch(*batch));
-    return out;
+    return RunBatch(*initiator_, reqs);
   }
   static void WriteFile(const TempFile& file, const std::vector<unsigned char>& bytes) {
     const int fd = ::open(file.path().c_str(), O_WRONLY | O_CLOEXEC);

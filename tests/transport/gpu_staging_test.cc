@@ -252,12 +252,7 @@ TEST_P(GpuStagingTest, EngineDestroyedWithStagedSlicesInFlight) {
   ASSERT_OK_AND_ASSIGN(BatchId batch, pair_.initiator().AllocateBatch(reqs.size()));
   ASSERT_OK(pair_.initiator().Submit(batch, reqs));
   pair_.DestroyInitiator();  // with the batch in flight
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> again,
-                       Engine::Create(ConformanceOptions(GetParam())));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, again->OpenSegment(pair_.target().PeerId()));
-  AlignedBuffer buf(4096);
-  ASSERT_OK(again->RegisterMemory(buf.data(), 4096, "cpu"));
-  EXPECT_OK(again->TransferSync({Opcode::kRead, buf.data(), seg, pair_.Addr(host), 4096}));
+  pair_.ExpectTargetServesANewEngine(ConformanceOptions(GetParam()), host);
 }
 
 INSTANTIATE_TEST_SUITE_P(HostTransports, GpuStagingTest,

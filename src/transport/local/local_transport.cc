@@ -47,7 +47,7 @@ namespace {
 // and all of a transport's ops (its shutdown waits for them: they run on
 // the ring of the engine that owns the file, which may be another engine
 // of this process, and complete this engine's batches).
-class FileWrites {
+class FileOpCount {
  public:
   void Add() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -100,7 +100,7 @@ using FileOpGroups = std::vector<std::pair<storage::FileIo*, std::vector<storage
 class LocalLink : public PeerLink {
  public:
   LocalLink(std::shared_ptr<EngineTarget> self, std::weak_ptr<EngineTarget> target,
-            std::string peer_id, std::shared_ptr<FileWrites> transport_ops)
+            std::string peer_id, std::shared_ptr<FileOpCount> transport_ops)
       : self_(std::move(self)),
         transport_ops_(std::move(transport_ops)),
         target_(std::move(target)),
@@ -296,8 +296,8 @@ class LocalLink : public PeerLink {
   }
 
   const std::shared_ptr<EngineTarget> self_;
-  const std::shared_ptr<FileWrites> transport_ops_;  // every file op of the transport
-  const std::shared_ptr<FileWrites> file_writes_ = std::make_shared<FileWrites>();
+  const std::shared_ptr<FileOpCount> transport_ops_;  // every file op of the transport
+  const std::shared_ptr<FileOpCount> file_writes_ = std::make_shared<FileOpCount>();
   const std::shared_ptr<GpuCopies> gpu_copies_ = std::make_shared<GpuCopies>();
   std::weak_ptr<EngineTarget> target_;
   std::string peer_id_;
@@ -350,7 +350,7 @@ class LocalTransport : public Transport {
 
  private:
   const std::shared_ptr<EngineTarget> self_;
-  const std::shared_ptr<FileWrites> file_ops_ = std::make_shared<FileWrites>();
+  const std::shared_ptr<FileOpCount> file_ops_ = std::make_shared<FileOpCount>();
 };
 
 }  // namespace
