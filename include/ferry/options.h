@@ -142,6 +142,11 @@ struct FERRY_API EngineOptions {
   // request to the peer (docs/architecture.md, "Mapped segments"); false:
   // every same-host copy goes through the peer (cross-memory attach).
   bool map_shared_memory = true;
+  // Same-host streams carry their frames through request rings in shared
+  // memory instead of their unix sockets (docs/architecture.md, "Request
+  // rings"): no system call per request while both sides poll. Both engines
+  // must allow it; false: frames go through the sockets.
+  bool shm_rings = true;
 
   // Many peers (docs/architecture.md, "Peer links"). Engine::Create raises
   // the soft RLIMIT_NOFILE to the hard limit (as the Go runtime does), so

@@ -74,6 +74,7 @@ class EngineOptions:
     max_peer_links: int
     file_queue_depth: int
     map_shared_memory: int
+    shm_rings: int
     # Test-only (ferry/testing_options.h).
     testing_wire_version_min: int
     testing_wire_version_max: int

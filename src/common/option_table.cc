@@ -252,6 +252,10 @@ constexpr Row kRows[] = {
         "map_shared_memory", "FERRY_MAP_SHARED_MEMORY", kEngine, "", 0, 1,
         "1 = same-host peers' shared memory (AllocateShared) is mapped and copied with loads and "
         "stores; 0 = every same-host copy goes through the peer"),
+    Integer<&EngineOptions::shm_rings>(
+        "shm_rings", "FERRY_SHM_RINGS", kEngine, "", 0, 1,
+        "1 = same-host streams carry their frames through request rings in shared memory (when "
+        "both engines allow it); 0 = through their unix sockets"),
 };
 constexpr size_t kRowCount = std::size(kRows);
 

@@ -247,7 +247,7 @@ TEST(OptionTable, CoversEveryVariable) {
                 "FERRY_METRICS_ADDRESS", "FERRY_FABRIC_PROVIDER", "FERRY_FABRIC_NICS",
                 // Peer links (issue 33).
                 "FERRY_RAISE_FD_LIMIT", "FERRY_IDLE_LINK_TIMEOUT_MS", "FERRY_MAX_PEER_LINKS",
-                "FERRY_MAP_SHARED_MEMORY"}));
+                "FERRY_MAP_SHARED_MEMORY", "FERRY_SHM_RINGS"}));
 }
 
 // The text of a file of the source tree ("" if it cannot be read).

@@ -20,6 +20,8 @@ const std::vector<std::string>& Features() {
       "read", "write", "notify", "batch", "p2p-handshake",
       // shm targets answer kCopyLendRead (the initiator copies)
       "shm-lend-reads",
+      // same-host hellos may name request rings (shm/request_ring.h)
+      "shm-rings",
       // takes notifications of up to kMaxNotificationMessage bytes
       "notify-1m"};
   return f;

@@ -42,7 +42,11 @@ inline const std::vector<std::string> kTransports = [] {
   }
   // shm again with the target's buffers in shared memory: the initiator
   // maps them and copies itself (docs/architecture.md, "Mapped segments").
-  if (std::find(names.begin(), names.end(), "shm") != names.end()) names.push_back("shm_mapped");
+  // And with its frames on the unix sockets instead of the request rings.
+  if (std::find(names.begin(), names.end(), "shm") != names.end()) {
+    names.push_back("shm_mapped");
+    names.push_back("shm_socket");
+  }
   return names;
 }();
 

@@ -198,7 +198,13 @@ std::vector<std::string> CopyFrameSeeds() {
   shm::EncodeCopyEntries(ce, 2, &s);
   seeds.push_back(Pick(0, s));
   s.clear();
-  shm::EncodeCopyHello({{1, 2, 1, 0, "127.0.0.1:5"}, 0x7fff0000, "0123456789abcdef"}, &s);
+  shm::EncodeCopyHello({{1, 2, 1, 0, "127.0.0.1:5"}, 0x7fff0000, "0123456789abcdef", std::nullopt},
+                       &s);
+  seeds.push_back(Pick(1, s));
+  s.clear();
+  shm::EncodeCopyHello(
+      {{1, 2, 1, 0, "127.0.0.1:5"}, 0x7fff0000, "0123456789abcdef", shm::HelloRing{5, 6, 7, 65536}},
+      &s);
   seeds.push_back(Pick(1, s));
   s.clear();
   shm::EncodeCopyReturn(7, &s);

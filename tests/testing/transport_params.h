@@ -2,7 +2,9 @@
 // provider: "tcp", "shm", "local", "fabric_tcp" (the fabric transport on
 // libfabric's tcp;ofi_rxm), "fabric_shm"; "shm_mapped" is shm with the
 // target's memory shared (registered with its memfd: the initiator maps it,
-// docs/architecture.md "Mapped segments"); "<transport>_file" has the
+// docs/architecture.md "Mapped segments"); "shm_socket" is shm with its
+// frames on the unix sockets (shm_rings off; "shm" uses the request rings,
+// docs/architecture.md "Request rings"); "<transport>_file" has the
 // target's buffers in file regions. Shared by the conformance suite
 // and the multi-process tests.
 #pragma once
@@ -33,7 +35,7 @@ inline std::string BaseParam(const std::string& param) {
 // A test parameter's transport ("fabric_tcp" -> "fabric", "tcp_file" ->
 // "tcp") and fabric provider ("tcp"; "" for the others).
 inline std::string TransportOf(const std::string& param) {
-  if (param == "shm_mapped") return "shm";
+  if (param == "shm_mapped" || param == "shm_socket") return "shm";
   const std::string base = BaseParam(param);
   return base.starts_with("fabric_") ? "fabric" : base;
 }
@@ -64,6 +66,7 @@ inline std::string TransportRefusal(const std::string& param) {
 inline void SetTransportOptions(const std::string& param, EngineOptions* o) {
   o->transport = TransportOf(param);
   o->fabric_provider = FabricProviderOf(param);
+  if (param == "shm_socket") o->shm_rings = false;
 }
 
 }  // namespace ferry::test

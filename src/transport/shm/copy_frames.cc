@@ -61,6 +61,12 @@ void EncodeCopyHello(const CopyHello& h, std::string* out) {
   wire::ByteWriter w(out);
   w.U64(h.probe_addr);
   w.Str(std::string_view(h.probe).substr(0, kMaxProbe));
+  if (h.ring) {
+    w.U32(h.ring->memfd);
+    w.U32(h.ring->initiator_wake);
+    w.U32(h.ring->target_wake);
+    w.U32(h.ring->capacity);
+  }
 }
 
 StatusOr<CopyHello> DecodeCopyHello(std::string_view body) {
@@ -69,8 +75,17 @@ StatusOr<CopyHello> DecodeCopyHello(std::string_view body) {
   if (!r.U64(&h.hello.initiator_instance) || !r.U64(&h.hello.target_instance) ||
       !r.U16(&h.hello.wire_version) || !r.U16(&h.hello.stream_index) ||
       !r.Str(&h.hello.initiator_peer_id) || !r.U64(&h.probe_addr) || !r.Str(&h.probe) ||
-      r.remaining() != 0 || h.probe.size() > kMaxProbe) {
+      h.probe.size() > kMaxProbe) {
     return DataLossError("malformed same-host stream hello from peer");
+  }
+  if (r.remaining() != 0) {
+    HelloRing ring;
+    if (!r.U32(&ring.memfd) || !r.U32(&ring.initiator_wake) || !r.U32(&ring.target_wake) ||
+        !r.U32(&ring.capacity) || r.remaining() != 0) {
+      return DataLossError("malformed same-host stream hello from peer (" +
+                           std::to_string(body.size()) + " bytes)");
+    }
+    h.ring = ring;
   }
   return h;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,13 +43,25 @@ StatusOr<CopyLend> DecodeCopyLend(std::string_view body);
 void EncodeCopyReturn(uint64_t lend_seq, std::string* out);
 StatusOr<uint64_t> DecodeCopyReturn(std::string_view body);
 
+// The request rings a hello offers (request_ring.h): descriptors of the
+// initiator's process, and the capacity of each ring.
+struct HelloRing {
+  uint32_t memfd = 0;
+  uint32_t initiator_wake = 0;
+  uint32_t target_wake = 0;
+  uint32_t capacity = 0;
+};
+
 // kCopyHello body: a kStreamHello body, then u64 probe_addr and str probe:
 // bytes the target must find at probe_addr in the initiator's memory,
-// proving it can reach that process before any transfer relies on it.
+// proving it can reach that process before any transfer relies on it; then,
+// optionally (to a peer with the feature "shm-rings"), u32 memfd, u32
+// initiator_wake, u32 target_wake, u32 capacity: request rings offered.
 struct CopyHello {
   wire::StreamHello hello;
   uint64_t probe_addr = 0;
   std::string probe;  // at most kMaxProbe bytes
+  std::optional<HelloRing> ring;
 };
 inline constexpr size_t kMaxProbe = 64;
 void EncodeCopyHello(const CopyHello& h, std::string* out);

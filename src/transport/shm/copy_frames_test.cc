@@ -32,7 +32,7 @@ TEST(CopyFrames, CopyEntriesRoundTripAndLimits) {
 }
 
 TEST(CopyFrames, CopyHelloRoundTripAndProbeLimit) {
-  CopyHello h{{1, 2, 1, 3, "127.0.0.1:9"}, 0x7ffd0000, std::string(16, 'p')};
+  CopyHello h{{1, 2, 1, 3, "127.0.0.1:9"}, 0x7ffd0000, std::string(16, 'p'), std::nullopt};
   std::string body;
   EncodeCopyHello(h, &body);
   auto out = DecodeCopyHello(body);
@@ -41,7 +41,22 @@ TEST(CopyFrames, CopyHelloRoundTripAndProbeLimit) {
   EXPECT_EQ(out->hello.initiator_peer_id, "127.0.0.1:9");
   EXPECT_EQ(out->probe_addr, 0x7ffd0000u);
   EXPECT_EQ(out->probe, h.probe);
+  EXPECT_FALSE(out->ring.has_value());
   EXPECT_FALSE(DecodeCopyHello(body + "x").ok());
+  // Request rings offered: four u32 after the probe, all or nothing.
+  h.ring = HelloRing{7, 8, 9, 65536};
+  std::string with_ring;
+  EncodeCopyHello(h, &with_ring);
+  auto ringed = DecodeCopyHello(with_ring);
+  ASSERT_TRUE(ringed.ok()) << ringed.status();
+  ASSERT_TRUE(ringed->ring.has_value());
+  EXPECT_EQ(ringed->ring->memfd, 7u);
+  EXPECT_EQ(ringed->ring->initiator_wake, 8u);
+  EXPECT_EQ(ringed->ring->target_wake, 9u);
+  EXPECT_EQ(ringed->ring->capacity, 65536u);
+  EXPECT_FALSE(DecodeCopyHello(with_ring.substr(0, with_ring.size() - 1)).ok());
+  EXPECT_FALSE(DecodeCopyHello(with_ring + "x").ok());
+  h.ring.reset();
   // A plain stream hello lacks the probe.
   std::string plain;
   wire::EncodeStreamHello(h.hello, &plain);

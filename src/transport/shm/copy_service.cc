@@ -12,7 +12,9 @@
 #include <cstdio>
 
 #include "common/fd_limit.h"
+#include "common/log.h"
 #include "transport/shm/copy_frames.h"
+#include "transport/shm/request_ring.h"
 
 namespace ferry::internal::shm {
 namespace {
@@ -253,9 +255,24 @@ Status OpenCopyStream(const CopyOpenerConfig& cfg, stream::Connection& c,
     }
   }
   if (result.ok()) result = ProbePeer(cfg, pid, hello);
+  // Request rings offered: taken, and marked so before the answer (the
+  // initiator reads the mark once it has the answer). A ring that cannot be
+  // taken leaves the stream on its socket.
+  std::unique_ptr<RequestRing> ring;
+  if (result.ok() && hello.ring && cfg.rings) {
+    auto taken = RequestRing::Take(pidfd.get(), *hello.ring, hello.hello.initiator_peer_id);
+    if (taken.ok()) {
+      ring = *std::move(taken);
+      ring->MarkAttached();
+    } else {
+      FERRY_LOG(kInfo, "same-host stream from " << hello.hello.initiator_peer_id
+                                                << " stays on its socket: " << taken.status());
+    }
+  }
   std::string reply;
   wire::EncodeStatus(result, &reply);
   c.QueueReply(wire::FrameType::kStreamHelloAck, h.seq, std::move(reply));
+  if (ring) c.UseChannelAfterReplies(std::move(ring));
   if (result.ok()) {
     c.Serve(std::make_shared<CopyStreamService>(cfg.policy.target, pid, std::move(pidfd),
                                                 (h.flags & wire::kHelloFlagLendStaged) != 0),

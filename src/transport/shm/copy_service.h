@@ -66,6 +66,9 @@ struct CopyOpenerConfig {
   // Test-only: refuse every same-host hello as if the initiator's memory
   // could not be reached (EngineOptions::testing.refuse_same_host_copy).
   bool refuse = false;
+  // EngineOptions::shm_rings: serve a stream through the request rings its
+  // hello offers.
+  bool rings = true;
 };
 
 // kCopyHello: answers the hello (a refusal says why) and, on success, serves

@@ -15,6 +15,7 @@
 #include "transport/shm/copy_frames.h"
 #include "transport/shm/copy_service.h"
 #include "transport/shm/mapped_segments.h"
+#include "transport/shm/request_ring.h"
 #include "transport/shm/same_host_probe.h"
 #include "transport/stream/connection.h"
 #include "transport/stream/listener.h"
@@ -47,6 +48,7 @@ class ShmTransport : public Transport {
         credentials_(ctx.credentials()),
         pool_(ctx.streams->loops()),
         map_peers_(ctx.options->map_shared_memory),
+        rings_(ctx.options->shm_rings),
         hello_flags_(ctx.options->testing.no_staged_lends
                          ? wire::kHelloFlagGoAway
                          : wire::kHelloFlagGoAway | wire::kHelloFlagLendStaged) {
@@ -79,7 +81,8 @@ class ShmTransport : public Transport {
                     << table.status() << ")");
     }
     FERRY_ASSIGN_OR_RETURN(UniqueFd fd, ListenUnix(socket_name_));
-    shm::CopyOpenerConfig opener{ctx.hello_policy(), ctx.options->testing.refuse_same_host_copy};
+    shm::CopyOpenerConfig opener{ctx.hello_policy(), ctx.options->testing.refuse_same_host_copy,
+                                 ctx.options->shm_rings};
     auto openers = std::make_shared<stream::FirstFrames>();
     // The same authentication as the rpc port (and the same once-per-peer
     // log of refusals).
@@ -160,6 +163,19 @@ class ShmTransport : public Transport {
                      local_peer_id_};
       hello.probe_addr = reinterpret_cast<uint64_t>(probe_.data());
       hello.probe.assign(probe_.data(), probe_.size());
+      // Request rings, if the peer takes them: offered in the hello, used if
+      // the peer marked them taken before answering.
+      std::unique_ptr<shm::RequestRing> ring;
+      if (rings_ && peer.HasFeature("shm-rings")) {
+        auto made = shm::RequestRing::Create();
+        if (made.ok()) {
+          ring = *std::move(made);
+          hello.ring = ring->fds();
+        } else {
+          FERRY_LOG(kInfo, "same-host stream to " << info->Label()
+                                                  << " goes through its socket: " << made.status());
+        }
+      }
       std::string body;
       shm::EncodeCopyHello(hello, &body);
       Status hi = stream::SayHello(fd->get(), credentials_, peer.peer_id,
@@ -168,6 +184,7 @@ class ShmTransport : public Transport {
       FERRY_RETURN_IF_ERROR(SetNonBlocking(fd->get(), true));
       streams.push_back(std::make_shared<Connection>(pool_->loop(static_cast<size_t>(i)),
                                                      std::move(*fd), info->Label(), version));
+      if (ring && ring->Attached()) streams.back()->SetChannel(std::move(ring));
     }
     // Reads: the initiator copies them itself (docs/reliability.md, "Failed
     // and timed-out requests"), so this process must be able to read the
@@ -238,6 +255,7 @@ class ShmTransport : public Transport {
   const std::shared_ptr<stream::LoopPool> pool_;
   stream::StreamLinkConfig link_cfg_;
   const bool map_peers_;  // EngineOptions::map_shared_memory
+  const bool rings_;      // EngineOptions::shm_rings
   // Of this engine's same-host hellos: kGoAway and kLendAck answers are
   // taken (but with TestingOptions::no_staged_lends).
   const uint16_t hello_flags_;

@@ -31,6 +31,19 @@ constexpr uint64_t kInlineSendMax = 64u << 10;
 // target's small send buffer keep queues at a few MiB).
 constexpr uint64_t kReplyQueueHighBytes = 256u << 20;
 constexpr size_t kReplyQueueHighFrames = 16384;
+// Hands a channel's wake-ups to its connection.
+class ChannelWake : public EventLoop::Handler {
+ public:
+  explicit ChannelWake(std::weak_ptr<Connection> c) : c_(std::move(c)) {}
+  void OnEvents(uint32_t) override {
+    if (auto c = c_.lock()) c->OnChannelWake();
+  }
+  void OnTick(Clock::time_point) override {}
+  bool WantsTick() const override { return false; }
+
+ private:
+  std::weak_ptr<Connection> c_;
+};
 }  // namespace
 
 Connection::Connection(EventLoop* loop, UniqueFd fd, std::string peer_name, uint16_t wire_version)
@@ -59,7 +72,57 @@ Connection::~Connection() {
 }
 
 Status Connection::Attach() {
-  return loop_->Add(fd_.get(), EPOLLIN | EPOLLRDHUP, shared_from_this());
+  FERRY_RETURN_IF_ERROR(loop_->Add(fd_.get(), EPOLLIN | EPOLLRDHUP, shared_from_this()));
+  if (channel_) return InstallChannel();
+  return OkStatus();
+}
+
+Status Connection::InstallChannel() {
+  FERRY_RETURN_IF_ERROR(
+      loop_->Add(channel_->wake_fd(), EPOLLIN, std::make_shared<ChannelWake>(weak_from_this())));
+  loop_->AddPolled(shared_from_this());
+  return OkStatus();
+}
+
+bool Connection::Poll() {
+  std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
+  if (!io.owns_lock() || !channel_ || read_paused_ || !channel_->Readable()) return false;
+  ReadSome();
+  return true;
+}
+
+bool Connection::ArmPoll() {
+  std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
+  if (!io.owns_lock()) return false;  // a caller is sending: not idle
+  if (!channel_) return true;
+  return channel_->ArmRead() || read_paused_;
+}
+
+void Connection::DisarmPoll() {
+  // (Loop thread: channel_ changes only there.)
+  if (channel_) channel_->DisarmRead();
+}
+
+void Connection::OnChannelWake() {
+  std::shared_ptr<Connection> keep = shared_from_this();
+  std::lock_guard<std::mutex> io(io_mu_);
+  if (!channel_) return;
+  channel_->ClearWake();
+  if (!read_paused_) ReadSome();
+  if (channel_ && !out_.empty()) Flush();
+}
+
+void Connection::OnSocketBesideChannel(uint32_t events) {
+  char byte;
+  const ssize_t r = ::recv(fd_.get(), &byte, 1, MSG_DONTWAIT);
+  if (r == 0 || (events & (EPOLLHUP | EPOLLERR))) {
+    Close(UnavailableError("connection closed by peer " + peer_name_));
+  } else if (r > 0) {
+    Close(DataLossError("bytes from " + peer_name_ +
+                        " on the socket of a stream whose frames go through its request rings"));
+  } else if (errno != EAGAIN && errno != EINTR) {
+    Close(UnavailableError("connection to " + peer_name_ + " failed: " + ErrnoString(errno)));
+  }
 }
 
 void Connection::Serve(std::shared_ptr<FrameService> service, uint16_t wire_version,
@@ -219,6 +282,12 @@ void Connection::Close(const Status& why) {
     loop_->Remove(fd_.get());
     fd_.Reset();
   }
+  if (channel_) {
+    loop_->Remove(channel_->wake_fd());
+    loop_->RemovePolled(this);
+    channel_.reset();
+  }
+  pending_channel_.reset();
   out_.clear();
   out_bytes_ = 0;
   deferred_.reset();
@@ -308,6 +377,10 @@ void Connection::OnTick(Clock::time_point now) {
 void Connection::OnEvents(uint32_t events) {
   std::shared_ptr<Connection> keep = shared_from_this();
   std::lock_guard<std::mutex> io(io_mu_);
+  if (channel_) {
+    OnSocketBesideChannel(events);
+    return;
+  }
   if (read_paused_ && (events & (EPOLLHUP | EPOLLERR))) {
     Close(UnavailableError("connection closed by peer " + peer_name_));
     return;
@@ -325,8 +398,14 @@ bool Connection::ReplyQueueFull() const {
 }
 
 void Connection::UpdateInterest() {
-  const bool want = !out_.empty() && out_.front().place == 0;
+  const bool want = !out_.empty() && out_.front().place == 0 && !channel_;
   const bool pause = ReplyQueueFull();
+  if (channel_) {
+    // The socket keeps its interest (liveness); the channel wakes this
+    // stream when it has room, and the loop polls it for requests.
+    read_paused_ = pause;
+    return;
+  }
   if ((want == want_write_ && pause == read_paused_) || !fd_.valid()) return;
   if (pause && !read_paused_) {
     FERRY_LOG(kDebug, "pausing requests from " << peer_name_ << ": " << out_.size() << " replies ("
@@ -361,10 +440,26 @@ void Connection::Flush(bool from_caller) {
       add(it->head.data(), it->head.size());
       for (const auto& p : it->payload) add(p.iov_base, p.iov_len);
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(n);
-    ssize_t w = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t w;
+    if (channel_) {
+      StatusOr<size_t> put = channel_->Write(iov, n);
+      if (!put.ok()) {
+        Status broken = put.status().WithPrefix("sending to " + peer_name_);
+        if (from_caller) {
+          CloseAsync(broken);
+        } else {
+          Close(broken);
+        }
+        return;
+      }
+      if (*put == 0) break;  // full: the channel wakes this stream when there is room
+      w = static_cast<ssize_t>(*put);
+    } else {
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(n);
+      w = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) break;
@@ -389,6 +484,15 @@ void Connection::Flush(bool from_caller) {
         f.sent += left;
         left = 0;
       }
+    }
+  }
+  if (pending_channel_ && out_.empty() && fd_.valid()) {
+    // The hello's answer went out over the socket: the rings from here on.
+    channel_ = std::move(pending_channel_);
+    Status s = InstallChannel();
+    if (!s.ok()) {
+      Close(s);
+      return;
     }
   }
   UpdateInterest();
@@ -497,14 +601,31 @@ void Connection::ReadSome() {
     const bool direct = reader_.InPayload() && reader_.PayloadLeft() >= kReadAhead;
     size_t asked = 0;
     ssize_t r;
+    iovec ahead{};
+    const iovec* iov = &ahead;
+    int n = 1;
     if (direct) {
-      const int n = static_cast<int>(std::min<size_t>(reader_.PayloadIovCount(), kMaxIov));
-      const iovec* iov = reader_.PayloadIov();
+      n = static_cast<int>(std::min<size_t>(reader_.PayloadIovCount(), kMaxIov));
+      iov = reader_.PayloadIov();
       for (int i = 0; i < n; ++i) asked += iov[i].iov_len;
-      r = ::readv(fd_.get(), iov, n);
     } else {
       if (!read_ahead_) read_ahead_ = std::make_unique<char[]>(kReadAhead);
       asked = kReadAhead;
+      ahead = {read_ahead_.get(), kReadAhead};
+    }
+    if (channel_) {
+      StatusOr<size_t> got = channel_->Read(iov, n);
+      if (!got.ok()) {
+        Status broken = got.status().WithPrefix("receiving from " + peer_name_);
+        FERRY_LOG(kWarning, "closing connection with " << peer_name_ << ": " << broken);
+        Close(broken);
+        return;
+      }
+      if (*got == 0) break;  // nothing there: the loop polls again
+      r = static_cast<ssize_t>(*got);
+    } else if (direct) {
+      r = ::readv(fd_.get(), iov, n);
+    } else {
       r = ::recv(fd_.get(), read_ahead_.get(), kReadAhead, MSG_DONTWAIT);
     }
     if (r == 0) {

@@ -17,7 +17,10 @@
 // registered memory; long payloads are read with readv straight into it,
 // while headers, bodies and short payloads arrive through a small read-ahead
 // buffer (one recv for a whole small frame). Frames are parsed by a
-// FrameReader (frame_reader.h).
+// FrameReader (frame_reader.h). A stream with a Channel (channel.h: the
+// same-host request rings) sends and reads the same bytes through it
+// instead; the loop polls it while it spins, and its socket only says
+// whether the peer is alive.
 // Thread contract: Send, Broken, QueuedBytes, RetireWhenIdle and CloseAsync
 // may be called from any thread; everything else runs on the loop thread,
 // or on a caller's thread inside Send, always under io_mu_.
@@ -37,6 +40,7 @@
 #include "base/memory_registry.h"
 #include "common/net.h"
 #include "transport/stream/admission.h"
+#include "transport/stream/channel.h"
 #include "transport/stream/event_loop.h"
 #include "transport/stream/frame_reader.h"
 #include "transport/stream/request.h"
@@ -61,6 +65,16 @@ class Connection : public EventLoop::Handler,
 
   // Registers with the loop. Loop thread only.
   Status Attach();
+  // Initiator: frames go through `channel` instead of the socket. Before
+  // Attach.
+  void SetChannel(std::unique_ptr<Channel> channel) { channel_ = std::move(channel); }
+  // Served streams (an opener, loop thread, under the connection's lock):
+  // once the replies queued now (the hello's answer) have gone out over the
+  // socket, frames go through `channel`.
+  void UseChannelAfterReplies(std::unique_ptr<Channel> channel) {
+    pending_channel_ = std::move(channel);
+  }
+  bool HasChannel() const { return channel_ != nullptr; }
   // Marks an accepted unix-socket connection as coming from process `pid`
   // (SO_PEERCRED), for openers that need to know it. Before Attach.
   void SetPeerProcess(int pid) { peer_pid_ = pid; }
@@ -140,6 +154,13 @@ class Connection : public EventLoop::Handler,
   // fail now, and later ones at once, instead of waiting for answers no
   // loop will read.
   void OnStop() override;
+  // Streams with a channel: polled on every round of the loop, and armed
+  // (the peer signals its wake descriptor) before the loop sleeps.
+  bool Poll() override;
+  bool ArmPoll() override;
+  void DisarmPoll() override;
+  // The channel's wake descriptor is readable (its handler calls this).
+  void OnChannelWake();
 
   // FrameReader::Sink
   Status OnHeader(const wire::FrameHeader& h) override;
@@ -178,6 +199,11 @@ class Connection : public EventLoop::Handler,
   // Served streams: too many unsent replies to read more requests.
   bool ReplyQueueFull() const;
   void ReadSome();
+  // Registers the channel's wake descriptor and polling with the loop.
+  Status InstallChannel();
+  // Streams with a channel: what the socket's readiness means (the peer
+  // closed it, or sent bytes where none may come).
+  void OnSocketBesideChannel(uint32_t events);
   // Initiator side: a reply (header + body) to the oldest frame in flight.
   Status OnReply(const wire::FrameHeader& h, std::string_view body);
   void CompleteFront(const std::vector<wire::EntryFailure>& failures, const Status& frame_status);
@@ -224,6 +250,8 @@ class Connection : public EventLoop::Handler,
   std::optional<RequestFrame> deferred_;
   uint64_t deferred_seq_ = 0;
   FrameReader reader_{this};
+  std::unique_ptr<Channel> channel_;                // frames go through it, not the socket
+  std::unique_ptr<Channel> pending_channel_;        // UseChannelAfterReplies
   std::vector<wire::EntryFailure> reply_failures_;  // of a read reply whose payload is arriving
   // Batches whose read data the current ReadSome step may store
   // (BatchState::BeginLanding taken; released at the end of the step).

@@ -115,6 +115,52 @@ void EventLoop::Remove(int fd) {
   handlers_.erase(fd);
 }
 
+void EventLoop::AddPolled(std::shared_ptr<Handler> handler) {
+  polled_.push_back(std::move(handler));
+}
+
+void EventLoop::RemovePolled(const Handler* handler) {
+  for (auto& h : polled_) {
+    if (h.get() == handler) {
+      h.reset();
+      polled_holes_ = true;
+    }
+  }
+}
+
+bool EventLoop::PollHandlers() {
+  if (polled_holes_) {
+    std::erase(polled_, nullptr);
+    polled_holes_ = false;
+  }
+  bool work = false;
+  // (By index: a handler may remove itself, which only leaves a hole.)
+  for (size_t i = 0; i < polled_.size(); ++i) {
+    if (!polled_[i]) continue;
+    std::shared_ptr<Handler> h = polled_[i];
+    if (h->Poll()) work = true;
+  }
+  return work;
+}
+
+bool EventLoop::ArmPolled() {
+  for (size_t i = 0; i < polled_.size(); ++i) {
+    if (polled_[i] && !polled_[i]->ArmPoll()) {
+      for (size_t j = 0; j < i; ++j) {
+        if (polled_[j]) polled_[j]->DisarmPoll();
+      }
+      return false;
+    }
+  }
+  return true;
+}
+
+void EventLoop::DisarmPolled() {
+  for (size_t i = 0; i < polled_.size(); ++i) {
+    if (polled_[i]) polled_[i]->DisarmPoll();
+  }
+}
+
 void EventLoop::Run() {
   constexpr int kMaxEvents = 64;
   constexpr auto kTick = std::chrono::milliseconds(50);
@@ -131,8 +177,10 @@ void EventLoop::Run() {
     for (auto& t : tasks) t();
     tasks.clear();
     if (stop_.load()) break;
+    if (!polled_.empty() && PollHandlers()) active = true;
 
     int timeout_ms = 0;
+    bool armed = false;
     Clock::time_point now = Clock::now();
     if (active) last_activity = now;
     if (now - last_activity >= spin_) {
@@ -146,6 +194,13 @@ void EventLoop::Run() {
       if (queued) {
         sleeping_.store(false, std::memory_order_relaxed);
         continue;
+      }
+      if (!polled_.empty()) {
+        if (!ArmPolled()) {  // work arrived meanwhile: poll it
+          sleeping_.store(false, std::memory_order_relaxed);
+          continue;
+        }
+        armed = true;
       }
       // One pass: whether a handler wants the tick, else the earliest
       // wake-up any handler asked for.
@@ -179,6 +234,7 @@ void EventLoop::Run() {
     if (timeout_ms == 0) std::this_thread::yield();
     int n = ::epoll_wait(epfd_, events, kMaxEvents, timeout_ms);
     sleeping_.store(false, std::memory_order_relaxed);
+    if (armed) DisarmPolled();
     if (n < 0 && errno != EINTR) {
       FERRY_LOG(kError, "event loop " << name_ << ": epoll_wait: " << ErrnoString(errno));
       break;
@@ -222,6 +278,7 @@ void EventLoop::Run() {
   for (auto& h : hs) h->OnStop();
   hs.clear();
   handlers_.clear();
+  polled_.clear();
   DrainStopped();
 }
 

@@ -48,6 +48,16 @@ class EventLoop {
     // whatever waits on them (a connection fails its requests in flight).
     // Called once, on the loop's thread, after its last task. Default: none.
     virtual void OnStop() {}
+    // Handlers added with AddPolled (a connection over a shared-memory
+    // channel, whose bytes raise no epoll event while both sides poll):
+    // called on every round of the loop; whether it found work.
+    virtual bool Poll() { return false; }
+    // The loop is about to block: arrange to be woken through a registered
+    // descriptor when work arrives. False if there is work already (the
+    // loop does not block). DisarmPoll follows every ArmPoll that returned
+    // true, once the loop runs again.
+    virtual bool ArmPoll() { return true; }
+    virtual void DisarmPoll() {}
   };
 
   EventLoop(std::string name, std::chrono::microseconds spin);
@@ -72,8 +82,18 @@ class EventLoop {
   Status Add(int fd, uint32_t events, std::shared_ptr<Handler> handler);
   void Modify(int fd, uint32_t events);
   void Remove(int fd);
+  // Polls `handler` on every round (Handler::Poll) until RemovePolled.
+  // Loop thread only.
+  void AddPolled(std::shared_ptr<Handler> handler);
+  void RemovePolled(const Handler* handler);
 
  private:
+  // Polls every polled handler; whether one found work.
+  bool PollHandlers();
+  // Arms every polled handler before a sleep; false (none left armed) if
+  // one has work.
+  bool ArmPolled();
+  void DisarmPolled();
   void Run();
   void Wake();
   // Runs the tasks handed to the stopped loop until none is left (by the
@@ -100,6 +120,9 @@ class EventLoop {
   bool draining_ = false;
 
   std::unordered_map<int, std::shared_ptr<Handler>> handlers_;  // loop thread only
+  // Loop thread only; a removed one is null until the next round drops it.
+  std::vector<std::shared_ptr<Handler>> polled_;
+  bool polled_holes_ = false;
 };
 
 // The event-loop threads of an engine, shared by its socket transports and
