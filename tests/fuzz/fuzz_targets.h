@@ -28,6 +28,9 @@ void FuzzCopyFrames(std::string_view in);  // shm's CopyEntryList, CopyHello; fa
 // The slot table of mapped segments that same-host peers write
 // (slot_fuzz.cc): lookups, mappings and range translation.
 void FuzzSlotTable(std::string_view in);
+// The request rings of same-host streams, whose positions and flags the
+// peer writes (ring_fuzz.cc): reads and writes against scribbled state.
+void FuzzRequestRing(std::string_view in);
 void FuzzStoreEntries(
     std::string_view in);  // a store's value: DecodeEntry raw/base64, CheckClaim, keys
 #ifdef FERRY_FUZZ_STORES

@@ -190,6 +190,38 @@ std::vector<std::string> SlotTableSeeds() {
   return seeds;
 }
 
+// Scripts for the request rings: writes and reads on both sides that wrap
+// the ring, and steps that move a position to the edge of what is valid.
+std::vector<std::string> RequestRingSeeds() {
+  std::vector<std::string> seeds;
+  auto op = [](std::string* s, int kind, int side, int ring, int high = 0) {
+    s->push_back(static_cast<char>((kind << 2) | (ring << 1) | side | (high << 7)));
+  };
+  auto len = [](std::string* s, uint16_t n) {
+    s->push_back(static_cast<char>(n >> 8));
+    s->push_back(static_cast<char>(n & 0xff));
+  };
+  std::string s;
+  for (int i = 0; i < 6; ++i) {
+    op(&s, 2, i % 2, 0);  // write 3000 bytes
+    len(&s, 3000);
+    op(&s, 3, 1 - i % 2, 0);  // the other side reads 2000
+    len(&s, 2000);
+    op(&s, 5, 1 - i % 2, 0);  // arm
+  }
+  seeds.push_back(s);
+  std::string edge;
+  op(&edge, 2, 0, 0);
+  len(&edge, 100);
+  op(&edge, 0, 0, 0, /*high: tail*/ 1);
+  const uint64_t tail = 4096 + 1;  // one past what the ring holds
+  edge.append(reinterpret_cast<const char*>(&tail), 8);
+  op(&edge, 3, 1, 0);
+  len(&edge, 200);
+  seeds.push_back(edge);
+  return seeds;
+}
+
 std::vector<std::string> CopyFrameSeeds() {
   namespace shm = ferry::internal::shm;
   std::vector<std::string> seeds;
@@ -331,6 +363,7 @@ std::vector<std::string> Seeds(std::string_view target) {
   if (target == "fuzz_copy_frames") return CopyFrameSeeds();
   if (target == "fuzz_store_entries") return StoreEntrySeeds();
   if (target == "fuzz_slot_table") return SlotTableSeeds();
+  if (target == "fuzz_request_ring") return RequestRingSeeds();
 #ifdef FERRY_FUZZ_STORES
   if (target == "fuzz_etcd_json") return EtcdSeeds();
   if (target == "fuzz_http_store") return HttpSeeds();

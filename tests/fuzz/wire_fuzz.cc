@@ -459,6 +459,7 @@ const std::vector<Target>& Targets() {
       {"fuzz_copy_frames", FuzzCopyFrames, 1000},
       {"fuzz_store_entries", FuzzStoreEntries, 1000},
       {"fuzz_slot_table", FuzzSlotTable, 100},
+      {"fuzz_request_ring", FuzzRequestRing, 300},
 #ifdef FERRY_FUZZ_STORES
       {"fuzz_etcd_json", FuzzEtcdJson, 2},
       {"fuzz_http_store", FuzzHttpStore, 2},

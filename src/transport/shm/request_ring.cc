@@ -12,8 +12,39 @@
 
 #include "common/fd_limit.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define FERRY_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FERRY_TSAN 1
+#endif
+#endif
+#ifdef FERRY_TSAN
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+#endif
+
 namespace ferry::internal::shm {
 namespace {
+
+// ThreadSanitizer follows synchronisation by address, and the two sides of
+// a ring map it at different addresses (in the tests both live in one
+// process), so it would not see a position's release pair with its
+// acquire. Under TSan each ring's positions also release and acquire a
+// cell keyed by the memfd's inode; elsewhere this is nothing.
+#ifdef FERRY_TSAN
+char tsan_cells[4096];
+#endif
+void TsanRelease([[maybe_unused]] uint64_t key) {
+#ifdef FERRY_TSAN
+  __tsan_release(&tsan_cells[key % sizeof(tsan_cells)]);
+#endif
+}
+void TsanAcquire([[maybe_unused]] uint64_t key) {
+#ifdef FERRY_TSAN
+  __tsan_acquire(&tsan_cells[key % sizeof(tsan_cells)]);
+#endif
+}
 
 // The shared words, read and written as atomics (both processes map them).
 template <typename T>
@@ -117,6 +148,8 @@ StatusOr<std::unique_ptr<RequestRing>> RequestRing::Create(uint32_t capacity) {
   h->ring[1].consumer_sleeping = 1;
   std::unique_ptr<RequestRing> ring(new RequestRing(static_cast<char*>(mem.data()), capacity, 0,
                                                     std::move(mine), std::move(theirs)));
+  struct stat st {};
+  if (::fstat(mem.fd(), &st) == 0) ring->sync_key_ = static_cast<uint64_t>(st.st_ino) * 4;
   ring->owned_ = std::move(mem);
   return ring;
 }
@@ -163,6 +196,7 @@ StatusOr<std::unique_ptr<RequestRing>> RequestRing::Take(int pidfd, const HelloR
   std::unique_ptr<RequestRing> ring(
       new RequestRing(map->data(), cap, 1, std::move(mine), std::move(theirs)));
   ring->taken_ = std::move(map);
+  ring->sync_key_ = static_cast<uint64_t>(st.st_ino) * 4;
   return ring;
 }
 
@@ -200,6 +234,7 @@ StatusOr<size_t> RequestRing::Write(const iovec* iov, int n) {
   size_t done = 0;
   while (done < want) {
     const uint64_t head = Shared(c.head).load(std::memory_order_acquire);
+    TsanAcquire(sync_key_ + 2 * side_ + 1);
     const uint64_t used = tail_ - head;
     if (used > capacity_) {
       return DataLossError("same-host request ring: the peer's read position " +
@@ -221,6 +256,7 @@ StatusOr<size_t> RequestRing::Write(const iovec* iov, int n) {
     CopyIov(tx_data(), capacity_, tail_, iov, n, /*skip=*/done, room, /*to_ring=*/true);
     tail_ += room;
     done += room;
+    TsanRelease(sync_key_ + 2 * side_);
     Shared(c.tail).store(tail_, std::memory_order_release);
   }
   if (done > 0) {
@@ -238,6 +274,7 @@ StatusOr<size_t> RequestRing::Write(const iovec* iov, int n) {
 StatusOr<size_t> RequestRing::Read(const iovec* iov, int n) {
   RingControl& c = rx();
   const uint64_t tail = Shared(c.tail).load(std::memory_order_acquire);
+  TsanAcquire(sync_key_ + 2 * (1 - side_));
   const uint64_t avail = tail - head_;
   if (avail > capacity_) {
     return DataLossError("same-host request ring: the peer's write position " +
@@ -248,6 +285,7 @@ StatusOr<size_t> RequestRing::Read(const iovec* iov, int n) {
   if (got == 0) return size_t{0};
   CopyIov(rx_data(), capacity_, head_, iov, n, /*skip=*/0, got, /*to_ring=*/false);
   head_ += got;
+  TsanRelease(sync_key_ + 2 * (1 - side_) + 1);
   Shared(c.head).store(head_, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (Shared(c.producer_waiting).load(std::memory_order_relaxed) != 0 &&

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -60,6 +61,10 @@ struct RingHeader {
   alignas(64) RingControl ring[2];  // [0]: initiator -> target, [1]: target -> initiator
 };
 static_assert(sizeof(RingHeader) <= kRingHeaderBytes);
+// The offsets docs/wire-format.md gives.
+static_assert(offsetof(RingHeader, ring) == 64 && sizeof(RingControl) == 128);
+static_assert(offsetof(RingControl, producer_waiting) == 8 && offsetof(RingControl, head) == 64 &&
+              offsetof(RingControl, consumer_sleeping) == 72);
 
 inline uint64_t RingMappingBytes(uint32_t capacity) {
   return kRingHeaderBytes + 2 * uint64_t{capacity};
@@ -122,8 +127,9 @@ class RequestRing : public stream::Channel {
   UniqueFd peer_wake_;
   // This side's own positions: the shared copies are only published, never
   // read back (the peer can write them).
-  uint64_t tail_ = 0;  // of tx
-  uint64_t head_ = 0;  // of rx
+  uint64_t tail_ = 0;      // of tx
+  uint64_t head_ = 0;      // of rx
+  uint64_t sync_key_ = 0;  // for ThreadSanitizer only (request_ring.cc)
 };
 
 }  // namespace ferry::internal::shm
