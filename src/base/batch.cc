@@ -266,10 +266,37 @@ BatchStatus BatchState::Summary() const {
   return s;
 }
 
+void BatchState::OfferProgress(const std::shared_ptr<BatchProgress>& p) {
+  if (has_progress_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (has_progress_.load(std::memory_order_relaxed)) return;
+  progress_ = p;
+  has_progress_.store(true, std::memory_order_release);
+}
+
 bool BatchState::WaitIdle(std::chrono::steady_clock::time_point deadline,
                           std::chrono::microseconds spin) {
   if (pending() == 0) return true;
   auto spin_end = std::chrono::steady_clock::now() + spin;
+  std::shared_ptr<BatchProgress> progress;
+  if (spin.count() > 0 && has_progress_.load(std::memory_order_acquire)) {
+    progress = progress_.lock();
+  }
+  if (progress) {
+    // Polls the transport itself while it spins (the batch's replies may
+    // be read on this thread); yields the core only when there was nothing.
+    progress->BeginProgress();
+    bool idle = false;
+    while (std::chrono::steady_clock::now() < spin_end) {
+      if (pending() == 0) {
+        idle = true;
+        break;
+      }
+      if (!progress->Progress()) std::this_thread::yield();
+    }
+    progress->EndProgress();
+    if (idle || pending() == 0) return true;
+  }
   while (std::chrono::steady_clock::now() < spin_end) {
     if (pending() == 0) return true;
     std::this_thread::yield();

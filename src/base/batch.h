@@ -28,6 +28,20 @@ namespace ferry::internal {
 class Metrics;
 struct RouteCounters;
 
+// How a caller waiting for its batch (BatchState::WaitIdle's spin) moves the
+// batch on itself instead of waiting for a transport's thread to: a
+// same-host stream over request rings lets the caller read its replies
+// (stream/connection.h), so a synchronous request needs no third thread.
+class BatchProgress {
+ public:
+  virtual ~BatchProgress() = default;
+  // A caller starts polling; EndProgress follows once it stops.
+  virtual void BeginProgress() = 0;
+  // Moves work on if there is some now; whether there was. Never blocks.
+  virtual bool Progress() = 0;
+  virtual void EndProgress() = 0;
+};
+
 class BatchState {
  public:
   // `metrics` (may be null) counts this batch's requests by route and
@@ -170,6 +184,9 @@ class BatchState {
   // deadline passes; spins for up to `spin` first (cheap when completion is
   // imminent). True when nothing is pending any more (whatever the outcome).
   bool WaitIdle(std::chrono::steady_clock::time_point deadline, std::chrono::microseconds spin);
+  // A transport's way for a waiting caller to move this batch on (the first
+  // offered is kept; any thread). WaitIdle's spin polls it.
+  void OfferProgress(const std::shared_ptr<BatchProgress>& p);
   // One step of a caller polling the batch. Nothing pending: true at once.
   // A poll more than `tight` (default 4 x `wait`) after the previous one
   // returned (a caller that checks now and then, or the first poll) reports
@@ -222,6 +239,9 @@ class BatchState {
   std::atomic<std::atomic<RouteCounters*>*> more_{nullptr};     // more_routes_, published
   size_t route_count_ = 0;                                      // guarded by mu_
   std::function<void()> on_idle_;
+  // OfferProgress: written once under mu_, then has_progress_ (release).
+  std::weak_ptr<BatchProgress> progress_;
+  std::atomic<bool> has_progress_{false};
   std::atomic<int64_t> busy_since_ns_{0};
   std::atomic<int64_t> last_poll_ns_{0};  // when the last PollIdle returned
   std::atomic<bool> cancelled_{false};

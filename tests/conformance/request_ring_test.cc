@@ -8,11 +8,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/conformance/conformance_fixture.h"
@@ -133,6 +135,78 @@ TEST(RequestRings, GarbageInTheRingsBreaksTheStreamAndNothingElse) {
   for (size_t i = 4096; i < 8192; ++i) {
     ASSERT_TRUE(remote[i] == 0x11 || remote[i] == 0x33) << "byte " << i;
   }
+}
+
+// A caller waiting for its transfer reads the reply from the ring itself
+// while it spins, and leaves it to its loop (asleep: the ring armed again,
+// or its eventfd written) when it stops. With the shortest spins on both
+// sides every request takes the hand-over paths; a lost wake-up would leave
+// a request hanging until its deadline.
+TEST(RequestRings, EveryReplyArrivesWhenCallersAndLoopsStopPollingEarly) {
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS("shm");
+  EngineOptions o = ConformanceOptions("shm");
+  o.tcp_streams = 1;
+  o.spin = std::chrono::microseconds(0);
+  o.wait_spin = std::chrono::microseconds(1);
+  o.transfer_timeout = std::chrono::milliseconds(20000);
+  EnginePair pair;
+  pair.Start("shm", o, o);
+  constexpr int kThreads = 3, kEach = 400;
+  unsigned char* local = pair.Alloc(kThreads * 8192, &pair.initiator());
+  unsigned char* remote = pair.Alloc(kThreads * 4096, &pair.target());
+  ASSERT_NE(local, nullptr);
+  ASSERT_NE(remote, nullptr);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      unsigned char* mine = local + t * 8192;
+      for (int i = 0; i < kEach && errors[t].empty(); ++i) {
+        const uint8_t fill = static_cast<uint8_t>(t * 50 + i);
+        std::memset(mine, fill, 4096);
+        Status w = pair.initiator().TransferSync(
+            {Opcode::kWrite, mine, pair.segment(), pair.Addr(remote + t * 4096), 4096});
+        Status r = pair.initiator().TransferSync(
+            {Opcode::kRead, mine + 4096, pair.segment(), pair.Addr(remote + t * 4096), 4096});
+        if (!w.ok() || !r.ok()) {
+          errors[t] = "request " + std::to_string(i) + ": " + w.ToString() + " / " + r.ToString();
+        } else if (mine[4096] != fill || mine[8191] != fill) {
+          errors[t] = "request " + std::to_string(i) + ": read back the wrong bytes";
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
+}
+
+// CPU time this process used, user + system.
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// Idle engines whose streams go through rings use no CPU: their loops sleep
+// (armed) once nothing happens, instead of polling the rings.
+TEST(RequestRings, IdleEnginesSleep) {
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS("shm");
+  EngineOptions o = ConformanceOptions("shm");
+  EnginePair pair;
+  pair.Start("shm", o, o);
+  unsigned char* local = pair.Alloc(kLen, &pair.initiator());
+  unsigned char* remote = pair.Alloc(kLen, &pair.target());
+  ASSERT_NE(local, nullptr);
+  ASSERT_NE(remote, nullptr);
+  for (int i = 0; i < 100; ++i) RoundTrip(pair, local, remote, static_cast<uint8_t>(i));
+  // Two seconds idle, the first of which the loops still tick (every 50 ms)
+  // to watch deadlines. A loop that kept polling would use about a second
+  // of CPU per second.
+  const double before = CpuSeconds();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const double used = CpuSeconds() - before;
+  EXPECT_LT(used, 0.2) << "CPU seconds used by two idle engines in 2 s";
 }
 
 }  // namespace

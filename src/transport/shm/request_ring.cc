@@ -315,6 +315,11 @@ void RequestRing::DisarmRead() {
   }
 }
 
+void RequestRing::WakeSelf() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t w = ::write(own_wake_.get(), &one, sizeof(one));
+}
+
 void RequestRing::ClearWake() {
   uint64_t v;
   [[maybe_unused]] ssize_t r = ::read(own_wake_.get(), &v, sizeof(v));

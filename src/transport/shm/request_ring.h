@@ -108,6 +108,7 @@ class RequestRing : public stream::Channel {
   void DisarmRead() override;
   int wake_fd() const override { return own_wake_.get(); }
   void ClearWake() override;
+  void WakeSelf() override;
 
  private:
   RequestRing(char* base, uint32_t capacity, int side, UniqueFd own_wake, UniqueFd peer_wake);

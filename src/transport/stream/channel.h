@@ -35,6 +35,8 @@ class Channel {
   // after a short Write. ClearWake takes the readiness back.
   virtual int wake_fd() const = 0;
   virtual void ClearWake() = 0;
+  // Makes wake_fd() readable (this side's loop runs a round).
+  virtual void WakeSelf() = 0;
 };
 
 }  // namespace ferry::internal::stream

@@ -31,6 +31,11 @@ constexpr uint64_t kInlineSendMax = 64u << 10;
 // target's small send buffer keep queues at a few MiB).
 constexpr uint64_t kReplyQueueHighBytes = 256u << 20;
 constexpr size_t kReplyQueueHighFrames = 16384;
+// The connection whose replies this thread reads (Connection::Progress):
+// its lock is held, so a request it sends meanwhile is queued, not sent
+// inline.
+thread_local const Connection* t_reading = nullptr;
+
 // Hands a channel's wake-ups to its connection.
 class ChannelWake : public EventLoop::Handler {
  public:
@@ -86,21 +91,58 @@ Status Connection::InstallChannel() {
 
 bool Connection::Poll() {
   std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
-  if (!io.owns_lock() || !channel_ || read_paused_ || !channel_->Readable()) return false;
+  if (!io.owns_lock() || !channel_ || read_paused_ || close_pending_ || !channel_->Readable()) {
+    return false;
+  }
   ReadSome();
   return true;
 }
 
 bool Connection::ArmPoll() {
+  loop_asleep_.store(true, std::memory_order_seq_cst);
+  // A caller polls: it reads what arrives, and arms the channel when it
+  // stops (EndProgress reads loop_asleep_ after its pollers_ decrement).
+  if (pollers_.load(std::memory_order_seq_cst) > 0) return true;
   std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
-  if (!io.owns_lock()) return false;  // a caller is sending: not idle
-  if (!channel_) return true;
-  return channel_->ArmRead() || read_paused_;
+  const bool sleep = io.owns_lock() && (!channel_ || channel_->ArmRead() || read_paused_);
+  if (!sleep) loop_asleep_.store(false, std::memory_order_relaxed);  // no DisarmPoll follows
+  return sleep;
 }
 
 void Connection::DisarmPoll() {
+  loop_asleep_.store(false, std::memory_order_seq_cst);
   // (Loop thread: channel_ changes only there.)
   if (channel_) channel_->DisarmRead();
+}
+
+void Connection::BeginProgress() {
+  pollers_.fetch_add(1, std::memory_order_seq_cst);
+  std::lock_guard<std::mutex> io(io_mu_);
+  if (channel_) channel_->DisarmRead();  // the peer need not signal: a caller reads
+}
+
+bool Connection::Progress() {
+  std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
+  if (!io.owns_lock() || !channel_ || read_paused_ || close_pending_ || !channel_->Readable()) {
+    return false;
+  }
+  std::shared_ptr<Connection> keep = shared_from_this();
+  caller_reading_ = true;
+  t_reading = this;
+  ReadSome();
+  t_reading = nullptr;
+  caller_reading_ = false;
+  return true;
+}
+
+void Connection::EndProgress() {
+  std::lock_guard<std::mutex> io(io_mu_);
+  if (pollers_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+      loop_asleep_.load(std::memory_order_seq_cst) && channel_ && !channel_->ArmRead()) {
+    // The loop sleeps with the channel unarmed, and bytes are there: it
+    // reads them.
+    channel_->WakeSelf();
+  }
 }
 
 void Connection::OnChannelWake() {
@@ -144,10 +186,10 @@ void Connection::Send(RequestFrame r) {
   // frame at once from the caller's thread, saving the hand-off to the loop
   // (and its wake-up if it sleeps). Streams with work in flight leave sending
   // to the loop, which batches frames into one sendmsg.
-  if (r.bytes + r.head.size() <= kInlineSendMax && !loop_->InLoopThread()) {
+  if (r.bytes + r.head.size() <= kInlineSendMax && !loop_->InLoopThread() && t_reading != this) {
     std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
-    if (io.owns_lock() && role_ == Role::kInitiator && fd_.valid() && out_.empty() &&
-        inflight_.empty()) {
+    if (io.owns_lock() && role_ == Role::kInitiator && fd_.valid() && !close_pending_ &&
+        out_.empty() && inflight_.empty()) {
       bool idle = false;
       {
         std::lock_guard<std::mutex> lock(submit_mu_);
@@ -155,6 +197,8 @@ void Connection::Send(RequestFrame r) {
         if (idle) queued_bytes_.fetch_add(r.bytes, std::memory_order_relaxed);
       }
       if (idle) {
+        // Over a channel, the caller may read the reply itself.
+        if (channel_ && r.batch) r.batch->OfferProgress(shared_from_this());
         Enqueue(std::move(r));
         Flush(/*from_caller=*/true);
         io.unlock();
@@ -209,6 +253,7 @@ void Connection::Enqueue(RequestFrame r) {
   }
   uint64_t seq = next_seq_++;
   std::memcpy(r.head.data() + kSeqOffset, &seq, sizeof(seq));
+  if (channel_) last_request_ = Clock::now();
   OutFrame f;
   f.total = r.head.size();
   for (const iovec& v : r.payload) f.total += v.iov_len;
@@ -266,6 +311,17 @@ void Connection::CheckIdleRetire() {
 }
 
 void Connection::Close(const Status& why) {
+  if (caller_reading_) {
+    // On a caller's thread (Progress): unregistering from the loop is the
+    // loop's to do. Until it does, the stream counts as broken (no new
+    // request is routed to it) and nothing more is read or sent.
+    if (!close_pending_) {
+      close_pending_ = true;
+      broken_.store(true, std::memory_order_release);
+      CloseAsync(why);
+    }
+    return;
+  }
   std::vector<RequestFrame> pending;
   {
     std::lock_guard<std::mutex> lock(submit_mu_);
@@ -316,7 +372,8 @@ void Connection::Refuse(const Status& why) {
 bool Connection::WantsTick() const {
   std::lock_guard<std::mutex> io(io_mu_);
   return role_ == Role::kAccepted || !inflight_.empty() || deferred_.has_value() ||
-         retire_.load(std::memory_order_relaxed);
+         retire_.load(std::memory_order_relaxed) ||
+         (channel_ && Clock::now() - last_request_ < std::chrono::seconds(1));
 }
 
 Clock::time_point Connection::WakeAt() const {
@@ -422,7 +479,7 @@ void Connection::UpdateInterest() {
 void Connection::Flush(bool from_caller) {
   iovec iov[kMaxIov];
   // (Stops at a reserved reply not finished yet: ReserveReply.)
-  while (!out_.empty() && out_.front().place == 0 && fd_.valid()) {
+  while (!out_.empty() && out_.front().place == 0 && fd_.valid() && !close_pending_) {
     int n = 0;
     for (auto it = out_.begin(); it != out_.end() && it->place == 0 && n < kMaxIov; ++it) {
       size_t skip = it->sent;
@@ -573,7 +630,7 @@ void Connection::FillReply(uint64_t id, OutFrame f) {
 void Connection::ReadSome() {
   size_t budget = kReadBudget;
   bool drained = false;
-  while (fd_.valid() && budget > 0 && !drained && !ReplyQueueFull()) {
+  while (fd_.valid() && !close_pending_ && budget > 0 && !drained && !ReplyQueueFull()) {
     // Read data lands in this engine's memory only while its batch is not
     // cancelled (BatchState::BeginLanding): held around this step's recv and
     // the copies out of it, released at the end of the step; a payload

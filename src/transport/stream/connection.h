@@ -51,6 +51,7 @@ namespace ferry::internal::stream {
 
 class Connection : public EventLoop::Handler,
                    public FrameReader::Sink,
+                   public BatchProgress,
                    public std::enable_shared_from_this<Connection> {
  public:
   enum class Role { kInitiator, kAccepted, kServed };
@@ -162,6 +163,15 @@ class Connection : public EventLoop::Handler,
   // The channel's wake descriptor is readable (its handler calls this).
   void OnChannelWake();
 
+  // BatchProgress (streams with a channel; a caller waiting for a batch
+  // whose frame it sent inline): the caller reads replies itself, on its
+  // own thread under the connection's lock; while any caller polls, the
+  // peer is not asked to signal, and the loop may sleep. A close a reply
+  // leads to is left to the loop.
+  void BeginProgress() override;
+  bool Progress() override;
+  void EndProgress() override;
+
   // FrameReader::Sink
   Status OnHeader(const wire::FrameHeader& h) override;
   Status OnFrame(const wire::FrameHeader& h, std::string_view body) override;
@@ -250,8 +260,20 @@ class Connection : public EventLoop::Handler,
   std::optional<RequestFrame> deferred_;
   uint64_t deferred_seq_ = 0;
   FrameReader reader_{this};
-  std::unique_ptr<Channel> channel_;                // frames go through it, not the socket
-  std::unique_ptr<Channel> pending_channel_;        // UseChannelAfterReplies
+  std::unique_ptr<Channel> channel_;          // frames go through it, not the socket
+  std::unique_ptr<Channel> pending_channel_;  // UseChannelAfterReplies
+  // Callers polling (BeginProgress..EndProgress), and whether the loop is
+  // asleep (ArmPoll..DisarmPoll): a loop that sleeps while a caller polls
+  // leaves arming the channel to the last caller to stop.
+  std::atomic<int> pollers_{0};
+  std::atomic<bool> loop_asleep_{false};
+  // A caller is reading replies (Progress): Close is left to the loop.
+  bool caller_reading_ = false;
+  bool close_pending_ = false;  // such a Close waits for the loop
+  // The last request queued: a stream with a channel wants ticks (its
+  // deadlines watched without waking the loop per request) for a second
+  // after it.
+  Clock::time_point last_request_{};
   std::vector<wire::EntryFailure> reply_failures_;  // of a read reply whose payload is arriving
   // Batches whose read data the current ReadSome step may store
   // (BatchState::BeginLanding taken; released at the end of the step).

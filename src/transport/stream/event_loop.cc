@@ -55,7 +55,10 @@ void EventLoop::Wake() {
 }
 
 void EventLoop::WakeIfSleeping() {
-  if (sleeping_.load(std::memory_order_seq_cst)) Wake();
+  if (sleeping_.load(std::memory_order_seq_cst) &&
+      !ticking_sleep_.load(std::memory_order_seq_cst)) {
+    Wake();
+  }
 }
 
 void EventLoop::RunInLoop(std::function<void()> fn) {
@@ -226,6 +229,7 @@ void EventLoop::Run() {
         if (now >= next_tick + kTick) next_tick = now + kTick;  // was asleep: start afresh
         timeout_ms = static_cast<int>(std::max<long long>(
             1, std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - now).count()));
+        ticking_sleep_.store(true, std::memory_order_seq_cst);
       }
     }
     // While spinning, give the core to any other runnable thread between
@@ -234,11 +238,13 @@ void EventLoop::Run() {
     if (timeout_ms == 0) std::this_thread::yield();
     int n = ::epoll_wait(epfd_, events, kMaxEvents, timeout_ms);
     sleeping_.store(false, std::memory_order_relaxed);
+    ticking_sleep_.store(false, std::memory_order_relaxed);
     if (armed) DisarmPolled();
     if (n < 0 && errno != EINTR) {
       FERRY_LOG(kError, "event loop " << name_ << ": epoll_wait: " << ErrnoString(errno));
       break;
     }
+    int handled = 0;  // events other than a wake-up
     for (int i = 0; i < n; ++i) {
       int fd = events[i].data.fd;
       if (fd == wakefd_) {
@@ -246,13 +252,15 @@ void EventLoop::Run() {
         [[maybe_unused]] ssize_t r = ::read(wakefd_, &v, sizeof(v));
         continue;
       }
+      ++handled;
       auto it = handlers_.find(fd);
       if (it == handlers_.end()) continue;
       std::shared_ptr<Handler> h = it->second;  // may remove itself
       h->OnEvents(events[i].events);
     }
     now = Clock::now();
-    if (n > 0) last_activity = now;
+    // (A wake-up alone is not activity: its tasks are, next round.)
+    if (handled > 0) last_activity = now;
     if (now >= next_tick) {
       next_tick = now + kTick;
       std::vector<std::shared_ptr<Handler>> hs;

@@ -74,7 +74,9 @@ class EventLoop {
   void RunInLoop(std::function<void()> fn);
   bool InLoopThread() const { return std::this_thread::get_id() == thread_id_; }
   // Makes a loop blocked in epoll_wait run one more round (so it re-reads
-  // its handlers' deadlines). Any thread.
+  // its handlers' deadlines), unless it sleeps only until its next tick
+  // (~50 ms) anyway. The round does not count as activity (the loop does
+  // not spin after it). Any thread.
   void WakeIfSleeping();
 
   // Loop thread only. The loop keeps `handler` alive while registered.
@@ -111,6 +113,9 @@ class EventLoop {
   // read it (seq_cst) after queueing a task; the loop sets it (seq_cst) before
   // re-checking the queue: one of the two always sees the other.
   std::atomic<bool> sleeping_{false};
+  // True while the loop sleeps at most until its next tick (a handler
+  // WantsTick); set after sleeping_, cleared when it wakes.
+  std::atomic<bool> ticking_sleep_{false};
 
   std::mutex tasks_mu_;
   std::vector<std::function<void()>> tasks_;
