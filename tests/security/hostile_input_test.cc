@@ -43,6 +43,7 @@
 #include "tests/testing/same_host.h"
 #include "tests/testing/status_matchers.h"
 #include "transport/shm/copy_frames.h"
+#include "transport/shm/request_ring.h"
 #include "wire/descriptor.h"
 #include "wire/frame.h"
 
@@ -299,6 +300,85 @@ EngineOptions TargetOptions(const std::string& secret_file = "") {
   return o;
 }
 
+// "shm_ring": a same-host stream whose frames go through request rings. The
+// test's side stays a plain socket (one end of a socketpair) so every case
+// runs unchanged: this relay moves what the test sends into ring 0 and
+// ring 1's bytes back, passes the test's end of its writing to the target
+// (closing the write side of the stream's socket), and closes the test's
+// end once the target closed the stream.
+class RingRelay {
+ public:
+  RingRelay(UniqueFd stream, std::unique_ptr<internal::shm::RequestRing> ring, UniqueFd test_end)
+      : stream_(std::move(stream)), ring_(std::move(ring)), test_end_(std::move(test_end)) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~RingRelay() {
+    stop_.store(true);
+    thread_.join();
+  }
+
+ private:
+  void Run() {
+    std::string to_ring, to_test;
+    bool test_writing = true;
+    char buf[64 * 1024];
+    while (!stop_.load()) {
+      bool moved = false;
+      if (test_writing && to_ring.empty()) {
+        const ssize_t n = ::recv(test_end_.get(), buf, sizeof(buf), MSG_DONTWAIT);
+        if (n > 0) {
+          to_ring.assign(buf, static_cast<size_t>(n));
+          moved = true;
+        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+          test_writing = false;  // the test ended its side: so does the stream
+          ::shutdown(stream_.get(), SHUT_WR);
+        }
+      }
+      if (!to_ring.empty()) {
+        iovec v{to_ring.data(), to_ring.size()};
+        auto w = ring_->Write(&v, 1);
+        if (!w.ok()) break;
+        to_ring.erase(0, *w);
+        moved |= *w > 0;
+      }
+      if (to_test.empty()) {
+        iovec v{buf, sizeof(buf)};
+        auto r = ring_->Read(&v, 1);
+        if (!r.ok()) break;
+        to_test.assign(buf, *r);
+        moved |= *r > 0;
+      }
+      if (!to_test.empty()) {
+        const ssize_t n =
+            ::send(test_end_.get(), to_test.data(), to_test.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) {
+          to_test.erase(0, static_cast<size_t>(n));
+          moved = true;
+        } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+          break;
+        }
+      }
+      char b;
+      const ssize_t c = ::recv(stream_.get(), &b, 1, MSG_DONTWAIT);
+      if (c == 0 || (c < 0 && errno != EAGAIN && errno != EINTR)) break;  // the target closed
+      if (moved) continue;
+      ring_->ArmRead();
+      pollfd p[2] = {{stream_.get(), POLLRDHUP, 0}, {ring_->wake_fd(), POLLIN, 0}};
+      ::poll(p, 2, 1);
+      ring_->ClearWake();
+      ring_->DisarmRead();
+    }
+    test_end_.Reset();  // the test sees the stream end
+    stream_.Reset();
+  }
+
+  UniqueFd stream_;
+  std::unique_ptr<internal::shm::RequestRing> ring_;
+  UniqueFd test_end_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 // A connection to one port of an engine, and the frames that open a stream
 // on it.
 class Port {
@@ -311,7 +391,7 @@ class Port {
     shm_name_ = name;
   }
 
-  bool shm() const { return kind_ == "shm"; }
+  bool shm() const { return kind_ == "shm" || kind_ == "shm_ring"; }
 
   UniqueFd Connect() const {
     auto fd = shm() ? internal::ConnectUnix(shm_name_, Clock::now() + kBound)
@@ -320,8 +400,8 @@ class Port {
     return fd.ok() ? std::move(*fd) : UniqueFd();
   }
 
-  // StreamHello (rpc) or CopyHello (shm) for `instance`.
-  std::string Hello(uint64_t instance) const {
+  // StreamHello (rpc) or CopyHello (shm) for `instance`; offering `ring`.
+  std::string Hello(uint64_t instance, const internal::shm::RequestRing* ring = nullptr) const {
     wire::StreamHello hello{7, instance, kWireVersionMax, 0, "127.0.0.1:1"};
     std::string body;
     wire::EncodeStreamHello(hello, &body);
@@ -330,6 +410,7 @@ class Port {
     copy.hello = hello;
     copy.probe_addr = reinterpret_cast<uint64_t>(kProbe);
     copy.probe.assign(kProbe, sizeof(kProbe));
+    if (ring != nullptr) copy.ring = ring->fds();
     body.clear();
     internal::shm::EncodeCopyHello(copy, &body);
     return Frame(wire::FrameType::kCopyHello, body);
@@ -348,17 +429,32 @@ class Port {
                       seq);
   }
 
-  // A connection that said a hello the target accepted.
+  // A connection that said a hello the target accepted ("shm_ring": one
+  // whose frames go through the rings it offered, behind a RingRelay).
   UniqueFd Open() const {
     UniqueFd fd = Connect();
     if (!fd.valid()) return fd;
-    EXPECT_TRUE(Send(fd.get(), Hello()));
+    std::unique_ptr<internal::shm::RequestRing> ring;
+    if (kind_ == "shm_ring") {
+      auto made = internal::shm::RequestRing::Create();
+      EXPECT_THAT(GetStatus(made), IsOk());
+      if (!made.ok()) return UniqueFd();
+      ring = *std::move(made);
+    }
+    EXPECT_TRUE(Send(fd.get(), Hello(instance_, ring.get())));
     auto ack = HelloAck(fd.get());
     EXPECT_THAT(GetStatus(ack), IsOk());
     if (ack.ok()) {
       EXPECT_THAT(ack->status, IsOk()) << "the target refused a valid hello";
     }
-    return ack.ok() && ack->status.ok() ? std::move(fd) : UniqueFd();
+    if (!ack.ok() || !ack->status.ok()) return UniqueFd();
+    if (!ring) return fd;
+    EXPECT_TRUE(ring->Attached()) << "the target did not take the rings";
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return UniqueFd();
+    relays_.push_back(
+        std::make_unique<RingRelay>(std::move(fd), std::move(ring), UniqueFd(pair[1])));
+    return UniqueFd(pair[0]);
   }
 
   const std::string& kind() const { return kind_; }
@@ -369,6 +465,7 @@ class Port {
   uint16_t rpc_port_;
   uint64_t instance_;
   std::string shm_name_;
+  mutable std::vector<std::unique_ptr<RingRelay>> relays_;
 };
 
 // ---- the fixture: one target engine, one valid peer, per port ---------------
@@ -376,7 +473,7 @@ class Port {
 class HostileInput : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "shm") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
+    if (GetParam() != "rpc") FERRY_SKIP_WITHOUT_SAME_HOST_COPY();
     auto t = Engine::Create(TargetOptions());
     ASSERT_THAT(GetStatus(t), IsOk());
     target_ = std::move(t).value();
@@ -385,7 +482,7 @@ class HostileInput : public ::testing::TestWithParam<std::string> {
     ASSERT_THAT(target_->RegisterMemory(busy_->data(), kBusy), IsOk());
     // The valid peer speaks the transport of the port under test.
     peer_ =
-        std::make_unique<ValidPeer>(GetParam() == "shm" ? "shm" : "tcp", *target_, busy_->data());
+        std::make_unique<ValidPeer>(GetParam() == "rpc" ? "tcp" : "shm", *target_, busy_->data());
     ASSERT_FALSE(HasFailure());
     ASSERT_TRUE(peer_->WaitRounds(1)) << peer_->error();
     port_ = std::make_unique<Port>(GetParam(), *target_, Instance(*target_));
@@ -934,7 +1031,9 @@ TEST_P(HostileInput, AClientThatStopsReadingStallsOnlyItself) {
   ExpectUntouched("after the stalled reader");
 }
 
-INSTANTIATE_TEST_SUITE_P(Ports, HostileInput, ::testing::Values("rpc", "shm"),
+// "shm_ring": the shm port, each opened stream's frames through request
+// rings (RingRelay).
+INSTANTIATE_TEST_SUITE_P(Ports, HostileInput, ::testing::Values("rpc", "shm", "shm_ring"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
