@@ -10,6 +10,18 @@
 namespace ferry::internal::shm {
 
 void MappedLink::Post(const PostContext& ctx, std::vector<Slice> slices) {
+  // Only the peer's private memory (no region with a map key): straight to
+  // the stream link, without looking at the peer process first.
+  bool mappable = false;
+  for (size_t i = 0; i < slices.size() && !mappable; ++i) {
+    const uint32_t region = slices[i].remote_region;
+    if (i > 0 && region == slices[i - 1].remote_region) continue;
+    mappable = region != kNoRegion && ctx.peer->KeyOf(region, kMapKey).has_value();
+  }
+  if (!mappable) {
+    inner_->Post(ctx, std::move(slices));
+    return;
+  }
   if (!PeerRuns()) {  // the stream link reports the peer gone
     inner_->Post(ctx, std::move(slices));
     return;

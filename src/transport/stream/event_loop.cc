@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "common/cpu_relax.h"
 #include "common/fd_limit.h"
 #include "common/log.h"
 #include "common/net.h"
@@ -171,6 +172,8 @@ void EventLoop::Run() {
   std::vector<std::function<void()>> tasks;
   Clock::time_point last_activity = Clock::now();
   Clock::time_point next_tick = Clock::now() + kTick;
+  constexpr unsigned kSyscallRound = 16;
+  unsigned poll_rounds = 0;
   while (true) {
     {
       std::lock_guard<std::mutex> lock(tasks_mu_);
@@ -231,6 +234,14 @@ void EventLoop::Run() {
             1, std::chrono::duration_cast<std::chrono::milliseconds>(next_tick - now).count()));
         ticking_sleep_.store(true, std::memory_order_seq_cst);
       }
+    }
+    // Spinning with polled handlers (shared-memory rings): most rounds only
+    // poll them; one in kSyscallRound also looks at the sockets and yields
+    // the core. (A request in a ring is found without waiting for two
+    // system calls.)
+    if (timeout_ms == 0 && !polled_.empty() && ++poll_rounds % kSyscallRound != 0) {
+      CpuRelax();
+      continue;
     }
     // While spinning, give the core to any other runnable thread between
     // polls: on a machine with few cores the thread we wait for (a peer's
