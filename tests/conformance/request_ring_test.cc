@@ -53,6 +53,21 @@ void RoundTrip(EnginePair& pair, unsigned char* local, unsigned char* remote, ui
   ASSERT_EQ(local[8191], fill);
 }
 
+// Starts `pair` over shm with options `a` (initiator) and `b` (target) and
+// allocates a buffer of kLen on each side.
+struct Buffers {
+  unsigned char* local = nullptr;
+  unsigned char* remote = nullptr;
+};
+void StartWithBuffers(EnginePair& pair, const EngineOptions& a, const EngineOptions& b,
+                      Buffers* out) {
+  pair.Start("shm", a, b);
+  out->local = pair.Alloc(kLen, &pair.initiator());
+  out->remote = pair.Alloc(kLen, &pair.target());
+  ASSERT_NE(out->local, nullptr);
+  ASSERT_NE(out->remote, nullptr);
+}
+
 struct Case {
   bool initiator_rings;
   bool target_rings;
@@ -68,12 +83,9 @@ TEST_P(RequestRingUse, StreamsUseRingsExactlyWhenBothEnginesAllow) {
   b.shm_rings = GetParam().target_rings;
   a.tcp_streams = 2;
   EnginePair pair;
-  pair.Start("shm", a, b);
-  unsigned char* local = pair.Alloc(kLen, &pair.initiator());
-  unsigned char* remote = pair.Alloc(kLen, &pair.target());
-  ASSERT_NE(local, nullptr);
-  ASSERT_NE(remote, nullptr);
-  RoundTrip(pair, local, remote, 0x5a);
+  Buffers buf;
+  ASSERT_NO_FATAL_FAILURE(StartWithBuffers(pair, a, b, &buf));
+  RoundTrip(pair, buf.local, buf.remote, 0x5a);
   const size_t rings = RingFds().size() - before;
   if (GetParam().initiator_rings && GetParam().target_rings) {
     EXPECT_EQ(rings, 2u) << "one per stream";
@@ -99,11 +111,10 @@ TEST(RequestRings, GarbageInTheRingsBreaksTheStreamAndNothingElse) {
   EngineOptions o = ConformanceOptions("shm");
   o.tcp_streams = 1;
   EnginePair pair;
-  pair.Start("shm", o, o);
-  unsigned char* local = pair.Alloc(kLen, &pair.initiator());
-  unsigned char* remote = pair.Alloc(kLen, &pair.target());
-  ASSERT_NE(local, nullptr);
-  ASSERT_NE(remote, nullptr);
+  Buffers buf;
+  ASSERT_NO_FATAL_FAILURE(StartWithBuffers(pair, o, o, &buf));
+  unsigned char* local = buf.local;
+  unsigned char* remote = buf.remote;
   std::memset(remote, 0x11, kLen);
   RoundTrip(pair, local, remote, 0x22);
   std::vector<int> rings = RingFds();
@@ -150,12 +161,12 @@ TEST(RequestRings, EveryReplyArrivesWhenCallersAndLoopsStopPollingEarly) {
   o.wait_spin = std::chrono::microseconds(1);
   o.transfer_timeout = std::chrono::milliseconds(20000);
   EnginePair pair;
-  pair.Start("shm", o, o);
+  Buffers buf;
+  ASSERT_NO_FATAL_FAILURE(StartWithBuffers(pair, o, o, &buf));
   constexpr int kThreads = 3, kEach = 400;
-  unsigned char* local = pair.Alloc(kThreads * 8192, &pair.initiator());
-  unsigned char* remote = pair.Alloc(kThreads * 4096, &pair.target());
-  ASSERT_NE(local, nullptr);
-  ASSERT_NE(remote, nullptr);
+  static_assert(kThreads * 8192 <= kLen);
+  unsigned char* local = buf.local;
+  unsigned char* remote = buf.remote;
   std::vector<std::thread> threads;
   std::vector<std::string> errors(kThreads);
   for (int t = 0; t < kThreads; ++t) {
@@ -194,12 +205,9 @@ TEST(RequestRings, IdleEnginesSleep) {
   FERRY_SKIP_UNLESS_TRANSPORT_WORKS("shm");
   EngineOptions o = ConformanceOptions("shm");
   EnginePair pair;
-  pair.Start("shm", o, o);
-  unsigned char* local = pair.Alloc(kLen, &pair.initiator());
-  unsigned char* remote = pair.Alloc(kLen, &pair.target());
-  ASSERT_NE(local, nullptr);
-  ASSERT_NE(remote, nullptr);
-  for (int i = 0; i < 100; ++i) RoundTrip(pair, local, remote, static_cast<uint8_t>(i));
+  Buffers buf;
+  ASSERT_NO_FATAL_FAILURE(StartWithBuffers(pair, o, o, &buf));
+  for (int i = 0; i < 100; ++i) RoundTrip(pair, buf.local, buf.remote, static_cast<uint8_t>(i));
   // Two seconds idle, the first of which the loops still tick (every 50 ms)
   // to watch deadlines. A loop that kept polling would use about a second
   // of CPU per second.
