@@ -1215,20 +1215,29 @@ TEST_P(TransportConformanceTest,
   }
 }
 
+// The destroy-in-flight cases: kInFlight requests of 16 KiB, writes and
+// reads in turn, submitted as one batch; the buffers in *local and *remote.
+constexpr size_t kInFlight = 256;
+void SubmitWritesAndReads(EnginePair& pair, unsigned char** local, unsigned char** remote,
+                          BatchId* batch) {
+  constexpr uint64_t kLen = 16 * kKiB;
+  *local = pair.Alloc(kInFlight * kLen, &pair.initiator());
+  *remote = pair.Alloc(kInFlight * kLen, &pair.target());
+  ASSERT_NE(*local, nullptr);
+  ASSERT_NE(*remote, nullptr);
+  const std::vector<TransferRequest> reqs = pair.WritesAndReads(*local, *remote, kInFlight, kLen);
+  ASSERT_OK_AND_ASSIGN(*batch, pair.initiator().AllocateBatch(kInFlight));
+  ASSERT_OK(pair.initiator().Submit(*batch, reqs));
+}
+
 // The initiator destroyed with a batch of writes and reads in flight: its
 // destructor returns (every transport, and every wrapper around one, fails
 // or finishes what it still holds; nothing waits for an answer no thread
 // will read), and the target serves a new initiator.
 TEST_P(TransportConformanceTest, AnInitiatorDestroyedWithABatchInFlightLeavesTheTargetServing) {
-  constexpr size_t kEntries = 256;
-  constexpr uint64_t kLen = 16 * kKiB;
-  unsigned char* local = Alloc(kEntries * kLen, &initiator());
-  unsigned char* remote = Alloc(kEntries * kLen, &target());
-  ASSERT_NE(local, nullptr);
-  ASSERT_NE(remote, nullptr);
-  const std::vector<TransferRequest> reqs = WritesAndReads(local, remote, kEntries, kLen);
-  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator().AllocateBatch(kEntries));
-  ASSERT_OK(initiator().Submit(batch, reqs));
+  unsigned char *local = nullptr, *remote = nullptr;
+  BatchId batch;
+  ASSERT_NO_FATAL_FAILURE(SubmitWritesAndReads(*this, &local, &remote, &batch));
   DestroyInitiator();
   ExpectTargetServesANewEngine(ConformanceOptions(GetParam()), remote);
 }
@@ -1237,19 +1246,13 @@ TEST_P(TransportConformanceTest, AnInitiatorDestroyedWithABatchInFlightLeavesThe
 // flight: every request of the batch finishes (completed, or failed naming
 // what went), none waits past the destroy, and the initiator goes on.
 TEST_P(TransportConformanceTest, ATargetDestroyedWithABatchInFlightFinishesEveryRequest) {
-  constexpr size_t kEntries = 256;
-  constexpr uint64_t kLen = 16 * kKiB;
-  unsigned char* local = Alloc(kEntries * kLen, &initiator());
-  unsigned char* remote = Alloc(kEntries * kLen, &target());
-  ASSERT_NE(local, nullptr);
-  ASSERT_NE(remote, nullptr);
-  const std::vector<TransferRequest> reqs = WritesAndReads(local, remote, kEntries, kLen);
-  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator().AllocateBatch(kEntries));
-  ASSERT_OK(initiator().Submit(batch, reqs));
+  unsigned char *local = nullptr, *remote = nullptr;
+  BatchId batch;
+  ASSERT_NO_FATAL_FAILURE(SubmitWritesAndReads(*this, &local, &remote, &batch));
   DestroyTarget();
   // Bounded by the transfer deadline: a request nobody answers fails by it.
   (void)initiator().WaitBatch(batch, kWaitTimeout);
-  for (size_t k = 0; k < kEntries; ++k) {
+  for (size_t k = 0; k < kInFlight; ++k) {
     ASSERT_OK_AND_ASSIGN(TransferStatus st, initiator().GetTransferStatus(batch, k));
     ASSERT_NE(st.state, TransferState::kPending) << "request " << k;
     if (st.state == TransferState::kFailed) {

@@ -33,7 +33,7 @@ constexpr uint64_t kReplyQueueHighBytes = 256u << 20;
 constexpr size_t kReplyQueueHighFrames = 16384;
 // The connection whose replies this thread reads (Connection::Progress):
 // its lock is held, so a request it sends meanwhile is queued, not sent
-// inline.
+// inline, and a close it finds is left to the loop (Close).
 thread_local const Connection* t_reading = nullptr;
 
 // Hands a channel's wake-ups to its connection.
@@ -89,11 +89,13 @@ Status Connection::InstallChannel() {
   return OkStatus();
 }
 
+bool Connection::ChannelHasReplies() const {
+  return channel_ && !read_paused_ && !close_pending_ && channel_->Readable();
+}
+
 bool Connection::Poll() {
   std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
-  if (!io.owns_lock() || !channel_ || read_paused_ || close_pending_ || !channel_->Readable()) {
-    return false;
-  }
+  if (!io.owns_lock() || !ChannelHasReplies()) return false;
   ReadSome();
   return true;
 }
@@ -123,15 +125,11 @@ void Connection::BeginProgress() {
 
 bool Connection::Progress() {
   std::unique_lock<std::mutex> io(io_mu_, std::try_to_lock);
-  if (!io.owns_lock() || !channel_ || read_paused_ || close_pending_ || !channel_->Readable()) {
-    return false;
-  }
+  if (!io.owns_lock() || !ChannelHasReplies()) return false;
   std::shared_ptr<Connection> keep = shared_from_this();
-  caller_reading_ = true;
   t_reading = this;
   ReadSome();
   t_reading = nullptr;
-  caller_reading_ = false;
   return true;
 }
 
@@ -311,7 +309,7 @@ void Connection::CheckIdleRetire() {
 }
 
 void Connection::Close(const Status& why) {
-  if (caller_reading_) {
+  if (t_reading == this) {
     // On a caller's thread (Progress): unregistering from the loop is the
     // loop's to do. Until it does, the stream counts as broken (no new
     // request is routed to it) and nothing more is read or sent.

@@ -209,6 +209,8 @@ class Connection : public EventLoop::Handler,
   // Served streams: too many unsent replies to read more requests.
   bool ReplyQueueFull() const;
   void ReadSome();
+  // Bytes wait in the channel and this stream may read them now.
+  bool ChannelHasReplies() const;
   // Registers the channel's wake descriptor and polling with the loop.
   Status InstallChannel();
   // Streams with a channel: what the socket's readiness means (the peer
@@ -267,9 +269,9 @@ class Connection : public EventLoop::Handler,
   // leaves arming the channel to the last caller to stop.
   std::atomic<int> pollers_{0};
   std::atomic<bool> loop_asleep_{false};
-  // A caller is reading replies (Progress): Close is left to the loop.
-  bool caller_reading_ = false;
-  bool close_pending_ = false;  // such a Close waits for the loop
+  // A Close on a caller's thread reading replies (Progress) is left to the
+  // loop: until then the stream is broken and reads and sends nothing.
+  bool close_pending_ = false;
   // The last request queued: a stream with a channel wants ticks (its
   // deadlines watched without waking the loop per request) for a second
   // after it.
