@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -1029,6 +1030,69 @@ TEST_P(HostileInput, AClientThatStopsReadingStallsOnlyItself) {
   fd = UniqueFd();  // the client goes away with its replies unread
   EXPECT_TRUE(peer_->WaitRounds(3)) << peer_->error();
   ExpectUntouched("after the stalled reader");
+}
+
+// (7) A frame whose file entries would need more staging than a frame may
+// carry (64 MiB, the payload limit): 64 entries of a whole 1 GiB file
+// region (a sparse file) ask for 64 GiB of host buffers. The target stages
+// none of it: each such entry fails naming the sizes and the limit, and the
+// stream serves a valid request to the same region afterwards.
+TEST_P(HostileInput, AFrameAskingForMoreStagingThanAFrameCarriesFailsItsEntries) {
+  std::string dir = (std::filesystem::temp_directory_path() / "ferry-hostile-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string path = dir + "/big.bin";
+  constexpr uint64_t kFile = uint64_t{1} << 30;
+  {
+    std::ofstream(path).close();
+    std::filesystem::resize_file(path, kFile);
+  }
+  auto base = target_->RegisterFile({.path = path});
+  ASSERT_THAT(GetStatus(base), IsOk());
+  const uint64_t at = reinterpret_cast<uint64_t>(*base);
+  constexpr size_t kEntries = 64;
+  static unsigned char src[4096];
+  std::memset(src, 0x3c, sizeof(src));
+  UniqueFd fd = port_->Open();
+  ASSERT_TRUE(fd.valid());
+  if (port_->shm()) {
+    // (A same-host reader of files must take lends; this raw peer does
+    // not, so it writes: the target would copy each entry into a buffer.)
+    std::vector<internal::shm::CopyEntry> entries(
+        kEntries, {at, static_cast<uint32_t>(kFile), reinterpret_cast<uint64_t>(src)});
+    ASSERT_TRUE(Send(fd.get(), CopyFrame(wire::FrameType::kCopyWrite, entries, 1)));
+  } else {
+    std::vector<wire::Entry> entries(kEntries, {at, static_cast<uint32_t>(kFile)});
+    ASSERT_TRUE(Send(fd.get(), ReadFrame(entries, 1)));
+  }
+  auto reply = ReplyTo(fd.get(), 1);
+  ASSERT_THAT(GetStatus(reply), IsOk());
+  EXPECT_THAT(reply->first.status, IsOk());
+  ASSERT_EQ(reply->first.failures.size(), kEntries);
+  for (size_t i = 0; i < kEntries; ++i) {
+    EXPECT_EQ(reply->first.failures[i].index, i);
+    EXPECT_EQ(reply->first.failures[i].code, StatusCode::kInvalidArgument);
+  }
+  EXPECT_THAT(reply->first.failures[0].message, ::testing::HasSubstr("64 MiB"));
+  std::printf("[ staging ] %s port: %s\n", port_->kind().c_str(),
+              reply->first.failures[0].message.c_str());
+  EXPECT_EQ(reply->second.size(), 0u);
+  // A valid request to the region on the same stream is served.
+  if (port_->shm()) {
+    ASSERT_TRUE(Send(fd.get(), port_->Write(at, src, sizeof(src), 2)));
+    reply = ReplyTo(fd.get(), 2);
+    ASSERT_THAT(GetStatus(reply), IsOk());
+    EXPECT_TRUE(reply->first.failures.empty());
+  } else {
+    ASSERT_TRUE(Send(fd.get(), ReadFrame({{at, 4096}}, 2)));
+    reply = ReplyTo(fd.get(), 2);
+    ASSERT_THAT(GetStatus(reply), IsOk());
+    EXPECT_TRUE(reply->first.failures.empty());
+    EXPECT_EQ(reply->second, std::string(4096, '\0'));
+  }
+  fd = UniqueFd();
+  EXPECT_THAT(target_->UnregisterMemory(*base), IsOk());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 // "shm_ring": the shm port, each opened stream's frames through request

@@ -24,6 +24,7 @@
 #include "tests/testing/pattern.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/transport_params.h"
+#include "transport/stream/connection.h"
 
 namespace ferry::test {
 namespace {
@@ -567,6 +568,39 @@ TEST_P(FileRegionsTest, FileAndMemoryFramesOnOneStreamAnswerInOrder) {
         << "entry " << k;
   }
   EXPECT_OK(owner_->UnregisterMemory(owner_mem.data()));
+}
+
+// One stream, and a batch whose staging is larger than the target lets one
+// stream hold (Connection::kHeldHighBytes): the target stops reading the
+// stream while its file I/O holds too much, reads on as it finishes (over
+// the socket and, for shm, the request rings), and over shm the initiator's
+// lend returns still reach it. Every byte lands, both ways.
+TEST_P(FileRegionsTest, BatchBeyondTheTargetsStagingBoundMovesEveryByte) {
+  if (GetParam() == "local") GTEST_SKIP() << "local has no streams";
+  EngineOptions o = Options();
+  o.tcp_streams = 1;
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  constexpr uint64_t kLen = 32768, kN = 3072;  // 96 MiB of KV pages
+  static_assert(kN * kLen > internal::stream::Connection::kHeldHighBytes);
+  TempFile file(kN * kLen);
+  uint64_t base = 0;
+  ASSERT_OK_AND_ASSIGN(base, RegisterFile({.path = file.path()}));
+  unsigned char* mem = Memory(2 * kN * kLen);
+  FillPattern(mem, kN * kLen, 43);
+  // Page k of memory goes to a scattered page of the file.
+  auto slot = [](uint64_t k) { return (k * 1237) % kN; };
+  std::vector<TransferRequest> writes, reads;
+  for (uint64_t k = 0; k < kN; ++k) {
+    writes.push_back({Opcode::kWrite, mem + k * kLen, segment_, base + slot(k) * kLen, kLen});
+    reads.push_back({Opcode::kRead, mem + (kN + k) * kLen, segment_, base + slot(k) * kLen, kLen});
+  }
+  ASSERT_OK(initiator_->TransferSync(writes));
+  for (uint64_t k = 0; k < kN; k += 97) {
+    EXPECT_EQ(std::memcmp(file.Read(slot(k) * kLen, kLen).data(), mem + k * kLen, kLen), 0)
+        << "page " << k;
+  }
+  ASSERT_OK(initiator_->TransferSync(reads));
+  EXPECT_EQ(std::memcmp(mem, mem + kN * kLen, kN * kLen), 0) << "read back differs";
 }
 
 // The initiator goes away while the target still has its file writes in

@@ -358,6 +358,7 @@ Status CopyStreamService::ServeCopy(stream::Connection& c, const wire::FrameHead
     run.push_back(i);
   }
   if (!lend) CopyRun(pid_, write, entries, run, c.peer_name(), &rep.failures);
+  RefuseOversizedStaging(&staged, &staged_bytes, &rep.failures);
   // Bounded: an initiator returns each lend as soon as it has copied.
   constexpr size_t kMaxLent = 65536;
   constexpr size_t kMaxLentStagedBytes = size_t{1} << 30;
@@ -413,7 +414,7 @@ void CopyStreamService::ServeFileEntries(stream::Connection& c, uint64_t seq, bo
   // buffer. Nothing below uses this service: the stream may close first.
   StartFileIo(
       staged, host, write,
-      [place = c.ReserveReply(), seq, write, lend, pid, peer, staged, theirs, held,
+      [place = c.ReserveReply(staged_bytes), seq, write, lend, pid, peer, staged, theirs, held,
        failures = std::move(failures)](std::vector<wire::EntryFailure> io_failed) mutable {
         std::vector<bool> bad(staged.size(), false);
         for (const wire::EntryFailure& f : io_failed) {

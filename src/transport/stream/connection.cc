@@ -244,15 +244,14 @@ void Connection::DrainSubmissions() {
 }
 
 void Connection::Enqueue(RequestFrame r) {
-  if (r.hook && r.head.size() >= wire::kFrameHeaderSize + sizeof(uint64_t)) {
-    // The newest hooked frame handled: what the pending follow-up says.
-    std::memcpy(r.head.data() + wire::kFrameHeaderSize, &deferred_seq_, sizeof(deferred_seq_));
-    deferred_.reset();
-  }
+  OutFrame f;
+  // The newest hooked frame handled (what the pending follow-up says) is
+  // written when the frame's first byte goes out (Flush), so a request that
+  // waited in the queue still carries the latest news.
+  f.news = r.hook && r.head.size() >= wire::kFrameHeaderSize + sizeof(uint64_t);
   uint64_t seq = next_seq_++;
   std::memcpy(r.head.data() + kSeqOffset, &seq, sizeof(seq));
   if (channel_) last_request_ = Clock::now();
-  OutFrame f;
   f.total = r.head.size();
   for (const iovec& v : r.payload) f.total += v.iov_len;
   f.head = std::move(r.head);
@@ -344,6 +343,7 @@ void Connection::Close(const Status& why) {
   pending_channel_.reset();
   out_.clear();
   out_bytes_ = 0;
+  held_bytes_ = 0;
   deferred_.reset();
   admission_.reset();
   service_.reset();  // releases the regions a half-received frame had pinned
@@ -448,13 +448,20 @@ void Connection::OnEvents(uint32_t events) {
 bool Connection::ReplyQueueFull() const {
   if (role_ != Role::kServed) return false;
   if (read_paused_)
-    return out_bytes_ > kReplyQueueHighBytes / 2 || out_.size() > kReplyQueueHighFrames / 2;
-  return out_bytes_ > kReplyQueueHighBytes || out_.size() > kReplyQueueHighFrames;
+    return out_bytes_ > kReplyQueueHighBytes / 2 || out_.size() > kReplyQueueHighFrames / 2 ||
+           held_bytes_ > kHeldHighBytes / 2;
+  return out_bytes_ > kReplyQueueHighBytes || out_.size() > kReplyQueueHighFrames ||
+         held_bytes_ > kHeldHighBytes;
 }
 
 void Connection::UpdateInterest() {
   const bool want = !out_.empty() && out_.front().place == 0 && !channel_;
   const bool pause = ReplyQueueFull();
+  if (pause && !read_paused_) {
+    FERRY_LOG(kDebug, "pausing requests from " << peer_name_ << ": " << out_.size() << " replies ("
+                                               << out_bytes_ << " bytes) not yet read by the peer, "
+                                               << held_bytes_ << " bytes held by unfinished ones");
+  }
   if (channel_) {
     // The socket keeps its interest (liveness); the channel wakes this
     // stream when it has room, and the loop polls it for requests.
@@ -462,10 +469,6 @@ void Connection::UpdateInterest() {
     return;
   }
   if ((want == want_write_ && pause == read_paused_) || !fd_.valid()) return;
-  if (pause && !read_paused_) {
-    FERRY_LOG(kDebug, "pausing requests from " << peer_name_ << ": " << out_.size() << " replies ("
-                                               << out_bytes_ << " bytes) not yet read by the peer");
-  }
   want_write_ = want;
   read_paused_ = pause;
   // Paused: no EPOLLIN and no EPOLLRDHUP (which would fire on and on while
@@ -480,6 +483,11 @@ void Connection::Flush(bool from_caller) {
   while (!out_.empty() && out_.front().place == 0 && fd_.valid() && !close_pending_) {
     int n = 0;
     for (auto it = out_.begin(); it != out_.end() && it->place == 0 && n < kMaxIov; ++it) {
+      if (it->news && it->sent == 0) {
+        std::memcpy(it->head.data() + wire::kFrameHeaderSize, &deferred_seq_,
+                    sizeof(deferred_seq_));
+        deferred_.reset();  // this frame carries it
+      }
       size_t skip = it->sent;
       auto add = [&](const void* base, size_t len) {
         if (n >= kMaxIov) return;
@@ -582,9 +590,11 @@ Connection::OutFrame Connection::ReplyFrame(wire::FrameType type, uint64_t seq,
   return f;
 }
 
-Connection::ReplyPlace Connection::ReserveReply() {
+Connection::ReplyPlace Connection::ReserveReply(uint64_t holds) {
   OutFrame f;
   f.place = next_place_++;
+  f.holds = holds;
+  held_bytes_ += holds;
   out_.push_back(std::move(f));
   return ReplyPlace{weak_from_this(), out_.back().place};
 }
@@ -618,6 +628,7 @@ void Connection::FillReply(uint64_t id, OutFrame f) {
   for (OutFrame& slot : out_) {
     if (slot.place != id) continue;
     out_bytes_ += f.total;
+    held_bytes_ -= slot.holds;
     slot = std::move(f);  // place 0: ready
     if (fd_.valid()) Flush();
     return;

@@ -127,11 +127,19 @@ class Connection : public EventLoop::Handler,
   // initiator still gets them in frame order, and the queue's bounds count
   // it. FinishReply (any thread) fills it and sends it; once the stream has
   // closed it drops the reply (releasing its pins and `keep`).
+  // `holds`: the bytes the frame keeps until then (its staging buffer). The
+  // stream stops reading requests while its unfinished replies hold more
+  // than kHeldHighBytes, and reads again at half of it: a peer that sends
+  // file writes faster than the disk takes them, or asks for a batch of
+  // reads of any size, costs this engine a bounded staging, not one as
+  // large as the batch (beyond the bound: at most what one read of the
+  // stream brought, kReadAhead bytes of requests).
   struct ReplyPlace {
     std::weak_ptr<Connection> stream;
     uint64_t id = 0;
   };
-  ReplyPlace ReserveReply();
+  static constexpr uint64_t kHeldHighBytes = uint64_t{64} << 20;
+  ReplyPlace ReserveReply(uint64_t holds = 0);
   static void FinishReply(const ReplyPlace& place, wire::FrameType type, uint64_t seq,
                           std::string body, std::vector<iovec> payload = {},
                           std::vector<RegionPin> pins = {},
@@ -186,6 +194,8 @@ class Connection : public EventLoop::Handler,
     size_t sent = 0;
     size_t total = 0;    // head + payload bytes
     uint64_t place = 0;  // ReserveReply's id while not yet finished; 0: ready to send
+    uint64_t holds = 0;  // while not yet finished: what ReserveReply was told it holds
+    bool news = false;   // a hooked request: deferred_seq_ goes in when its bytes first go out
   };
   // A reply frame of this stream (QueueReply, FinishReply).
   OutFrame ReplyFrame(wire::FrameType type, uint64_t seq, const std::string& body,
@@ -253,7 +263,8 @@ class Connection : public EventLoop::Handler,
   uint64_t next_seq_ = 1;
   uint64_t next_place_ = 1;  // ReserveReply
   std::deque<OutFrame> out_;
-  uint64_t out_bytes_ = 0;  // unsent bytes of out_ (kServed: the pause rule)
+  uint64_t out_bytes_ = 0;   // unsent bytes of out_ (kServed: the pause rule)
+  uint64_t held_bytes_ = 0;  // the `holds` of out_'s unfinished replies (the pause rule)
   bool want_write_ = false;
   bool read_paused_ = false;  // EPOLLIN off: see ReplyQueueFull
   std::deque<Inflight> inflight_;

@@ -7,7 +7,10 @@
 
 #include <cstring>
 #include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include "tests/testing/fault_link.h"
 #include "tests/testing/status_matchers.h"
 #include "transport/stream/connection.h"
+#include "transport/stream/frame_reader.h"
 #include "transport/stream/hello.h"
 #include "transport/stream/listener.h"
 #include "transport/stream/stream_link.h"
@@ -27,6 +31,17 @@ using test::FaultLink;
 using Action = FaultLink::Action;
 constexpr uint64_t kInstance = 42;
 constexpr size_t kBuf = 1 << 20;
+
+// Collects the sequence numbers of the frames it is fed.
+struct FrameReaderSink : FrameReader::Sink {
+  Status OnHeader(const wire::FrameHeader&) override { return OkStatus(); }
+  Status OnFrame(const wire::FrameHeader& h, std::string_view) override {
+    seqs.push_back(h.seq);
+    return OkStatus();
+  }
+  Status OnPayload(const wire::FrameHeader&) override { return OkStatus(); }
+  std::vector<uint64_t> seqs;
+};
 
 FaultLink::Plan Replies(std::vector<Action> actions,
                         std::chrono::milliseconds delay = std::chrono::milliseconds(20)) {
@@ -402,6 +417,104 @@ TEST_F(StreamTest, ServedStreamStopsReadingFromAPeerThatReadsNoReplies) {
     }
   }
   EXPECT_LT(sent, kCap) << "the served stream kept reading requests whose replies nobody read";
+  pool_->loop(0)->RunInLoop([served] { served->CloseAsync(CancelledError("test over")); });
+}
+
+// A service whose replies stay unfinished, each holding `kHolds` bytes (a
+// staging buffer of file I/O), until the test finishes them.
+class HoldingService : public FrameService {
+ public:
+  static constexpr uint64_t kHolds = 16u << 20;
+  bool Accepts(wire::FrameType t) const override { return t == wire::FrameType::kWrite; }
+  Status OnFrame(Connection& c, const wire::FrameHeader& h, std::string_view) override {
+    std::lock_guard<std::mutex> lock(mu);
+    places.push_back({c.ReserveReply(kHolds), h.seq});
+    return OkStatus();
+  }
+  Status OnPayload(Connection&, const wire::FrameHeader&) override { return OkStatus(); }
+  size_t Served() {
+    std::lock_guard<std::mutex> lock(mu);
+    return places.size();
+  }
+  // Finishes replies [from, to) (any thread, as the file ring's does).
+  void Finish(size_t from, size_t to) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t k = from; k < to; ++k) {
+      std::string body;
+      wire::EncodeReply({}, &body);
+      Connection::FinishReply(places[k].first, wire::FrameType::kAck, places[k].second,
+                              std::move(body));
+    }
+  }
+  std::mutex mu;
+  std::vector<std::pair<Connection::ReplyPlace, uint64_t>> places;
+};
+
+TEST_F(StreamTest, ServedStreamStopsReadingWhileUnfinishedRepliesHoldTooMuch) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd client(sv[0]);
+  auto service = std::make_shared<HoldingService>();
+  auto served = std::make_shared<Connection>(pool_->loop(0), UniqueFd(sv[1]), "served",
+                                             std::make_shared<FirstFrames>(),
+                                             std::chrono::milliseconds(60000));
+  ASSERT_TRUE(SetNonBlocking(sv[1], true).ok());
+  pool_->loop(0)->RunInLoop([served, service] {
+    served->Serve(service, 1, "writer");
+    ASSERT_TRUE(served->Attach().ok());
+  });
+  // Frames with bodies longer than one read of the stream (8 KiB): each
+  // read completes at most one, so the pause falls exactly after a frame.
+  constexpr size_t kFrames = 12;
+  std::string all;
+  for (uint64_t k = 1; k <= kFrames; ++k) {
+    wire::FrameHeader h;
+    h.version = 1;
+    h.type = wire::FrameType::kWrite;
+    h.seq = k;
+    all += wire::BuildFrame(h, std::string(10000, 'x'));
+  }
+  ASSERT_EQ(::send(client.get(), all.data(), all.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(all.size()));
+  // Served (the loop thread's work up to now done: a task queued behind it ran).
+  auto served_now = [&](size_t expect) {
+    for (int i = 0; i < 10000 && service->Served() < expect; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (int round = 0; round < 2; ++round) {  // two: a loop round with its events in between
+      std::promise<void> ran;
+      pool_->loop(0)->RunInLoop([&ran] { ran.set_value(); });
+      ran.get_future().wait();
+    }
+    return service->Served();
+  };
+  const size_t first =
+      Connection::kHeldHighBytes / HoldingService::kHolds + 1;  // 5: past the bound
+  EXPECT_EQ(served_now(first), first)
+      << "read on past " << Connection::kHeldHighBytes << " bytes held by unfinished replies";
+  // Finishing two leaves 48 MiB held: above half the bound, still paused.
+  service->Finish(0, 2);
+  EXPECT_EQ(served_now(first), first);
+  // One more: 32 MiB, half the bound: it reads until the bound is passed again.
+  service->Finish(2, 3);
+  EXPECT_EQ(served_now(first + 3), first + 3);
+  // All finished: it reads the rest, and every reply arrives, in order.
+  service->Finish(3, first + 3);
+  EXPECT_EQ(served_now(kFrames), kFrames);
+  service->Finish(first + 3, kFrames);
+  FrameReaderSink replies;
+  FrameReader reader(&replies);
+  char buf[4096];
+  for (int i = 0; i < 10000 && replies.seqs.size() < kFrames; ++i) {
+    const ssize_t r = ::recv(client.get(), buf, sizeof(buf), MSG_DONTWAIT);
+    if (r > 0) {
+      ASSERT_OK(reader.Consume(buf, static_cast<size_t>(r)));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  std::vector<uint64_t> want(kFrames);
+  std::iota(want.begin(), want.end(), 1);
+  EXPECT_EQ(replies.seqs, want);
   pool_->loop(0)->RunInLoop([served] { served->CloseAsync(CancelledError("test over")); });
 }
 

@@ -62,6 +62,20 @@ size_t TargetService::StagedOffset(size_t at, uint32_t length) {
   return length % 512 == 0 ? (at + 4095) / 4096 * 4096 : at;
 }
 
+bool TargetService::RefuseOversizedStaging(std::vector<StagedEntry>* staged, size_t* staged_bytes,
+                                           std::vector<wire::EntryFailure>* failures) const {
+  if (*staged_bytes <= wire::kMaxPayload) return false;
+  const std::string why = "peer " + target_->peer_id() + " refused: the frame's " +
+                          std::to_string(staged->size()) + " file or GPU entries need " +
+                          std::to_string(*staged_bytes) +
+                          " bytes of staging, more than the 64 MiB a frame may carry";
+  for (const StagedEntry& e : *staged)
+    failures->push_back({e.index, StatusCode::kInvalidArgument, why});
+  staged->clear();
+  *staged_bytes = 0;
+  return true;
+}
+
 std::shared_ptr<char> TargetService::StagingBytes(size_t n) const { return staging_->Get(n); }
 
 std::shared_ptr<char> TargetService::GpuStagingBytes(size_t n) const {

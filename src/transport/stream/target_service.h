@@ -103,6 +103,13 @@ class TargetService : public FrameService {
   // target's CUDA driver (see StagingPool), from a second pool of the stream.
   std::shared_ptr<char> GpuStagingBytes(size_t n) const;
   static bool HasFiles(const std::vector<StagedEntry>& staged);
+  // A frame's staged entries may take at most wire::kMaxPayload bytes of
+  // host buffer (what a frame may carry; a Ferry initiator's frames stay
+  // within max_frame_bytes): past that each of them fails, naming the sizes
+  // and the limit, and *staged and *staged_bytes are emptied (nothing is
+  // allocated). True if so.
+  bool RefuseOversizedStaging(std::vector<StagedEntry>* staged, size_t* staged_bytes,
+                              std::vector<wire::EntryFailure>* failures) const;
   // In entry order, as a Reply must list them (DecodeReply refuses others).
   static void SortByEntry(std::vector<wire::EntryFailure>* failures);
   // Starts the file entries of `staged` (others are skipped) as one batch of

@@ -156,18 +156,19 @@ Status TcpStreamService::OnPayload(stream::Connection& c, const wire::FrameHeade
     pins_.clear();
     failures_.clear();
     staged_bytes_.reset();
-    StartFileIo(staged, held->host.get(), /*write=*/true,
-                [place = c.ReserveReply(), seq = h.seq, held](std::vector<wire::EntryFailure> f) {
-                  wire::Reply rep;
-                  rep.failures = std::move(held->failures);
-                  rep.failures.insert(rep.failures.end(), f.begin(), f.end());
-                  SortByEntry(&rep.failures);
-                  std::string body;
-                  wire::EncodeReply(rep, &body);
-                  stream::Connection::FinishReply(place, wire::FrameType::kAck, seq,
-                                                  std::move(body), {}, std::move(held->pins),
-                                                  held->host);
-                });
+    const uint64_t holds = staged.back().offset + staged.back().length;  // the buffer's use
+    StartFileIo(
+        staged, held->host.get(), /*write=*/true,
+        [place = c.ReserveReply(holds), seq = h.seq, held](std::vector<wire::EntryFailure> f) {
+          wire::Reply rep;
+          rep.failures = std::move(held->failures);
+          rep.failures.insert(rep.failures.end(), f.begin(), f.end());
+          SortByEntry(&rep.failures);
+          std::string body;
+          wire::EncodeReply(rep, &body);
+          stream::Connection::FinishReply(place, wire::FrameType::kAck, seq, std::move(body), {},
+                                          std::move(held->pins), held->host);
+        });
     return OkStatus();
   }
   staged_.clear();
@@ -216,6 +217,7 @@ Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeade
     staged_bytes = at + e.length;
     r->placed[i] = 2;
   }
+  RefuseOversizedStaging(&r->staged, &staged_bytes, &r->rep.failures);
   // Queues the reply with the entries that did not fail (`send`: how).
   auto reply = [](Read& r, auto send) {
     for (const wire::EntryFailure& f : r.rep.failures) r.placed[f.index] = 0;
@@ -240,17 +242,17 @@ Status TcpStreamService::ServeRead(stream::Connection& c, const wire::FrameHeade
     r->host = BufferFor(r->staged, staged_bytes);
     CopyGpu(r->staged, r->host.get(), /*to_device=*/false, &r->rep.failures);
     if (HasFiles(r->staged)) {
-      StartFileIo(
-          r->staged, r->host.get(), /*write=*/false,
-          [place = c.ReserveReply(), seq = h.seq, r, reply](std::vector<wire::EntryFailure> f) {
-            r->rep.failures.insert(r->rep.failures.end(), f.begin(), f.end());
-            reply(*r, [&](std::string body, std::vector<iovec> payload, std::vector<RegionPin> pins,
-                          std::shared_ptr<char> host) {
-              stream::Connection::FinishReply(place, wire::FrameType::kReadData, seq,
-                                              std::move(body), std::move(payload), std::move(pins),
-                                              std::move(host));
-            });
-          });
+      StartFileIo(r->staged, r->host.get(), /*write=*/false,
+                  [place = c.ReserveReply(staged_bytes), seq = h.seq, r,
+                   reply](std::vector<wire::EntryFailure> f) {
+                    r->rep.failures.insert(r->rep.failures.end(), f.begin(), f.end());
+                    reply(*r, [&](std::string body, std::vector<iovec> payload,
+                                  std::vector<RegionPin> pins, std::shared_ptr<char> host) {
+                      stream::Connection::FinishReply(place, wire::FrameType::kReadData, seq,
+                                                      std::move(body), std::move(payload),
+                                                      std::move(pins), std::move(host));
+                    });
+                  });
       return OkStatus();
     }
   }
