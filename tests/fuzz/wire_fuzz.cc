@@ -57,7 +57,11 @@ class FuzzSink : public ferry::internal::stream::FrameReader::Sink {
     return h.flags == 0xffff ? ferry::DataLossError("refused") : ferry::OkStatus();
   }
   ferry::Status OnFrame(const FrameHeader& h, std::string_view) override {
-    if (h.payload_len == 0 && (h.seq & 1)) return ferry::OkStatus();  // expects nothing
+    if (h.payload_len == 0 && (h.seq & 1)) {  // expects nothing: the frame is whole
+      frames.push_back(h.seq);
+      last_seq_ = h.seq;
+      return ferry::OkStatus();
+    }
     reader->ExpectPayload();
     buf_.assign(h.payload_len, '\0');
     size_t off = 0;
@@ -72,10 +76,19 @@ class FuzzSink : public ferry::internal::stream::FrameReader::Sink {
     }
     return ferry::OkStatus();
   }
-  ferry::Status OnPayload(const FrameHeader&) override { return ferry::OkStatus(); }
+  ferry::Status OnPayload(const FrameHeader& h) override {
+    frames.push_back(h.seq);
+    last_seq_ = h.seq;
+    return ferry::OkStatus();
+  }
+  // With `holding`: holds after each frame whose seq has bit 1 set.
+  bool Hold() const override { return holding && (last_seq_ & 2) != 0; }
+  bool holding = false;
+  std::vector<uint64_t> frames;  // seq of each whole frame, in order
 
  private:
   std::vector<char> buf_;
+  uint64_t last_seq_ = 0;
 };
 
 // One blocking request/response (wire::ExchangeFrame, as handshakes and
@@ -196,16 +209,27 @@ void FuzzFrames(std::string_view input) {
       break;
     }
     case 6: {
-      // The stream's frame reader, fed in uneven pieces (as recv returns them).
-      FuzzSink sink;
-      ferry::internal::stream::FrameReader reader(&sink);
+      // The stream's frame reader, fed in uneven pieces (as recv returns
+      // them); and a second one whose sink holds after some frames (a served
+      // stream over its bounds), drained before each piece as Connection
+      // does: both see the same frames, and fail alike.
+      FuzzSink sink, held;
+      held.holding = true;
+      ferry::internal::stream::FrameReader reader(&sink), holding(&held);
       sink.reader = &reader;
+      held.reader = &holding;
+      bool failed = false, held_failed = false;
       size_t off = 0;
       for (size_t piece = 1; off < in.size(); piece = piece * 2 + 1) {
         const size_t n = std::min(piece, in.size() - off);
-        if (!reader.Consume(in.data() + off, n).ok()) break;
+        if (!failed) failed = !reader.Consume(in.data() + off, n).ok();
+        while (!held_failed && holding.HasPending()) held_failed = !holding.ConsumePending().ok();
+        if (!held_failed) held_failed = !holding.Consume(in.data() + off, n).ok();
         off += n;
       }
+      while (!held_failed && holding.HasPending()) held_failed = !holding.ConsumePending().ok();
+      Check(failed == held_failed);
+      Check(sink.frames == held.frames);
       break;
     }
     case 7:

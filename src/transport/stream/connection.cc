@@ -457,6 +457,16 @@ bool Connection::ReplyQueueFull() const {
 void Connection::UpdateInterest() {
   const bool want = !out_.empty() && out_.front().place == 0 && !channel_;
   const bool pause = ReplyQueueFull();
+  if (read_paused_ && !pause && reader_.HasPending()) {
+    // Frames read before the pause wait in the reader, and no new byte
+    // need come to wake this stream for them.
+    loop_->RunInLoop([weak = weak_from_this()] {
+      if (auto c = weak.lock()) {
+        std::lock_guard<std::mutex> io(c->io_mu_);
+        if (!c->read_paused_) c->ReadSome();
+      }
+    });
+  }
   if (pause && !read_paused_) {
     FERRY_LOG(kDebug, "pausing requests from " << peer_name_ << ": " << out_.size() << " replies ("
                                                << out_bytes_ << " bytes) not yet read by the peer, "
@@ -651,6 +661,16 @@ void Connection::ReadSome() {
         held.clear();
       }
     } release{landing_};
+    if (reader_.HasPending()) {  // frames read before a pause (Hold)
+      Status s = reader_.ConsumePending();
+      if (!s.ok()) {
+        if (!fd_.valid()) return;
+        FERRY_LOG(kWarning, "closing connection with " << peer_name_ << ": " << s);
+        Close(s);
+        return;
+      }
+      continue;
+    }
     if (role_ == Role::kInitiator && reader_.InPayload() && !inflight_.empty() &&
         inflight_.front().req.batch) {
       const std::shared_ptr<BatchState>& b = inflight_.front().req.batch;

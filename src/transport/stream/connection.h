@@ -132,8 +132,8 @@ class Connection : public EventLoop::Handler,
   // than kHeldHighBytes, and reads again at half of it: a peer that sends
   // file writes faster than the disk takes them, or asks for a batch of
   // reads of any size, costs this engine a bounded staging, not one as
-  // large as the batch (beyond the bound: at most what one read of the
-  // stream brought, kReadAhead bytes of requests).
+  // large as the batch (frames already read wait in the stream's reader:
+  // FrameReader::Sink::Hold).
   struct ReplyPlace {
     std::weak_ptr<Connection> stream;
     uint64_t id = 0;
@@ -184,6 +184,9 @@ class Connection : public EventLoop::Handler,
   Status OnHeader(const wire::FrameHeader& h) override;
   Status OnFrame(const wire::FrameHeader& h, std::string_view body) override;
   Status OnPayload(const wire::FrameHeader& h) override;
+  // A served stream over its bounds (ReplyQueueFull) serves no further
+  // frame of what it has read: they wait in the reader until it reads again.
+  bool Hold() const override { return ReplyQueueFull(); }
 
  private:
   struct OutFrame {

@@ -35,8 +35,18 @@ Status FrameReader::Consume(const char* p, size_t n) {
       s = Advance(taken);
     }
     if (!s.ok()) return s;
+    if (n > 0 && phase_ == Phase::kHeader && got_ == 0 && sink_->Hold()) {
+      pending_.assign(p, n);
+      return OkStatus();
+    }
   }
   return OkStatus();
+}
+
+Status FrameReader::ConsumePending() {
+  std::string bytes;
+  bytes.swap(pending_);
+  return Consume(bytes.data(), bytes.size());
 }
 
 Status FrameReader::Advance(size_t n) {

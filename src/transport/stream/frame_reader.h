@@ -38,12 +38,21 @@ class FrameReader {
     virtual Status OnFrame(const wire::FrameHeader& h, std::string_view body) = 0;
     // The payload expected in OnFrame has arrived (at once if it was empty).
     virtual Status OnPayload(const wire::FrameHeader& h) = 0;
+    // Asked after each whole frame that more bytes follow in the same
+    // Consume: true stops there, and the reader keeps those bytes (Pending)
+    // until ConsumePending. (A served stream that holds too much.)
+    virtual bool Hold() const { return false; }
   };
 
   explicit FrameReader(Sink* sink) : sink_(sink) {}
 
-  // Feeds bytes of the stream; dispatches every part that completes.
+  // Feeds bytes of the stream; dispatches every part that completes (up to
+  // a frame after which the sink holds: the rest waits in the reader).
   Status Consume(const char* p, size_t n);
+  // Bytes a holding sink left (at most one Consume's worth).
+  bool HasPending() const { return !pending_.empty(); }
+  // Consumes them (the sink may hold again: what is left stays).
+  Status ConsumePending();
 
   // While a payload is being received: the bytes still expected, and where
   // they go. A caller may readv into PayloadIov() (at most PayloadIovCount()
@@ -82,6 +91,7 @@ class FrameReader {
   size_t recv_index_ = 0;
   size_t payload_left_ = 0;          // bytes of recv_iov_ not yet filled
   std::unique_ptr<char[]> scratch_;  // discard target, allocated on first use
+  std::string pending_;              // see Sink::Hold
 };
 
 }  // namespace ferry::internal::stream

@@ -73,6 +73,13 @@ class RecordingSink : public FrameReader::Sink {
     events.push_back("payload " + Describe(h));
     return OkStatus();
   }
+  // What Hold answers; each time it is asked is an event too.
+  bool hold = false;
+  bool Hold() const override {
+    asked_hold = true;
+    return hold;
+  }
+  mutable bool asked_hold = false;
 
  private:
   static std::string Describe(const FrameHeader& h) {
@@ -177,6 +184,53 @@ TEST_F(TwoFrames, EverySplitPointGivesTheSameEvents) {
     EXPECT_EQ(h.sink.events, kEvents) << cut;
     EXPECT_EQ(std::string_view(dest, 10), kPayload) << cut;
   }
+}
+
+TEST_F(TwoFrames, AHoldingSinkStopsAfterAWholeFrameAndTheRestWaits) {
+  const std::string s = Stream();
+  for (size_t cut = 0; cut <= s.size(); ++cut) {
+    Harness h;
+    char dest[10] = {};
+    Arm(h, dest);
+    h.sink.hold = true;
+    // Fed in two parts, as two reads of a socket: each part stops after the
+    // first frame it completes; the rest waits in the reader.
+    ASSERT_THAT(h.reader.Consume(s.data(), cut), IsOk()) << cut;
+    if (h.reader.HasPending()) {
+      EXPECT_EQ(h.sink.events.back(), "payload 10 seq=1") << cut;
+    }
+    // Resumed while still holding: one more frame at a time.
+    for (int k = 0; k < 4 && h.reader.HasPending(); ++k)
+      ASSERT_THAT(h.reader.ConsumePending(), IsOk()) << cut;
+    ASSERT_FALSE(h.reader.HasPending()) << cut;
+    h.sink.hold = false;
+    ASSERT_THAT(h.reader.Consume(s.data() + cut, s.size() - cut), IsOk()) << cut;
+    while (h.reader.HasPending()) ASSERT_THAT(h.reader.ConsumePending(), IsOk()) << cut;
+    EXPECT_EQ(h.sink.events, kEvents) << cut;
+    EXPECT_EQ(std::string_view(dest, 10), kPayload) << cut;
+  }
+}
+
+TEST_F(TwoFrames, HoldStopsAtEachFrameBoundaryAndNowhereElse) {
+  Harness h;
+  char dest[10] = {};
+  Arm(h, dest);
+  h.sink.hold = true;
+  const std::string s = Stream();
+  ASSERT_THAT(h.reader.Consume(s.data(), s.size()), IsOk());
+  EXPECT_EQ(h.sink.events, std::vector<std::string>(kEvents.begin(), kEvents.begin() + 3));
+  EXPECT_TRUE(h.reader.HasPending());
+  ASSERT_THAT(h.reader.ConsumePending(), IsOk());
+  EXPECT_EQ(h.sink.events, std::vector<std::string>(kEvents.begin(), kEvents.begin() + 5));
+  ASSERT_THAT(h.reader.ConsumePending(), IsOk());
+  EXPECT_EQ(h.sink.events, kEvents);
+  EXPECT_FALSE(h.reader.HasPending());
+  // The last frame ended the bytes: nothing to hold, not asked then.
+  h.sink.asked_hold = false;
+  const std::string one = Frame(FrameType::kAck, 4, "x");
+  ASSERT_THAT(h.reader.Consume(one.data(), one.size()), IsOk());
+  EXPECT_FALSE(h.sink.asked_hold);
+  EXPECT_FALSE(h.reader.HasPending());
 }
 
 TEST(FrameReader, EventsArriveOnlyWhenTheirPartIsComplete) {
