@@ -204,6 +204,12 @@ struct EngineMetrics {
   uint64_t file_direct_bytes = 0;
   uint64_t file_buffered_ops = 0;
   uint64_t file_buffered_bytes = 0;
+  // Host buffers this engine holds for peers' requests that it stages (a
+  // peer's reads and writes of this engine's file regions, and over tcp of
+  // its GPU memory): bytes in use now, and the most at once since Create.
+  // Bounded per served stream (docs/reliability.md).
+  uint64_t target_staging_bytes = 0;
+  uint64_t target_staging_bytes_peak = 0;
 };
 
 }  // namespace ferry

@@ -975,8 +975,9 @@ class Engine:
         ``transfer_latency`` (bounds_us, counts per bucket plus +Inf, count,
         sum_us) and ``counters`` (batches_finished, notifications_sent,
         notifications_received, cancelled_requests; peer_links_open,
-        links_opened, links_closed_idle, links_evicted; and of file regions:
-        file_direct_ops/bytes, file_buffered_ops/bytes)."""
+        links_opened, links_closed_idle, links_evicted; of file regions:
+        file_direct_ops/bytes, file_buffered_ops/bytes; and the host buffers held
+        for peers' staged requests: target_staging_bytes, target_staging_bytes_peak)."""
         return self._native.metrics()
 
     def metrics_text(self) -> str:

@@ -887,6 +887,8 @@ class NativeEngine {
     counters["links_closed_idle"] = m.links_closed_idle;
     counters["links_evicted"] = m.links_evicted;
     counters["file_direct_ops"] = m.file_direct_ops;
+    counters["target_staging_bytes"] = m.target_staging_bytes;
+    counters["target_staging_bytes_peak"] = m.target_staging_bytes_peak;
     counters["file_direct_bytes"] = m.file_direct_bytes;
     counters["file_buffered_ops"] = m.file_buffered_ops;
     counters["file_buffered_bytes"] = m.file_buffered_bytes;

@@ -56,6 +56,12 @@ def test_write_then_read_back(pair, tmp_path):
     assert np.array_equal(dst[:70000], src[:70000])
     counters = owner.metrics()["counters"]
     assert counters["file_direct_ops"] + counters["file_buffered_ops"] == 4
+    # The owner staged the peer's entries (tcp) through host buffers, all
+    # let go by now that the replies were sent; "local" stages nothing.
+    staged = 0 if a is owner else 4096 + 65904
+    assert counters["target_staging_bytes_peak"] >= staged
+    assert (counters["target_staging_bytes_peak"] == 0) == (a is owner)
+    assert "ferry_target_staging_bytes_peak " in owner.metrics_text()
     owner.unregister(base)
 
 

@@ -154,6 +154,13 @@ std::string Metrics::PrometheusText(const EngineMetrics& m) {
   out += "ferry_file_bytes_total{mode=\"direct\"} " + std::to_string(m.file_direct_bytes) + "\n";
   out +=
       "ferry_file_bytes_total{mode=\"buffered\"} " + std::to_string(m.file_buffered_bytes) + "\n";
+  family("ferry_target_staging_bytes", "gauge",
+         "Host buffers held now for peers' staged requests (this engine's file regions, GPU "
+         "memory over tcp).");
+  out += "ferry_target_staging_bytes " + std::to_string(m.target_staging_bytes) + "\n";
+  family("ferry_target_staging_bytes_peak", "gauge",
+         "The most host buffer held at once for peers' staged requests.");
+  out += "ferry_target_staging_bytes_peak " + std::to_string(m.target_staging_bytes_peak) + "\n";
   return out;
 }
 

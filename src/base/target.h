@@ -21,6 +21,26 @@ namespace ferry::internal {
 
 class CudaDriver;
 
+// Host memory that an engine's served streams hold for peers' staged
+// entries (file regions, GPU memory): bytes handed out now, and the most at
+// once (EngineMetrics::target_staging_bytes, _peak). Thread-safe.
+class StagingGauge {
+ public:
+  void Add(uint64_t n) {
+    const uint64_t now = in_use_.fetch_add(n, std::memory_order_relaxed) + n;
+    uint64_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+  void Sub(uint64_t n) { in_use_.fetch_sub(n, std::memory_order_relaxed); }
+  uint64_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
+  uint64_t peak() const { return peak_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> in_use_{0};
+  std::atomic<uint64_t> peak_{0};
+};
+
 class EngineTarget {
  public:
   // `inbox_limit`: most bytes of notifications held until drained
@@ -37,6 +57,9 @@ class EngineTarget {
   // the process.
   void SetCudaDriver(const CudaDriver* d) { cuda_.store(d, std::memory_order_release); }
   const CudaDriver* cuda_driver() const { return cuda_.load(std::memory_order_acquire); }
+  // What the served streams' staging pools count into (they may outlive
+  // this target: each holds the gauge).
+  const std::shared_ptr<StagingGauge>& staging() const { return staging_; }
 
   // kResourceExhausted (the sender's SendNotification returns it) while the
   // notifications not yet drained hold more than the limit.
@@ -75,6 +98,7 @@ class EngineTarget {
   const uint64_t inbox_limit_;
   MemoryRegistry registry_;
   std::atomic<const CudaDriver*> cuda_{nullptr};
+  const std::shared_ptr<StagingGauge> staging_ = std::make_shared<StagingGauge>();
   mutable std::mutex mu_;
   std::deque<Notification> inbox_;  // guarded by mu_
   uint64_t delivered_ = 0;          // guarded by mu_

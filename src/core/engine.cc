@@ -163,9 +163,7 @@ Status Engine::Impl::Start(const std::shared_ptr<const internal::ClusterSecret>&
   if (options_.metrics_address.empty()) return OkStatus();
   FERRY_ASSIGN_OR_RETURN(metrics_server_,
                          internal::MetricsServer::Start(options_.metrics_address, [this] {
-                           EngineMetrics m = metrics_->Snapshot(target_->delivered());
-                           m.peer_links_open = segments_->OpenLinks();
-                           return internal::Metrics::PrometheusText(m);
+                           return internal::Metrics::PrometheusText(Snapshot());
                          }));
   return OkStatus();
 }

@@ -87,6 +87,15 @@ class Engine::Impl {
 
   // The engine's file I/O (io_uring), made by the first RegisterFile.
   StatusOr<std::shared_ptr<internal::storage::FileIo>> file_io();
+  // The engine's metrics now (Engine::GetMetrics, the metrics server).
+  EngineMetrics Snapshot() {
+    EngineMetrics m = metrics_->Snapshot(target_->delivered());
+    m.peer_links_open = segments_->OpenLinks();
+    m.target_staging_bytes = target_->staging()->in_use();
+    m.target_staging_bytes_peak = target_->staging()->peak();
+    FileCounters(&m);
+    return m;
+  }
   // Adds the file I/O counters (none before the first RegisterFile).
   void FileCounters(EngineMetrics* m) {
     std::lock_guard<std::mutex> lock(file_io_mu_);

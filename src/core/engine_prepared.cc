@@ -315,12 +315,7 @@ StatusOr<SegmentHandle> Engine::ImportMetadata(std::string_view bytes) {
 
 // ---- telemetry ----------------------------------------------------------------------
 
-EngineMetrics Engine::GetMetrics() const {
-  EngineMetrics m = impl_->metrics()->Snapshot(impl_->target().delivered());
-  m.peer_links_open = impl_->segments().OpenLinks();
-  impl_->FileCounters(&m);
-  return m;
-}
+EngineMetrics Engine::GetMetrics() const { return impl_->Snapshot(); }
 
 std::string Engine::MetricsText() const { return internal::Metrics::PrometheusText(GetMetrics()); }
 

@@ -237,7 +237,7 @@ TEST_F(CudaCopies, SyncCopiesQueuedThenWaitedForOnce) {
 TEST_F(CudaCopies, GpuStagingBuffersArePageLockedAndReused) {
   const int before = fake_.LiveAllocations(FakeCuda::kHostAllocations);
   {
-    auto pool = std::make_shared<stream::StagingPool>(&d_);
+    auto pool = std::make_shared<stream::StagingPool>(nullptr, &d_);
     char* first;
     {
       std::shared_ptr<char> b = pool->Get(10000);

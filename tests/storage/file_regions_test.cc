@@ -13,10 +13,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/ferry.h"
@@ -574,7 +576,9 @@ TEST_P(FileRegionsTest, FileAndMemoryFramesOnOneStreamAnswerInOrder) {
 // stream hold (Connection::kHeldHighBytes): the target stops reading the
 // stream while its file I/O holds too much, reads on as it finishes (over
 // the socket and, for shm, the request rings), and over shm the initiator's
-// lend returns still reach it. Every byte lands, both ways.
+// lend returns still reach it. Every byte lands, both ways; the staging
+// stays within the bound (the metrics' peak), and once the lends are
+// returned, nothing stays held.
 TEST_P(FileRegionsTest, BatchBeyondTheTargetsStagingBoundMovesEveryByte) {
   if (GetParam() == "local") GTEST_SKIP() << "local has no streams";
   EngineOptions o = Options();
@@ -595,12 +599,30 @@ TEST_P(FileRegionsTest, BatchBeyondTheTargetsStagingBoundMovesEveryByte) {
     reads.push_back({Opcode::kRead, mem + (kN + k) * kLen, segment_, base + slot(k) * kLen, kLen});
   }
   ASSERT_OK(initiator_->TransferSync(writes));
+  // The bound, plus the frame that crossed it and the one being received
+  // (frames of at most max_frame_bytes).
+  const uint64_t bound =
+      internal::stream::Connection::kHeldHighBytes + 2 * uint64_t{Options().max_frame_bytes};
+  const EngineMetrics after_writes = owner_->GetMetrics();
+  EXPECT_GT(after_writes.target_staging_bytes_peak, 0u);
+  EXPECT_LE(after_writes.target_staging_bytes_peak, bound)
+      << "the target staged more than one stream may hold";
   for (uint64_t k = 0; k < kN; k += 97) {
     EXPECT_EQ(std::memcmp(file.Read(slot(k) * kLen, kLen).data(), mem + k * kLen, kLen), 0)
         << "page " << k;
   }
   ASSERT_OK(initiator_->TransferSync(reads));
   EXPECT_EQ(std::memcmp(mem, mem + kN * kLen, kN * kLen), 0) << "read back differs";
+  // Reads too: the initiator keeps at most file_read_window unanswered, and
+  // returns each lend with its next frame.
+  EXPECT_LE(owner_->GetMetrics().target_staging_bytes_peak, bound)
+      << "the target staged more than one stream may hold for the reads";
+  // shm: the last lends go back with the stream's next request or after an
+  // idle tick; then nothing is held.
+  ASSERT_OK(initiator_->TransferSync({Opcode::kRead, mem, segment_, base, kLen}));
+  for (int i = 0; i < 2000 && owner_->GetMetrics().target_staging_bytes != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(owner_->GetMetrics().target_staging_bytes, 0u);
 }
 
 // The initiator goes away while the target still has its file writes in

@@ -309,7 +309,8 @@ int RunFileBench(const BenchOptions& o) {
     j["ferry"] = {{"gbps", Figure(ferry_figures.GBps())},
                   {"iops", Figure(ferry_figures.Iops())},
                   {"direct_ops", m.file_direct_ops},
-                  {"buffered_ops", m.file_buffered_ops}};
+                  {"buffered_ops", m.file_buffered_ops},
+                  {"target_staging_bytes_peak", m.target_staging_bytes_peak}};
     if (o.no_baseline) {
       j["fio"] = nullptr;
     } else {
@@ -345,6 +346,10 @@ int RunFileBench(const BenchOptions& o) {
   std::cout << Pad("ferry", 10, true) << Pad(Fixed(ferry_figures.GBps(), 3), 10)
             << Pad(Fixed(ferry_figures.Iops(), 0), 12) << "   (ops: " << m.file_direct_ops
             << " O_DIRECT, " << m.file_buffered_ops << " page cache)\n";
+  if (remote) {
+    std::cout << "target staging: at most " << Fixed(m.target_staging_bytes_peak / 1048576.0, 1)
+              << " MiB of host buffers at once\n";
+  }
   if (!o.no_baseline) {
     std::cout << Pad("fio", 10, true) << Pad(Fixed(fio_figures.GBps(), 3), 10)
               << Pad(Fixed(fio_figures.Iops(), 0), 12) << "\n";

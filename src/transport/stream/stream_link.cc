@@ -9,6 +9,7 @@ StreamLink::StreamLink(const StreamLinkConfig& cfg, std::string peer_id, uint16_
     : max_frame_bytes_(cfg.max_frame_bytes),
       max_frame_entries_(cfg.max_frame_entries),
       stream_window_(cfg.stream_window),
+      file_read_window_(cfg.file_read_window),
       encoder_(cfg.encoder),
       peer_id_(std::move(peer_id)),
       version_(version),
@@ -164,10 +165,8 @@ void StreamLink::Feed(bool ignore_window) {
         // Every stream is full: the next answer feeds again. A broken
         // stream (all are) takes the frame and fails it at once.
         const RequestFrame& next = backlog_.front();
-        if (!ignore_window && Windowed(next) && !to->Broken() && q != 0 &&
-            q + next.bytes > stream_window_) {
-          return;
-        }
+        const uint64_t window = ignore_window ? 0 : Window(next);
+        if (window != 0 && !to->Broken() && q != 0 && q + next.bytes > window) return;
       }
       r = std::move(backlog_.front());
       backlog_.pop_front();
@@ -181,13 +180,14 @@ void StreamLink::Feed(bool ignore_window) {
   }
 }
 
-bool StreamLink::Windowed(const RequestFrame& r) const {
+uint64_t StreamLink::Window(const RequestFrame& r) const {
   constexpr uint64_t kMinWindowedEntry = 16u << 10;
-  // Writes to the peer's file regions are not held back: its disk needs a
-  // queue of them, and their bytes land in a staging buffer, not in memory
-  // a later read finds in cache.
-  return stream_window_ != 0 && r.write && !r.to_files &&
-         r.bytes >= kMinWindowedEntry * r.slices.size();
+  if (r.to_files) return r.write ? 0 : file_read_window_;
+  // Writes to the peer's file regions are not held back by the stream
+  // window: its disk needs a queue of them, and their bytes land in a
+  // staging buffer, not in memory a later read finds in cache (the peer
+  // bounds that staging by pausing the stream).
+  return r.write && r.bytes >= kMinWindowedEntry * r.slices.size() ? stream_window_ : 0;
 }
 
 Connection* StreamLink::PickStream() {

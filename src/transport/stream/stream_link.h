@@ -35,6 +35,12 @@ struct StreamLinkConfig {
   // Bytes a stream may have unanswered before write frames of large entries
   // wait for whichever stream has room first; 0: no window.
   uint64_t stream_window = 2u << 20;
+  // The same for frames reading a peer's file regions (whatever the
+  // transport): the peer stages them in host buffers until they are answered
+  // (and, for lent reads, returned), and bounds what one stream may hold
+  // (Connection::kHeldHighBytes); sent beyond that, they would only wait in
+  // its stream, with the news of returned lends behind them.
+  uint64_t file_read_window = uint64_t{64} << 20;
   // Slices and bytes posted and not answered yet (EngineOptions::
   // peer_max_requests / peer_max_bytes); Post waits for room.
   uint64_t max_outstanding_slices = 1u << 20;
@@ -49,10 +55,11 @@ struct StreamLinkConfig {
 // the streams finish it together, and the socket buffers stay shallow (the
 // receiver copies bytes still in cache). Assigning every frame at Post time
 // left one stream idle at the end of each batch (the measurements:
-// docs/benchmarks-history.md, stream windows). Read frames are not held back (the
-// peer needs its queue of requests to keep sending; its send buffer is kept
-// small instead, see EngineOptions::tcp_send_buffer), nor are frames of
-// small entries (see Windowed).
+// docs/benchmarks-history.md, stream windows). Read frames of memory are not
+// held back (the peer needs its queue of requests to keep sending; its send
+// buffer is kept small instead, see EngineOptions::tcp_send_buffer), nor are
+// frames of small entries (see Window); reads of the peer's files wait for
+// the wider `file_read_window`.
 class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLink> {
  public:
   StreamLink(const StreamLinkConfig& cfg, std::string peer_id, uint16_t version,
@@ -84,11 +91,12 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   // deadline passed while it waited fails with kDeadlineExceeded. Any
   // thread; frames are sent outside the lock.
   void Feed(bool ignore_window = false);
-  // Write frames of large entries wait for room. Frames of small scattered
-  // entries do not: their cost is the sender's scattered loads, which need a
-  // deep queue (a window on them made 2 KiB KV pages slower: see
-  // docs/benchmarks-history.md).
-  bool Windowed(const RequestFrame& r) const;
+  // The window frame `r` waits for (0: none). Write frames of large entries
+  // wait for room (stream_window). Frames of small scattered entries do
+  // not: their cost is the sender's scattered loads, which need a deep
+  // queue (a window on them made 2 KiB KV pages slower: see
+  // docs/benchmarks-history.md). Reads of a peer's files: file_read_window.
+  uint64_t Window(const RequestFrame& r) const;
   // The stream with the fewest bytes queued; ties go to the lowest index, so
   // light traffic stays on one stream (one loop awake on each side) and heavy
   // traffic spreads over all of them. A broken stream only if all are.
@@ -97,6 +105,7 @@ class StreamLink : public PeerLink, public std::enable_shared_from_this<StreamLi
   const uint32_t max_frame_bytes_;
   const uint32_t max_frame_entries_;
   const uint64_t stream_window_;
+  const uint64_t file_read_window_;
   const std::shared_ptr<const FrameEncoder> encoder_;
   const std::string peer_id_;
   const uint16_t version_;

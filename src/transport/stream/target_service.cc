@@ -81,7 +81,8 @@ std::shared_ptr<char> TargetService::StagingBytes(size_t n) const { return stagi
 std::shared_ptr<char> TargetService::GpuStagingBytes(size_t n) const {
   std::call_once(pinned_once_, [&] {
     const CudaDriver* d = target_->cuda_driver();
-    pinned_staging_ = d != nullptr ? std::make_shared<StagingPool>(d) : staging_;
+    pinned_staging_ =
+        d != nullptr ? std::make_shared<StagingPool>(target_->staging(), d) : staging_;
   });
   return pinned_staging_->Get(n);
 }
@@ -148,9 +149,13 @@ std::shared_ptr<char> StagingPool::Get(size_t n) {
     }
   }
   if (b.p == nullptr) b = Allocate(rounded);
+  if (gauge_) gauge_->Add(b.size);
   // The buffer keeps its pool: a buffer let go after the stream closed
   // returns to it, and the last one frees the pool (and its free list).
-  return std::shared_ptr<char>(b.p, [pool = shared_from_this(), b](char*) { pool->Put(b); });
+  return std::shared_ptr<char>(b.p, [pool = shared_from_this(), b](char*) {
+    if (pool->gauge_) pool->gauge_->Sub(b.size);
+    pool->Put(b);
+  });
 }
 
 void StagingPool::Put(const Buffer& b) {

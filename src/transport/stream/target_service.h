@@ -33,8 +33,9 @@ namespace ferry::internal::stream {
 // give, heap memory serves (and the refusal is logged once).
 class StagingPool : public std::enable_shared_from_this<StagingPool> {
  public:
-  StagingPool() = default;
-  explicit StagingPool(const CudaDriver* pinned_by) : pinned_by_(pinned_by) {}
+  // `gauge`: counts the bytes of the buffers handed out (may be null).
+  explicit StagingPool(std::shared_ptr<StagingGauge> gauge, const CudaDriver* pinned_by = nullptr)
+      : gauge_(std::move(gauge)), pinned_by_(pinned_by) {}
   ~StagingPool();
   // At least n bytes (a free buffer of n to 2n bytes, else a new one).
   std::shared_ptr<char> Get(size_t n);
@@ -49,6 +50,7 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
   Buffer Allocate(size_t size);
   void Free(const Buffer& b);
   void Put(const Buffer& b);
+  const std::shared_ptr<StagingGauge> gauge_;
   const CudaDriver* const pinned_by_ = nullptr;
   std::mutex mu_;
   std::vector<Buffer> free_;  // guarded by mu_
@@ -128,7 +130,7 @@ class TargetService : public FrameService {
  private:
   const std::shared_ptr<EngineTarget> target_;
   const std::string transport_;
-  const std::shared_ptr<StagingPool> staging_ = std::make_shared<StagingPool>();
+  const std::shared_ptr<StagingPool> staging_ = std::make_shared<StagingPool>(target_->staging());
   mutable std::once_flag pinned_once_;
   mutable std::shared_ptr<StagingPool> pinned_staging_;  // made on first use
 };
