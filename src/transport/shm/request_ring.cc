@@ -11,18 +11,7 @@
 #include <cstring>
 
 #include "common/fd_limit.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define FERRY_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define FERRY_TSAN 1
-#endif
-#endif
-#ifdef FERRY_TSAN
-extern "C" void __tsan_acquire(void* addr);
-extern "C" void __tsan_release(void* addr);
-#endif
+#include "common/tsan_sync.h"
 
 namespace ferry::internal::shm {
 namespace {
@@ -31,20 +20,7 @@ namespace {
 // a ring map it at different addresses (in the tests both live in one
 // process), so it would not see a position's release pair with its
 // acquire. Under TSan each ring's positions also release and acquire a
-// cell keyed by the memfd's inode; elsewhere this is nothing.
-#ifdef FERRY_TSAN
-char tsan_cells[4096];
-#endif
-void TsanRelease([[maybe_unused]] uint64_t key) {
-#ifdef FERRY_TSAN
-  __tsan_release(&tsan_cells[key % sizeof(tsan_cells)]);
-#endif
-}
-void TsanAcquire([[maybe_unused]] uint64_t key) {
-#ifdef FERRY_TSAN
-  __tsan_acquire(&tsan_cells[key % sizeof(tsan_cells)]);
-#endif
-}
+// cell keyed by the memfd's inode (common/tsan_sync.h).
 
 // The shared words, read and written as atomics (both processes map them).
 template <typename T>

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "common/tsan_sync.h"
 
 namespace ferry::internal::stream {
 
@@ -56,7 +57,8 @@ Connection::Connection(EventLoop* loop, UniqueFd fd, std::string peer_name, uint
       fd_(std::move(fd)),
       role_(Role::kInitiator),
       peer_name_(std::move(peer_name)),
-      wire_version_(wire_version) {}
+      wire_version_(wire_version),
+      tsan_key_(TsanSocketKey(fd_.get())) {}
 
 Connection::Connection(EventLoop* loop, UniqueFd fd, std::string peer_name,
                        std::shared_ptr<const FirstFrames> openers,
@@ -67,7 +69,8 @@ Connection::Connection(EventLoop* loop, UniqueFd fd, std::string peer_name,
       peer_name_(std::move(peer_name)),
       wire_version_(0),
       openers_(std::move(openers)),
-      hello_deadline_(Clock::now() + hello_timeout) {}
+      hello_deadline_(Clock::now() + hello_timeout),
+      tsan_key_(TsanSocketKey(fd_.get())) {}
 
 Connection::~Connection() {
   // Anything still here was never completed (the loop stopped): cancel it.
@@ -531,7 +534,9 @@ void Connection::Flush(bool from_caller) {
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = static_cast<size_t>(n);
+      TsanBeforeSend(tsan_key_, iov, n);  // ThreadSanitizer only (common/tsan_sync.h)
       w = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      TsanAfterSend();
     }
     if (w < 0) {
       if (errno == EINTR) continue;
@@ -710,8 +715,10 @@ void Connection::ReadSome() {
       if (*got == 0) break;  // nothing there: the loop polls again
       r = static_cast<ssize_t>(*got);
     } else if (direct) {
+      TsanAcquire(tsan_key_);  // the call writes what the peer sent (tsan_sync.h)
       r = ::readv(fd_.get(), iov, n);
     } else {
+      TsanAcquire(tsan_key_);
       r = ::recv(fd_.get(), read_ahead_.get(), kReadAhead, MSG_DONTWAIT);
     }
     if (r == 0) {
@@ -725,6 +732,7 @@ void Connection::ReadSome() {
       return;
     }
     const size_t got = static_cast<size_t>(r);
+    if (!channel_) TsanAcquire(tsan_key_);  // (a channel orders its own bytes)
     budget -= std::min(budget, got);
     // The epoll registration is level-triggered: after a short recv into
     // the read-ahead buffer the socket is empty, and the loop hears about

@@ -242,9 +242,10 @@ class Connection : public EventLoop::Handler,
   const std::shared_ptr<const FirstFrames> openers_;  // kAccepted
   std::shared_ptr<FrameService> service_;             // kServed
   Clock::time_point hello_deadline_;
-  int peer_pid_ = 0;                              // accepted unix connections: the peer process
-  std::string remote_;                            // accepted connections: where from (logs)
-  AuthSession auth_;                              // kAccepted: where the authentication stands
+  const uint64_t tsan_key_;  // ThreadSanitizer only (common/tsan_sync.h); else 0
+  int peer_pid_ = 0;         // accepted unix connections: the peer process
+  std::string remote_;       // accepted connections: where from (logs)
+  AuthSession auth_;         // kAccepted: where the authentication stands
   std::unique_ptr<Admission::Ticket> admission_;  // accepted connections; loop thread
 
   std::atomic<bool> broken_{false};
