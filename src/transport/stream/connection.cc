@@ -651,6 +651,14 @@ void Connection::FillReply(uint64_t id, OutFrame f) {
   // Not there: the stream closed meanwhile (Close cleared the queue).
 }
 
+bool Connection::FramesHandled(const Status& s) {
+  if (s.ok()) return true;
+  if (!fd_.valid()) return false;  // closed while handling a frame (a send failed)
+  FERRY_LOG(kWarning, "closing connection with " << peer_name_ << ": " << s);
+  Close(s);
+  return false;
+}
+
 void Connection::ReadSome() {
   size_t budget = kReadBudget;
   bool drained = false;
@@ -667,13 +675,7 @@ void Connection::ReadSome() {
       }
     } release{landing_};
     if (reader_.HasPending()) {  // frames read before a pause (Hold)
-      Status s = reader_.ConsumePending();
-      if (!s.ok()) {
-        if (!fd_.valid()) return;
-        FERRY_LOG(kWarning, "closing connection with " << peer_name_ << ": " << s);
-        Close(s);
-        return;
-      }
+      if (!FramesHandled(reader_.ConsumePending())) return;
       continue;
     }
     if (role_ == Role::kInitiator && reader_.InPayload() && !inflight_.empty() &&
@@ -740,13 +742,8 @@ void Connection::ReadSome() {
     // is different: while it copied, the sender kept sending, and reading
     // on beats a trip through epoll_wait (measured on 64 KiB x 32 batches).
     drained = !direct && got < asked;
-    Status s = direct ? reader_.Advance(got) : reader_.Consume(read_ahead_.get(), got);
-    if (!s.ok()) {
-      if (!fd_.valid()) return;  // closed while handling a frame (a send failed)
-      FERRY_LOG(kWarning, "closing connection with " << peer_name_ << ": " << s);
-      Close(s);
+    if (!FramesHandled(direct ? reader_.Advance(got) : reader_.Consume(read_ahead_.get(), got)))
       return;
-    }
   }
   if (fd_.valid() && !out_.empty()) Flush();
 }

@@ -204,6 +204,9 @@ class Connection : public EventLoop::Handler,
   OutFrame ReplyFrame(wire::FrameType type, uint64_t seq, const std::string& body,
                       std::vector<iovec> payload, std::vector<RegionPin> pins,
                       std::shared_ptr<const void> keep) const;
+  // What feeding the reader said: true if OK; else closes the stream with
+  // it (unless handling a frame closed it already) and returns false.
+  bool FramesHandled(const Status& s);
   // Fills the reserved place `id` (loop thread): see FinishReply.
   void FillReply(uint64_t id, OutFrame f);
   struct Inflight {
