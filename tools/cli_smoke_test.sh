@@ -197,6 +197,16 @@ PYEOF
     check_json "d['operation'] == 'write' and not d['random'] and d['ferry']['gbps'] > 0" \
       "$FERRY" bench --target-kind file --file "$dir/f" --operation write --block-size 64K --batch-size 4 --duration 0.4 --no-baseline --json
     expect_status 2 "$FERRY" bench --file "$dir/f"
+    # --rounds: that many Ferry/fio alternations, each round's figures and ratio.
+    check_json "d['rounds'] == 3 and len(d['per_round']) == 3 and all(r['ferry_gbps'] > 0 for r in d['per_round']) and (d['fio']['error'] != '' or all(r['ratio_gbps'] > 0 for r in d['per_round']))" \
+      "$FERRY" bench --target-kind file --file "$dir/f" --operation read --block-size 64K --batch-size 4 --duration 0.6 --rounds 3 --json
+    expect_status 2 "$FERRY" bench --target-kind file --file "$dir/f" --rounds 0
+    # --fio-alongside: fio shares the disk with each Ferry phase; Ferry's
+    # figure is what its ring took in fio's window (both moved bytes).
+    check_json "d['fio_alongside'] and d['rounds'] == 2 and (d['fio']['error'] != '' or (d['fio']['gbps'] > 0 and all(r['ferry_gbps'] > 0 and r['fio_gbps'] > 0 for r in d['per_round'])))" \
+      "$FERRY" bench --target-kind file --file "$dir/f" --operation read --block-size 64K --batch-size 4 --duration 0.6 --fio-alongside --json
+    expect_status 2 "$FERRY" bench --target-kind file --file "$dir/f" --fio-alongside --no-baseline
+    expect_status 2 "$FERRY" bench --rounds 3
     # KV pages (--workload): 64 layer buffers x 16 pages of 32 KiB as one batch,
     # written back against fio's random 32 KiB writes of the same file, then read.
     check_json "d['workload'] == 'kv:llama3-8b:tokens=256:page=16' and d['requests_per_batch'] == 1024 and d['block'] == 32768 and d['queue_depth'] == 64 and d['file_bytes'] == 32 << 20 and d['ferry']['iops'] > 0 and (d['fio']['iops'] > 0 or d['fio']['error'] != '')" \

@@ -5,15 +5,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_report.h"
@@ -85,9 +88,11 @@ struct Figures {
 // Ferry: batches of `batch` requests of `block` bytes at consecutive offsets
 // of the file (wrapping; --random: block-aligned offsets drawn by `rng`), two
 // in flight (each on its half of `buf`): the ring (file_queue_depth = batch)
-// stays as full as fio's queue, for `seconds`.
+// stays as full as fio's queue, for `seconds` (or, given `stop`, until it
+// is set).
 Figures RunFerry(Engine& e, SegmentHandle self, uint8_t* buf, uint64_t base, const BenchOptions& o,
-                 uint64_t file_size, double seconds, uint64_t* cursor, std::mt19937_64* rng) {
+                 uint64_t file_size, double seconds, uint64_t* cursor, std::mt19937_64* rng,
+                 const std::atomic<bool>* stop) {
   const Opcode op = o.op == Operation::kRead ? Opcode::kRead : Opcode::kWrite;
   std::vector<TransferRequest> reqs(o.batch);
   std::uniform_int_distribution<uint64_t> slot(0, file_size / o.block - 1);
@@ -120,7 +125,7 @@ Figures RunFerry(Engine& e, SegmentHandle self, uint8_t* buf, uint64_t base, con
     finish(in_flight[half]);
     f.bytes += o.block * o.batch;
     f.ops += o.batch;
-    if (Seconds(Clock::now() - start) >= seconds) {
+    if (stop != nullptr ? stop->load() : Seconds(Clock::now() - start) >= seconds) {
       finish(in_flight[half ^ 1]);
       f.bytes += o.block * o.batch;
       f.ops += o.batch;
@@ -135,9 +140,11 @@ Figures RunFerry(Engine& e, SegmentHandle self, uint8_t* buf, uint64_t base, con
 // Ferry, KV pages (--workload): every page of the preset, at its scattered
 // offsets in the buffer and in the file (the page write-back of an offload;
 // reads: the cache hit that loads them back), as one batch, again and again
-// for `seconds`. The ring (file_queue_depth) keeps kKvQueueDepth in flight.
+// for `seconds` (or, given `stop`, until it is set). The ring
+// (file_queue_depth) keeps kKvQueueDepth in flight.
 Figures RunFerryPages(Engine& e, SegmentHandle seg, uint8_t* buf, uint64_t base,
-                      const std::vector<Entry>& entries, double seconds) {
+                      const std::vector<Entry>& entries, double seconds,
+                      const std::atomic<bool>* stop) {
   std::vector<TransferRequest> reqs;
   reqs.reserve(entries.size());
   uint64_t batch_bytes = 0;
@@ -152,7 +159,7 @@ Figures RunFerryPages(Engine& e, SegmentHandle seg, uint8_t* buf, uint64_t base,
     if (!s.ok()) Fail("the Ferry phase failed", s);
     f.bytes += batch_bytes;
     f.ops += reqs.size();
-  } while (Seconds(Clock::now() - start) < seconds);
+  } while (stop != nullptr ? !stop->load() : Seconds(Clock::now() - start) < seconds);
   f.seconds = Seconds(Clock::now() - start);
   return f;
 }
@@ -206,6 +213,69 @@ StatusOr<Figures> RunFio(const std::string& cmd, bool read) {
   return f;
 }
 
+// --fio-alongside: fio runs while `ferry` moves bytes of the file held by
+// `holder` (the engine doing the file I/O), until fio exits. Ferry's figure
+// is what the holder's ring took in fio's own window (its runtime, ending
+// when it exited; sampled from the holder's file counters every 2 ms), so
+// both are measured over the same moments of the same disk.
+StatusOr<std::pair<Figures, Figures>> RunAlongside(
+    Engine& holder, const std::string& fio, bool read,
+    const std::function<void(const std::atomic<bool>*)>& ferry) {
+  struct Sample {
+    Clock::time_point at;
+    uint64_t bytes, ops;
+  };
+  auto sample = [&holder] {
+    const EngineMetrics m = holder.GetMetrics();
+    return Sample{Clock::now(), m.file_direct_bytes + m.file_buffered_bytes,
+                  m.file_direct_ops + m.file_buffered_ops};
+  };
+  std::atomic<bool> fio_done{false};
+  std::optional<StatusOr<Figures>> fio_result;
+  Clock::time_point fio_end;
+  std::vector<Sample> samples{sample()};
+  std::thread fio_thread([&] {
+    fio_result = RunFio(fio, read);
+    fio_end = Clock::now();
+    fio_done = true;
+  });
+  std::thread sampler([&] {
+    while (!fio_done.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      samples.push_back(sample());
+    }
+  });
+  ferry(&fio_done);
+  fio_thread.join();
+  sampler.join();
+  samples.push_back(sample());
+  if (!fio_result->ok()) return fio_result->status();
+  const Figures fio_figures = **fio_result;
+  // The counters at a moment, between the samples around it.
+  auto at = [&samples](Clock::time_point t, uint64_t Sample::*field) {
+    if (t <= samples.front().at) return static_cast<double>(samples.front().*field);
+    for (size_t k = 1; k < samples.size(); ++k) {
+      if (samples[k].at >= t) {
+        const Sample& a = samples[k - 1];
+        const Sample& b = samples[k];
+        const double span = Seconds(b.at - a.at);
+        const double w = span > 0 ? Seconds(t - a.at) / span : 1.0;
+        return static_cast<double>(a.*field) +
+               w * (static_cast<double>(b.*field) - static_cast<double>(a.*field));
+      }
+    }
+    return static_cast<double>(samples.back().*field);
+  };
+  const auto begin = fio_end - std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(fio_figures.seconds));
+  Figures ferry_figures;
+  ferry_figures.seconds = fio_figures.seconds;
+  ferry_figures.bytes =
+      static_cast<uint64_t>(at(fio_end, &Sample::bytes) - at(begin, &Sample::bytes));
+  ferry_figures.ops = static_cast<uint64_t>(at(fio_end, &Sample::ops) - at(begin, &Sample::ops));
+  return std::make_pair(ferry_figures, fio_figures);
+}
+
 }  // namespace
 
 int RunFileBench(const BenchOptions& o) {
@@ -255,33 +325,76 @@ int RunFileBench(const BenchOptions& o) {
   Status st = init.RegisterMemory(buf.data(), buf.length(), "cpu");
   if (!st.ok()) Fail("cannot register the buffer", st);
 
-  // Ferry, fio(, Ferry to memory), Ferry, fio(, ...): half the duration
-  // each, so drift in the machine's load weighs on all alike.
-  const double half = (o.duration > 0 ? o.duration : 1.5) / 2;
+  // Rounds of Ferry, fio(, Ferry to memory): the duration shared out
+  // among the rounds, so drift in the machine's load and in the disk weighs
+  // on all alike.
+  const int rounds = static_cast<int>(o.rounds != 0 ? o.rounds : 2);
+  const double half = (o.duration > 0 ? o.duration : 1.5) / rounds;
   const std::string fio = FioCommand(o, shape, file_size, half);
   Figures ferry_figures, fio_figures, memory_figures;
   std::string fio_error;
   uint64_t cursor = 0, memory_cursor = 0;
   std::mt19937_64 rng(42), memory_rng(42);
   // One phase of Ferry's transfers to `target` (the file region or memory).
-  auto run_ferry = [&](uint64_t target, uint64_t* at, std::mt19937_64* r) {
-    if (kv) return RunFerryPages(init, *seg, buf.data(), target, kv->batches[0], half);
-    return RunFerry(init, *seg, buf.data(), target, o, file_size, half, at, r);
+  auto run_ferry = [&](uint64_t target, uint64_t* at, std::mt19937_64* r, double seconds,
+                       const std::atomic<bool>* stop = nullptr) {
+    if (kv) return RunFerryPages(init, *seg, buf.data(), target, kv->batches[0], seconds, stop);
+    return RunFerry(init, *seg, buf.data(), target, o, file_size, seconds, at, r, stop);
   };
-  for (int round = 0; round < 2; ++round) {
-    ferry_figures.Add(run_ferry(reinterpret_cast<uint64_t>(*base), &cursor, &rng));
-    if (o.no_baseline) continue;
-    if (fio_error.empty()) {
-      auto f = RunFio(fio, read);
+  // One untimed pass (KV pages) or pair of batches to each target first:
+  // the streams' set-up and the first touch of staging and buffers are
+  // not what the rounds compare (fio's set-up is outside its runtime too).
+  {
+    uint64_t warm_cursor = 0;
+    std::mt19937_64 warm_rng(7);
+    run_ferry(reinterpret_cast<uint64_t>(*base), &warm_cursor, &warm_rng, 0);
+    if (target_memory) {
+      run_ferry(reinterpret_cast<uint64_t>(target_memory->data()), &warm_cursor, &warm_rng, 0);
+    }
+  }
+  struct Round {
+    Figures ferry, fio, memory;
+  };
+  std::vector<Round> per_round(rounds);
+  for (Round& r : per_round) {
+    if (o.fio_alongside && fio_error.empty()) {
+      auto f = RunAlongside(e, fio, read, [&](const std::atomic<bool>* stop) {
+        run_ferry(reinterpret_cast<uint64_t>(*base), &cursor, &rng, half, stop);
+      });
       if (f.ok()) {
-        fio_figures.Add(*f);
+        r.ferry = f->first;
+        r.fio = f->second;
       } else {
         fio_error = f.status().ToString();
       }
     }
+    if (!o.fio_alongside || !fio_error.empty()) {
+      r.ferry = run_ferry(reinterpret_cast<uint64_t>(*base), &cursor, &rng, half);
+    }
+    ferry_figures.Add(r.ferry);
+    if (o.no_baseline) continue;
+    if (!o.fio_alongside && fio_error.empty()) {
+      auto f = RunFio(fio, read);
+      if (f.ok()) {
+        r.fio = *f;
+      } else {
+        fio_error = f.status().ToString();
+      }
+    }
+    fio_figures.Add(r.fio);
     if (target_memory) {
-      memory_figures.Add(run_ferry(reinterpret_cast<uint64_t>(target_memory->data()),
-                                   &memory_cursor, &memory_rng));
+      r.memory = run_ferry(reinterpret_cast<uint64_t>(target_memory->data()), &memory_cursor,
+                           &memory_rng, half);
+      memory_figures.Add(r.memory);
+    }
+  }
+  // Each round's Ferry against its own fio (and memory): the spread says
+  // how much the disk drifted.
+  std::vector<double> round_ratios;
+  if (!o.no_baseline && fio_error.empty()) {
+    for (const Round& r : per_round) {
+      const double floor = target_memory ? std::min(r.fio.GBps(), r.memory.GBps()) : r.fio.GBps();
+      round_ratios.push_back(Ratio(r.ferry.GBps(), floor));
     }
   }
   const EngineMetrics m = e.GetMetrics();
@@ -325,6 +438,17 @@ int RunFileBench(const BenchOptions& o) {
                      {"iops", Figure(memory_figures.Iops())}};
       j["ratio"]["gbps_vs_min_fio_memory"] = Figure(ratio_floor);
     }
+    j["rounds"] = rounds;
+    j["fio_alongside"] = o.fio_alongside;
+    Json each = Json::array();
+    for (size_t k = 0; k < per_round.size(); ++k) {
+      Json r = {{"ferry_gbps", Figure(per_round[k].ferry.GBps())}};
+      if (!o.no_baseline) r["fio_gbps"] = Figure(per_round[k].fio.GBps());
+      if (target_memory) r["memory_gbps"] = Figure(per_round[k].memory.GBps());
+      if (k < round_ratios.size()) r["ratio_gbps"] = Figure(round_ratios[k]);
+      each.push_back(r);
+    }
+    j["per_round"] = each;
     PrintJson(j);
     return 0;
   }
@@ -340,8 +464,12 @@ int RunFileBench(const BenchOptions& o) {
             << (o.random ? ", random offsets" : "")
             << (remote ? ", held by a second engine of this process over " + o.transport
                        : std::string(", this engine's own region (local)"))
-            << "; rounds Ferry, fio" << (target_memory ? ", Ferry to memory" : "") << " ×2 of "
-            << Fixed(half, 2) << " s\n";
+            << "; rounds Ferry"
+            << (o.no_baseline     ? ""
+                : o.fio_alongside ? " alongside fio"
+                                  : ", fio")
+            << (target_memory ? ", Ferry to memory" : "") << " ×" << rounds << " of "
+            << Fixed(half, 2) << " s, after one untimed pass\n";
   std::cout << Pad("", 10, true) << Pad("GB/s", 10) << Pad("IOPS", 12) << "\n";
   std::cout << Pad("ferry", 10, true) << Pad(Fixed(ferry_figures.GBps(), 3), 10)
             << Pad(Fixed(ferry_figures.Iops(), 0), 12) << "   (ops: " << m.file_direct_ops
@@ -363,6 +491,11 @@ int RunFileBench(const BenchOptions& o) {
     if (target_memory) {
       std::cout << Pad("ferry/min", 10, true) << Pad(Fixed(ratio_floor, 2), 10)
                 << "              (GB/s against the slower of fio and memory)\n";
+    }
+    if (!round_ratios.empty()) {
+      std::cout << "per round ferry/" << (target_memory ? "min" : "fio") << " (GB/s):";
+      for (double r : round_ratios) std::cout << " " << Fixed(r, 2);
+      std::cout << "\n";
     }
     std::cout << "fio job: " << fio << "\n";
     if (!fio_error.empty()) std::cout << "fio baseline not measured: " << fio_error << "\n";

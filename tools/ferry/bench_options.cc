@@ -103,7 +103,7 @@ Files (issue 30):
                             batches of --batch-size
                             requests (the queue depth) at consecutive offsets,
                             against fio (ioengine=io_uring, the same file, block
-                            size and queue depth), rounds Ferry, fio, Ferry, fio;
+                            size and queue depth), rounds Ferry, fio (--rounds);
                             takes --operation write|read, --block-size,
                             --batch-size, --duration, --no-baseline, --json;
                             or --workload kv:...: every page of the preset at
@@ -119,6 +119,13 @@ Files (issue 30):
                             region, fio --sync=dsync)
   --random                  block-aligned random offsets (fio --rw=randread /
                             randwrite) instead of consecutive ones
+  --rounds N                how many times Ferry and fio (and the memory phase)
+                            alternate (default 2), each phase --duration / N;
+                            more rounds weigh a drifting disk on all alike
+  --fio-alongside           run fio at the same time as Ferry's phase (sharing
+                            the disk) instead of after it: each gets a share of
+                            the same disk at the same moment, so the ratio says
+                            how well Ferry drives the disk, free of its drift
 
 Checks and output:
   --verify                  check every byte of every block against a pattern
@@ -345,6 +352,13 @@ void BenchOptions::AddFileFlags(CLI::App& app) {
   app.add_flag("--direct", direct);
   app.add_flag("--durable", durable);
   app.add_flag("--random", random);
+  app.add_flag("--fio-alongside", fio_alongside);
+  Value(app, "--rounds", [this](const std::string& v) {
+    rounds = cli::ParseUint("--rounds", v);
+    if (rounds < 1 || rounds > 100) {
+      throw cli::UsageError("bad value '" + v + "' for --rounds: expected 1 to 100");
+    }
+  });
 }
 
 void BenchOptions::AddOutputFlags(CLI::App& app) {
@@ -383,8 +397,11 @@ void BenchOptions::Finish() {
 void BenchOptions::CheckFileTarget() {
   const BenchOptions& o = *this;
   if (o.target_kind != "file") {
-    if (o.direct || o.durable || o.random || o.file != "ferry-bench.file") {
-      throw cli::UsageError("--file, --direct, --durable and --random need --target-kind file");
+    if (o.direct || o.durable || o.random || o.rounds != 0 || o.fio_alongside ||
+        o.file != "ferry-bench.file") {
+      throw cli::UsageError(
+          "--file, --direct, --durable, --random, --rounds and --fio-alongside need "
+          "--target-kind file");
     }
     return;
   }
@@ -397,7 +414,11 @@ void BenchOptions::CheckFileTarget() {
         "--target-kind file measures this engine's own file region (--transport local, the "
         "default) or a second engine's (--transport tcp or shm) and takes only --operation "
         "write|read, --block-size, --batch-size or --workload, --duration, --file, --direct, "
-        "--durable, --random, --hugepages, --no-baseline, --json and the tcp options");
+        "--durable, --random, --rounds, --fio-alongside, --hugepages, --no-baseline, --json and "
+        "the tcp options");
+  }
+  if (o.fio_alongside && o.no_baseline) {
+    throw cli::UsageError("--fio-alongside runs the fio baseline: not with --no-baseline");
   }
   if (o.kv && o.random) {
     throw cli::UsageError(

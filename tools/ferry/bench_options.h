@@ -83,7 +83,9 @@ struct BenchOptions {
   std::string file = "ferry-bench.file";
   bool direct = false;
   bool durable = false;
-  bool random = false;  // --random: block-aligned offsets by a fixed-seed PRNG
+  bool random = false;         // --random: block-aligned offsets by a fixed-seed PRNG
+  uint64_t rounds = 0;         // --rounds: Ferry/fio alternations (0: the default, 2)
+  bool fio_alongside = false;  // --fio-alongside: fio runs during Ferry's phase
 
   bool sweep = false;
   std::vector<uint64_t> sweep_blocks;
