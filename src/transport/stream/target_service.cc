@@ -1,7 +1,9 @@
 #include "transport/stream/target_service.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
-#include <cstdlib>
+#include <cstdint>
 #include <mutex>
 #include <new>
 
@@ -87,8 +89,37 @@ std::shared_ptr<char> TargetService::GpuStagingBytes(size_t n) const {
   return pinned_staging_->Get(n);
 }
 
+namespace {
+
+// `bytes` (a multiple of 2 MiB) of memory starting on a 2 MiB boundary,
+// advised for transparent huge pages; std::bad_alloc if there is none.
+char* MapHuge(size_t bytes) {
+  constexpr uintptr_t kAlign = uintptr_t{2} << 20;
+  void* m =
+      ::mmap(nullptr, bytes + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t start = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t aligned = (start + kAlign - 1) / kAlign * kAlign;
+  if (aligned > start) ::munmap(m, aligned - start);
+  const uintptr_t end = start + bytes + kAlign;
+  if (end > aligned + bytes) {
+    ::munmap(reinterpret_cast<void*>(aligned + bytes), end - aligned - bytes);
+  }
+  // Refused where transparent huge pages are off: 4 KiB pages serve.
+  ::madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);
+  return reinterpret_cast<char*>(aligned);
+}
+
+}  // namespace
+
 StagingPool::~StagingPool() {
   for (const Buffer& b : free_) Free(b);
+  // Every carved buffer held the pool: no slab has one left.
+  if (open_ != nullptr) idle_slabs_.push_back(open_);
+  for (Slab* slab : idle_slabs_) {
+    ::munmap(slab->base, kSlabBytes);
+    delete slab;
+  }
 }
 
 StagingPool::Buffer StagingPool::Allocate(size_t size) {
@@ -113,14 +144,13 @@ StagingPool::Buffer StagingPool::Allocate(size_t size) {
       refused_ = true;
     }
   }
-  char* p = static_cast<char*>(std::aligned_alloc(4096, size));
-  if (p == nullptr) throw std::bad_alloc();
-  return {size, p, false};
+  const size_t mapped = (size + kSlabBytes - 1) / kSlabBytes * kSlabBytes;
+  return {mapped, MapHuge(mapped), false};
 }
 
 void StagingPool::Free(const Buffer& b) {
   if (!b.pinned) {
-    std::free(b.p);
+    ::munmap(b.p, b.size);
     return;
   }
   CudaContextScope scope(*pinned_by_, 0);
@@ -130,6 +160,7 @@ void StagingPool::Free(const Buffer& b) {
 
 std::shared_ptr<char> StagingPool::Get(size_t n) {
   const size_t rounded = std::max<size_t>(4096, (n + 4095) / 4096 * 4096);
+  if (pinned_by_ == nullptr && rounded <= kSlabBytes) return Carve(rounded);
   Buffer b;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -156,6 +187,57 @@ std::shared_ptr<char> StagingPool::Get(size_t n) {
     if (pool->gauge_) pool->gauge_->Sub(b.size);
     pool->Put(b);
   });
+}
+
+std::shared_ptr<char> StagingPool::Carve(size_t rounded) {
+  Slab* slab;
+  char* p;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (open_ != nullptr && open_->used + rounded > kSlabBytes) {
+      // Full: the last buffer of it let go parks it (Release); a slab with
+      // none held is carved again from its start.
+      if (open_->live == 0) {
+        open_->used = 0;
+      } else {
+        open_ = nullptr;
+      }
+    }
+    if (open_ == nullptr) {
+      if (!idle_slabs_.empty()) {
+        open_ = idle_slabs_.back();
+        idle_slabs_.pop_back();
+        free_bytes_ -= kSlabBytes;
+      } else {
+        open_ = new Slab{MapHuge(kSlabBytes)};
+      }
+    }
+    slab = open_;
+    p = slab->base + slab->used;
+    slab->used += rounded;
+    ++slab->live;
+  }
+  if (gauge_) gauge_->Add(rounded);
+  return std::shared_ptr<char>(p, [pool = shared_from_this(), slab, rounded](char*) {
+    if (pool->gauge_) pool->gauge_->Sub(rounded);
+    pool->Release(slab);
+  });
+}
+
+void StagingPool::Release(Slab* slab) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--slab->live > 0) return;
+    slab->used = 0;  // nothing of it is held: it serves from its start again
+    if (slab == open_) return;
+    if (free_bytes_ + kSlabBytes <= kMaxFreeBytes) {
+      idle_slabs_.push_back(slab);
+      free_bytes_ += kSlabBytes;
+      return;
+    }
+  }
+  ::munmap(slab->base, kSlabBytes);
+  delete slab;
 }
 
 void StagingPool::Put(const Buffer& b) {
