@@ -11,12 +11,12 @@
 #include <memory>
 #include <vector>
 
+#include "base/staging_pool.h"
 #include "common/cuda_driver.h"
 #include "cuda/copy_queue.h"
 #include "cuda/sync_copies.h"
 #include "tests/testing/fake_cuda.h"
 #include "tests/testing/status_matchers.h"
-#include "transport/stream/target_service.h"
 
 namespace ferry::internal {
 namespace {
@@ -237,7 +237,7 @@ TEST_F(CudaCopies, SyncCopiesQueuedThenWaitedForOnce) {
 TEST_F(CudaCopies, GpuStagingBuffersArePageLockedAndReused) {
   const int before = fake_.LiveAllocations(FakeCuda::kHostAllocations);
   {
-    auto pool = std::make_shared<stream::StagingPool>(nullptr, &d_);
+    auto pool = std::make_shared<StagingPool>(nullptr, &d_);
     char* first;
     {
       std::shared_ptr<char> b = pool->Get(10000);

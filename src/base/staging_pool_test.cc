@@ -1,5 +1,7 @@
 // StagingPool: the target's host buffers for staged entries — carved from
 // 2 MiB slabs advised for huge pages, reused, counted by the gauge.
+#include "base/staging_pool.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,9 +13,8 @@
 #include <vector>
 
 #include "base/target.h"
-#include "transport/stream/target_service.h"
 
-namespace ferry::internal::stream {
+namespace ferry::internal {
 namespace {
 
 constexpr uintptr_t kSlab = uintptr_t{2} << 20;
@@ -142,4 +143,4 @@ TEST(StagingPoolTest, ABufferOutlivingItsPoolsLastOwnerReturnsSafely) {
 }
 
 }  // namespace
-}  // namespace ferry::internal::stream
+}  // namespace ferry::internal

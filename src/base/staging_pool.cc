@@ -1,0 +1,176 @@
+#include "base/staging_pool.h"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <mutex>
+#include <new>
+
+#include "common/cuda_driver.h"
+#include "common/log.h"
+
+namespace ferry::internal {
+namespace {
+
+// `bytes` (a multiple of 2 MiB) of memory starting on a 2 MiB boundary,
+// advised for transparent huge pages; std::bad_alloc if there is none.
+char* MapHuge(size_t bytes) {
+  constexpr uintptr_t kAlign = uintptr_t{2} << 20;
+  void* m =
+      ::mmap(nullptr, bytes + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t start = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t aligned = (start + kAlign - 1) / kAlign * kAlign;
+  if (aligned > start) ::munmap(m, aligned - start);
+  const uintptr_t end = start + bytes + kAlign;
+  if (end > aligned + bytes) {
+    ::munmap(reinterpret_cast<void*>(aligned + bytes), end - aligned - bytes);
+  }
+  // Refused where transparent huge pages are off: 4 KiB pages serve.
+  ::madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);
+  return reinterpret_cast<char*>(aligned);
+}
+
+}  // namespace
+
+StagingPool::~StagingPool() {
+  for (const Buffer& b : free_) Free(b);
+  // Every carved buffer held the pool: no slab has one left.
+  if (open_ != nullptr) idle_slabs_.push_back(open_);
+  for (Slab* slab : idle_slabs_) {
+    ::munmap(slab->base, kSlabBytes);
+    delete slab;
+  }
+}
+
+StagingPool::Buffer StagingPool::Allocate(size_t size) {
+  if (pinned_by_ != nullptr) {
+    bool refused;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      refused = refused_;
+    }
+    if (!refused) {
+      // Portable page-locked memory: any context may copy to and from it;
+      // device 0's context only makes the call.
+      CudaContextScope scope(*pinned_by_, 0);
+      StatusOr<void*> p = scope.status().ok() ? pinned_by_->AllocateHost(size) : scope.status();
+      if (p.ok()) return {size, static_cast<char*>(*p), true};
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!refused_) {
+        FERRY_LOG(kWarning,
+                  "staging GPU transfers through pageable memory: " << p.status().WithPrefix(
+                      "no page-locked buffer of " + std::to_string(size) + " bytes"));
+      }
+      refused_ = true;
+    }
+  }
+  const size_t mapped = (size + kSlabBytes - 1) / kSlabBytes * kSlabBytes;
+  return {mapped, MapHuge(mapped), false};
+}
+
+void StagingPool::Free(const Buffer& b) {
+  if (!b.pinned) {
+    ::munmap(b.p, b.size);
+    return;
+  }
+  CudaContextScope scope(*pinned_by_, 0);
+  const Status s = scope.status().ok() ? pinned_by_->FreeHost(b.p) : scope.status();
+  if (!s.ok()) FERRY_LOG(kWarning, "freeing a page-locked staging buffer: " << s);
+}
+
+std::shared_ptr<char> StagingPool::Get(size_t n) {
+  const size_t rounded = std::max<size_t>(4096, (n + 4095) / 4096 * 4096);
+  if (pinned_by_ == nullptr && rounded <= kSlabBytes) return Carve(rounded);
+  Buffer b;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t best = free_.size();
+    for (size_t k = 0; k < free_.size(); ++k) {
+      const size_t have = free_[k].size;
+      if (have >= rounded && have <= 2 * rounded &&
+          (best == free_.size() || have < free_[best].size)) {
+        best = k;
+      }
+    }
+    if (best != free_.size()) {
+      b = free_[best];
+      free_bytes_ -= b.size;
+      free_[best] = free_.back();
+      free_.pop_back();
+    }
+  }
+  if (b.p == nullptr) b = Allocate(rounded);
+  if (gauge_) gauge_->Add(b.size);
+  // The buffer keeps its pool: a buffer let go after the stream closed
+  // returns to it, and the last one frees the pool (and its free list).
+  return std::shared_ptr<char>(b.p, [pool = shared_from_this(), b](char*) {
+    if (pool->gauge_) pool->gauge_->Sub(b.size);
+    pool->Put(b);
+  });
+}
+
+std::shared_ptr<char> StagingPool::Carve(size_t rounded) {
+  Slab* slab;
+  char* p;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (open_ != nullptr && open_->used + rounded > kSlabBytes) {
+      // Full: the last buffer of it let go parks it (Release); a slab with
+      // none held is carved again from its start.
+      if (open_->live == 0) {
+        open_->used = 0;
+      } else {
+        open_ = nullptr;
+      }
+    }
+    if (open_ == nullptr) {
+      if (!idle_slabs_.empty()) {
+        open_ = idle_slabs_.back();
+        idle_slabs_.pop_back();
+        free_bytes_ -= kSlabBytes;
+      } else {
+        open_ = new Slab{MapHuge(kSlabBytes)};
+      }
+    }
+    slab = open_;
+    p = slab->base + slab->used;
+    slab->used += rounded;
+    ++slab->live;
+  }
+  if (gauge_) gauge_->Add(rounded);
+  return std::shared_ptr<char>(p, [pool = shared_from_this(), slab, rounded](char*) {
+    if (pool->gauge_) pool->gauge_->Sub(rounded);
+    pool->Release(slab);
+  });
+}
+
+void StagingPool::Release(Slab* slab) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--slab->live > 0) return;
+    slab->used = 0;  // nothing of it is held: it serves from its start again
+    if (slab == open_) return;
+    if (free_bytes_ + kSlabBytes <= kMaxFreeBytes) {
+      idle_slabs_.push_back(slab);
+      free_bytes_ += kSlabBytes;
+      return;
+    }
+  }
+  ::munmap(slab->base, kSlabBytes);
+  delete slab;
+}
+
+void StagingPool::Put(const Buffer& b) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_bytes_ + b.size <= kMaxFreeBytes) {
+      free_.push_back(b);
+      free_bytes_ += b.size;
+      return;
+    }
+  }
+  Free(b);
+}
+
+}  // namespace ferry::internal

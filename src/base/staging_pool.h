@@ -1,0 +1,74 @@
+// StagingPool: host buffers for bytes on their way between a file or GPU
+// memory and a peer, reused and counted.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "base/target.h"
+
+namespace ferry::internal {
+
+class CudaDriver;
+
+// Page-aligned staging buffers, reused (a stream's on a target; a
+// transport's for this engine's own file regions, storage/file_staging): a fresh one per frame
+// cost a page fault per page on first touch (15 % of the cycles of a tcp
+// write of 1 MiB blocks to a file). Keeps at most kMaxFreeBytes unused; each
+// buffer holds its pool, so one let go after its stream closed still returns
+// to it. Thread-safe (buffers are let go on the file ring's thread too).
+//
+// Host memory comes in 2 MiB-aligned mappings advised for transparent huge
+// pages (MADV_HUGEPAGE; 4 KiB pages where the kernel gives none): an O_DIRECT
+// request into one is one physically contiguous segment where 4 KiB pages
+// are up to 256 (on a virtio disk that doubled 1 MiB reads). Buffers of up
+// to 2 MiB are carved in turn from such a slab, which serves again once
+// nothing carved from it is held; larger ones are mappings of their own.
+//
+// With a CUDA driver, the buffers are page-locked memory of that driver
+// (cuMemHostAlloc, portable): the GPU's copies to and from them run on the
+// copy engines directly, where pageable memory goes through the driver's own
+// bounce buffers in small synchronous steps. If the driver has no more to
+// give, heap memory serves (and the refusal is logged once).
+class StagingPool : public std::enable_shared_from_this<StagingPool> {
+ public:
+  // `gauge`: counts the bytes of the buffers handed out (may be null).
+  explicit StagingPool(std::shared_ptr<StagingGauge> gauge, const CudaDriver* pinned_by = nullptr)
+      : gauge_(std::move(gauge)), pinned_by_(pinned_by) {}
+  ~StagingPool();
+  // At least n bytes (a free buffer of n to 2n bytes, else a new one).
+  std::shared_ptr<char> Get(size_t n);
+
+ private:
+  static constexpr size_t kMaxFreeBytes = size_t{32} << 20;
+  static constexpr size_t kSlabBytes = size_t{2} << 20;  // one transparent huge page
+  struct Buffer {
+    size_t size = 0;
+    char* p = nullptr;
+    bool pinned = false;  // from pinned_by_; else a mapping of its own (MapHuge)
+  };
+  // A kSlabBytes mapping that buffers are carved from, front to back.
+  struct Slab {
+    char* base = nullptr;
+    size_t used = 0;  // bytes carved since it was last empty
+    size_t live = 0;  // buffers carved from it and still held
+  };
+  Buffer Allocate(size_t size);
+  void Free(const Buffer& b);
+  void Put(const Buffer& b);
+  // A buffer of `rounded` (<= kSlabBytes) bytes from the open slab.
+  std::shared_ptr<char> Carve(size_t rounded);
+  void Release(Slab* slab);
+  const std::shared_ptr<StagingGauge> gauge_;
+  const CudaDriver* const pinned_by_ = nullptr;
+  std::mutex mu_;
+  std::vector<Buffer> free_;       // guarded by mu_
+  size_t free_bytes_ = 0;          // guarded by mu_: of free_ and idle_slabs_
+  bool refused_ = false;           // guarded by mu_: the driver refused page-locked memory once
+  Slab* open_ = nullptr;           // guarded by mu_: the slab being carved
+  std::vector<Slab*> idle_slabs_;  // guarded by mu_: nothing carved from them is held
+};
+
+}  // namespace ferry::internal
