@@ -13,10 +13,10 @@ namespace ferry::internal {
 
 class CudaDriver;
 
-// Page-aligned staging buffers, reused (a stream's on a target; a
-// transport's for this engine's own file regions, storage/file_staging): a fresh one per frame
-// cost a page fault per page on first touch (15 % of the cycles of a tcp
-// write of 1 MiB blocks to a file). Keeps at most kMaxFreeBytes unused; each
+// Page-aligned staging buffers, reused (a served stream's on a target; a
+// transport's for this engine's own file regions, storage/file_staging): a
+// fresh one per frame cost a page fault per page on first touch (15 % of the
+// cycles of a tcp write of 1 MiB blocks to a file). Keeps at most kMaxFreeBytes unused; each
 // buffer holds its pool, so one let go after its stream closed still returns
 // to it. Thread-safe (buffers are let go on the file ring's thread too).
 //
@@ -38,7 +38,9 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
   explicit StagingPool(std::shared_ptr<StagingGauge> gauge, const CudaDriver* pinned_by = nullptr)
       : gauge_(std::move(gauge)), pinned_by_(pinned_by) {}
   ~StagingPool();
-  // At least n bytes (a free buffer of n to 2n bytes, else a new one).
+  // At least n bytes, page-aligned: up to 2 MiB (not page-locked) carved
+  // from the open slab; else a free buffer of n to 2n bytes, or a new one.
+  // Throws std::bad_alloc if the system has no memory to give.
   std::shared_ptr<char> Get(size_t n);
 
  private:
