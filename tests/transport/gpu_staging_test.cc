@@ -201,6 +201,7 @@ TEST(GpuAndOwnFile, WritesAndReadsBetweenGpuMemoryAndAFileOfThisEngine) {
   ASSERT_NE(gpu, nullptr);
   ASSERT_OK(e->RegisterMemory(gpu, kSize, "cuda:0"));
   ASSERT_OK_AND_ASSIGN(SegmentHandle self, e->OpenSegment(e->PeerId()));
+  const int host_before = fake ? fake->LiveAllocations(FakeCuda::kHostAllocations) : 0;
   // GPU -> file: odd pieces, several of them unaligned.
   std::vector<TransferRequest> writes;
   for (uint64_t off = 0, i = 0; off < kSize; ++i) {
@@ -210,6 +211,10 @@ TEST(GpuAndOwnFile, WritesAndReadsBetweenGpuMemoryAndAFileOfThisEngine) {
   }
   ASSERT_OK(e->TransferSync(writes));
   EXPECT_EQ(CheckPattern(file.data(), kSize, kSeed, 0), std::nullopt) << "the file";
+  if (fake) {
+    EXPECT_GT(fake->LiveAllocations(FakeCuda::kHostAllocations), host_before)
+        << "the slices are staged in the driver's page-locked memory, kept for reuse";
+  }
   // file -> GPU: the file's new bytes, read back over the GPU's.
   FillPattern(file.data(), kSize, kSeed + 1, 0);
   std::vector<TransferRequest> reads;
@@ -231,6 +236,11 @@ TEST(GpuAndOwnFile, WritesAndReadsBetweenGpuMemoryAndAFileOfThisEngine) {
   std::vector<unsigned char> later(kSize);
   ASSERT_OK(gpu_memory.Copy(later.data(), gpu, kSize));
   EXPECT_EQ(after, later) << "bytes of a cancelled read reached the GPU after the cancel";
+  e.reset();
+  if (fake) {
+    EXPECT_EQ(fake->LiveAllocations(FakeCuda::kHostAllocations), host_before)
+        << "the engine gave its page-locked staging back";
+  }
 }
 
 // The initiator destroyed while staged GPU slices of both directions are

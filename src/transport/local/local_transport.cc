@@ -1,12 +1,13 @@
 #include "transport/local/local_transport.h"
 
-#include <algorithm>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
+#include <string>
 #include <unordered_map>
 
+#include "base/staging_pool.h"
 #include "cuda/sync_copies.h"
 #include "storage/file_segment.h"
 
@@ -79,7 +80,9 @@ class FileOpCount {
 // Copies between GPU and host memory for a link's file ops of GPU memory
 // (staged through host memory: the file's ring reads and writes only host
 // memory). One SyncCopies, made on first use, shared by the posting threads
-// and the rings' threads under a lock.
+// and the rings' threads under a lock; the host buffers come from one
+// StagingPool of the same driver (page-locked, reused: the copies run on the
+// copy engines; base/staging_pool.h).
 class GpuCopies {
  public:
   Status Copy(const CudaDriver& driver, int device, void* dst, const void* src, size_t n) {
@@ -87,10 +90,28 @@ class GpuCopies {
     if (!copies_) copies_ = std::make_unique<cuda::SyncCopies>(driver);
     return copies_->Copy(device, dst, src, n);
   }
+  // Page-aligned host memory for a slice of n bytes; kResourceExhausted if
+  // there is none.
+  StatusOr<std::shared_ptr<char>> HostBuffer(const CudaDriver& driver, size_t n) {
+    std::shared_ptr<StagingPool> pool;
+    {
+      std::lock_guard<std::mutex> lock(pool_mu_);
+      if (!pool_) pool_ = std::make_shared<StagingPool>(nullptr, &driver);
+      pool = pool_;
+    }
+    try {
+      return pool->Get(n);
+    } catch (const std::bad_alloc&) {
+      return ResourceExhaustedError("no host memory to stage a GPU slice of " + std::to_string(n) +
+                                    " bytes");
+    }
+  }
 
  private:
   std::mutex mu_;
   std::unique_ptr<cuda::SyncCopies> copies_;  // guarded by mu_
+  std::mutex pool_mu_;
+  std::shared_ptr<StagingPool> pool_;  // guarded by pool_mu_
 };
 
 // The file ops of one Post, by the ring that runs them (each engine has its
@@ -249,9 +270,7 @@ class LocalLink : public PeerLink {
     std::shared_ptr<char> host;  // GPU memory's bytes, page-aligned (O_DIRECT)
     char* device = nullptr;
     if (gpu) {
-      void* p = std::aligned_alloc(4096, std::max<size_t>(4096, (s.length + 4095) / 4096 * 4096));
-      if (p == nullptr) return ResourceExhaustedError("no host memory to stage a GPU slice");
-      host = std::shared_ptr<char>(static_cast<char*>(p), std::free);
+      FERRY_ASSIGN_OR_RETURN(host, gpu_copies_->HostBuffer(*driver, s.length));
       device = buf;
       buf = host.get();
       if (write_file) {
