@@ -81,7 +81,16 @@ void StagingPool::Free(const Buffer& b) {
 
 std::shared_ptr<char> StagingPool::Get(size_t n) {
   const size_t rounded = std::max<size_t>(4096, (n + 4095) / 4096 * 4096);
-  if (pinned_by_ == nullptr && rounded <= kSlabBytes) return Carve(rounded);
+  if (rounded <= kSlabBytes) {
+    // Host memory (also once the driver refused page-locked memory): from
+    // the slabs, where a small buffer of its own would take a whole 2 MiB.
+    bool host;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      host = pinned_by_ == nullptr || refused_;
+    }
+    if (host) return Carve(rounded);
+  }
   Buffer b;
   {
     std::lock_guard<std::mutex> lock(mu_);

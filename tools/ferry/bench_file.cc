@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bench_report.h"
@@ -357,20 +358,19 @@ int RunFileBench(const BenchOptions& o) {
   };
   std::vector<Round> per_round(rounds);
   for (Round& r : per_round) {
+    bool measured = false;  // Ferry's phase, alongside fio
     if (o.fio_alongside && fio_error.empty()) {
       auto f = RunAlongside(e, fio, read, [&](const std::atomic<bool>* stop) {
         run_ferry(reinterpret_cast<uint64_t>(*base), &cursor, &rng, half, stop);
       });
       if (f.ok()) {
-        r.ferry = f->first;
-        r.fio = f->second;
+        std::tie(r.ferry, r.fio) = *f;
+        measured = true;
       } else {
-        fio_error = f.status().ToString();
+        fio_error = f.status().ToString();  // the rest run without fio
       }
     }
-    if (!o.fio_alongside || !fio_error.empty()) {
-      r.ferry = run_ferry(reinterpret_cast<uint64_t>(*base), &cursor, &rng, half);
-    }
+    if (!measured) r.ferry = run_ferry(reinterpret_cast<uint64_t>(*base), &cursor, &rng, half);
     ferry_figures.Add(r.ferry);
     if (o.no_baseline) continue;
     if (!o.fio_alongside && fio_error.empty()) {
