@@ -917,6 +917,10 @@ TEST_P(LocalFilesTest, EngineDestroyedWithStagedSlicesInFlight) {
       ASSERT_OK(initiator_->Submit(batch, reqs));
     }
     initiator_.reset();  // with the batches in flight
+    // Frames the initiator sent before it went may still be landing in the
+    // peer's memory: unregistering it waits for them (and must return, the
+    // sender being gone), so the buffer can be reused or freed after it.
+    ASSERT_OK(peer_->UnregisterMemory(mem));
     const std::vector<unsigned char> now = file.Read(0, kEntries * kLen);
     for (size_t k = kEntries / 2; k < kEntries; ++k) {
       const unsigned char* piece = now.data() + k * kLen;
