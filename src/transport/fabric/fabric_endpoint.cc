@@ -7,6 +7,8 @@
 #include <rdma/fi_errno.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "transport/fabric/fabric_domain.h"
 #include "transport/fabric/fabric_info.h"
@@ -16,6 +18,12 @@
 #include "transport/fabric/fabric_progress.h"
 
 namespace ferry::internal::fabric {
+namespace {
+
+// How long Shutdown waits for the operations and messages in flight.
+constexpr auto kShutdownDrain = std::chrono::seconds(1);
+
+}  // namespace
 
 Status Fids::CheckAddress(std::string_view a) const {
   if (addr_format == FI_ADDR_STR) {
@@ -107,13 +115,29 @@ struct Endpoint::Impl {
     return OkStatus();
   }
 
-  // Stops the progress thread and closes the endpoint, which ends every
-  // transfer into or out of this engine's memory; then what was queued or
-  // in flight fails, and every object closes.
+  // Refuses new work and lets what the provider holds finish (for at most
+  // kShutdownDrain), then stops the progress thread and closes the
+  // endpoint, which ends every transfer into or out of this engine's
+  // memory; then what was queued or still in flight fails, and every
+  // object closes.
+  //
+  // Why the wait: libfabric 1.17's tcp;ofi_rxm (Debian 12) closing an
+  // endpoint with transfers in flight flushes them as cancelled
+  // completions, one of which can carry no context, and ofi_rxm's error
+  // handling (rxm_handle_comp_error) reads through it: a crash inside
+  // fi_close (LocalFilesTest.EngineDestroyedWithStagedSlicesInFlight/
+  // fabric_tcp, 2 of 7 runs before this wait). A peer that answers lets
+  // them finish within milliseconds; one that does not costs the bound.
   void Shutdown() {
+    if (!wakeup.running()) return;
+    posting.Close();  // a caller posting now (a staging worker) no longer reaches the endpoint
+    wakeup.Wake();    // the progress thread fails what is queued, and reaps
+    const Clock::time_point until = Clock::now() + kShutdownDrain;
+    while (!posting.Quiet() && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     if (!wakeup.Stop()) return;
     progress.Stop();
-    posting.Close();  // a caller posting now (a staging worker) no longer reaches the endpoint
     CloseFid(fids.ep);
     for (MsgBuf* b : posting.Stop()) {
       notify.OnSendDone(b, FI_ECANCELED, "the fabric endpoint was shut down");

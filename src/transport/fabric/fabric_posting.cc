@@ -171,6 +171,11 @@ void Posting::Close() {
   stopped_ = true;
 }
 
+bool Posting::Quiet() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return inflight_ == 0 && sends_.empty() && sending_.empty();
+}
+
 std::vector<MsgBuf*> Posting::Stop() {
   std::vector<Failure> failed;
   std::vector<Op*> ops;

@@ -22,8 +22,9 @@
 //   acknowledgements).
 // - Pump, PostSends, Sent, Finish, TakeLate, InFlight, Busy, Idle: the
 //   progress thread (Finish also Shutdown's, once that thread stopped).
-// - Close, then Stop: Endpoint::Shutdown, once the progress thread stopped
-//   (Close before the endpoint closes, Stop after).
+// - Close, Quiet, then Stop: Endpoint::Shutdown (Close and Quiet while the
+//   progress thread still completes what is in flight, Stop after the
+//   endpoint closed).
 //
 // Lock: mu_ guards the queue, the list of operations in flight and its
 // count, the free operations, both message lists, stopped_, and every
@@ -107,9 +108,12 @@ class Posting {
   bool Busy();  // slices or messages queued
   bool Idle();  // nothing queued, nothing in flight
 
-  // Refuses work from now on: once it returns, no post or send reaches the
-  // provider (a later Post fails its slices), so the endpoint may close.
+  // Refuses work from now on: once it returns, no new post or send is
+  // taken (a later Post fails its slices; queued slices fail at the next
+  // Pump), so once the progress thread stopped the endpoint may close.
   void Close();
+  // Nothing posted to the provider is in flight: no operation, no message.
+  bool Quiet();
   // After Close and the endpoint's close: fails the queued slices and the
   // operations in flight with kCancelled, and returns the messages not
   // completed: queued, or posted and never completed.
