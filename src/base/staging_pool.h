@@ -14,7 +14,8 @@ namespace ferry::internal {
 class CudaDriver;
 
 // Page-aligned staging buffers, reused (a served stream's on a target; the
-// local transport's for GPU memory and this engine's files): a fresh one per
+// local transport's for GPU memory and this engine's files; a transport's
+// for this engine's own file regions, storage/file_staging): a fresh one per
 // frame cost a page fault per page on first touch (15 % of the cycles of a
 // tcp write of 1 MiB blocks to a file). Keeps at most kMaxFreeBytes unused; each
 // buffer holds its pool, so one let go after its stream closed still returns

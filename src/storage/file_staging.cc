@@ -2,14 +2,15 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdlib>
 #include <iterator>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "base/batch.h"
 #include "base/memory_registry.h"
+#include "base/staging_pool.h"
 #include "base/staging_queue.h"
 #include "base/wrapping.h"
 #include "base/write_fence.h"
@@ -21,7 +22,6 @@ namespace {
 
 // Bytes of slices holding a staging buffer at once, per transport.
 constexpr uint64_t kMaxStagedBytes = uint64_t{64} << 20;
-constexpr size_t kPage = 4096;
 
 // One staged slice, from its post to its completion.
 struct FileWork : StagedWork {
@@ -65,16 +65,16 @@ class Stager : public StagingQueue<FileWork> {
     if (!reads.empty()) PostReady(std::move(reads));
   }
 
-  // A page-aligned buffer for `w` (its slice fails if there is none).
+  // A page-aligned buffer for `w` from the pool (its slice fails if there
+  // is none).
   bool TakeBuffer(Work& w) {
-    const size_t size = std::max(kPage, (size_t{w.slice.length} + kPage - 1) / kPage * kPage);
-    void* p = std::aligned_alloc(kPage, size);
-    if (p == nullptr) {
+    try {
+      w.buffer = pool_->Get(w.slice.length);
+    } catch (const std::bad_alloc&) {
       Finish(std::move(w),
              ResourceExhaustedError("no host memory to stage a file slice over " + transport_));
       return false;
     }
-    w.buffer = std::shared_ptr<char>(static_cast<char*>(p), std::free);
     return true;
   }
 
@@ -172,6 +172,8 @@ class Stager : public StagingQueue<FileWork> {
 
   const std::shared_ptr<EngineTarget> self_;
   const std::string transport_;
+  // The slices' buffers: huge-page slabs, reused (base/staging_pool.h).
+  const std::shared_ptr<StagingPool> pool_ = std::make_shared<StagingPool>(nullptr);
   uint64_t staged_bytes_ = 0;  // guarded by mu(): bytes of the slices holding room
 };
 

@@ -4,7 +4,8 @@
 //
 // WithFileStaging wraps such a transport: routes whose local memory is one
 // of this engine's file regions take it too. Each such slice gets a host
-// buffer of its own (page-aligned, so the file I/O may use O_DIRECT):
+// buffer of its own (page-aligned, so the file I/O may use O_DIRECT; carved
+// from the transport's huge-page slabs, base/staging_pool.h):
 //   - a write (file → peer) reads the file range into the buffer through the
 //     engine's ring (storage::FileIo), then posts the inner slice from it;
 //   - a read (peer → file) posts the inner slice into the buffer, then writes
