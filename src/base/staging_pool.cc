@@ -43,30 +43,23 @@ StagingPool::~StagingPool() {
   }
 }
 
-StagingPool::Buffer StagingPool::Allocate(size_t size) {
-  if (pinned_by_ != nullptr) {
-    bool refused;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      refused = refused_;
-    }
-    if (!refused) {
-      // Portable page-locked memory: any context may copy to and from it;
-      // device 0's context only makes the call.
-      CudaContextScope scope(*pinned_by_, 0);
-      StatusOr<void*> p = scope.status().ok() ? pinned_by_->AllocateHost(size) : scope.status();
-      if (p.ok()) return {size, static_cast<char*>(*p), true};
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!refused_) {
-        FERRY_LOG(kWarning,
-                  "staging GPU transfers through pageable memory: " << p.status().WithPrefix(
-                      "no page-locked buffer of " + std::to_string(size) + " bytes"));
-      }
-      refused_ = true;
-    }
+StagingPool::Buffer StagingPool::AllocatePinned(size_t size) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (refused_) return {};
   }
-  const size_t mapped = (size + kSlabBytes - 1) / kSlabBytes * kSlabBytes;
-  return {mapped, MapHuge(mapped), false};
+  // Portable page-locked memory: any context may copy to and from it;
+  // device 0's context only makes the call.
+  CudaContextScope scope(*pinned_by_, 0);
+  StatusOr<void*> p = scope.status().ok() ? pinned_by_->AllocateHost(size) : scope.status();
+  if (p.ok()) return {size, static_cast<char*>(*p), true};
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!refused_) {
+    FERRY_LOG(kWarning, "staging GPU transfers through pageable memory: " << p.status().WithPrefix(
+                            "no page-locked buffer of " + std::to_string(size) + " bytes"));
+  }
+  refused_ = true;
+  return {};
 }
 
 void StagingPool::Free(const Buffer& b) {
@@ -109,7 +102,14 @@ std::shared_ptr<char> StagingPool::Get(size_t n) {
       free_.pop_back();
     }
   }
-  if (b.p == nullptr) b = Allocate(rounded);
+  if (b.p == nullptr && pinned_by_ != nullptr) b = AllocatePinned(rounded);
+  if (b.p == nullptr) {
+    // Host memory (no driver, or it refused just now): a small buffer from
+    // the slabs, a large one a mapping of its own.
+    if (rounded <= kSlabBytes) return Carve(rounded);
+    const size_t mapped = (rounded + kSlabBytes - 1) / kSlabBytes * kSlabBytes;
+    b = {mapped, MapHuge(mapped), false};
+  }
   if (gauge_) gauge_->Add(b.size);
   // The buffer keeps its pool: a buffer let go after the stream closed
   // returns to it, and the last one frees the pool (and its free list).

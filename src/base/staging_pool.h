@@ -31,8 +31,9 @@ class CudaDriver;
 // With a CUDA driver, the buffers are page-locked memory of that driver
 // (cuMemHostAlloc, portable): the GPU's copies to and from them run on the
 // copy engines directly, where pageable memory goes through the driver's own
-// bounce buffers in small synchronous steps. If the driver has no more to
-// give, heap memory serves (and the refusal is logged once).
+// bounce buffers in small synchronous steps. Once the driver has no more to
+// give, host memory serves from then on, as without a driver (the refusal is
+// logged once).
 class StagingPool : public std::enable_shared_from_this<StagingPool> {
  public:
   // `gauge`: counts the bytes of the buffers handed out (may be null).
@@ -58,7 +59,9 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
     size_t used = 0;  // bytes carved since it was last empty
     size_t live = 0;  // buffers carved from it and still held
   };
-  Buffer Allocate(size_t size);
+  // `size` bytes of page-locked memory of pinned_by_; {} once it refused
+  // (the refusal is remembered, and logged once).
+  Buffer AllocatePinned(size_t size);
   void Free(const Buffer& b);
   void Put(const Buffer& b);
   // A buffer of `rounded` (<= kSlabBytes) bytes from the open slab.

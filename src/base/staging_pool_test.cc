@@ -2,6 +2,7 @@
 // 2 MiB slabs advised for huge pages, reused, counted by the gauge.
 #include "base/staging_pool.h"
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include "base/target.h"
+#include "common/cuda_driver.h"
+#include "tests/testing/fake_cuda.h"
 
 namespace ferry::internal {
 namespace {
@@ -140,6 +143,48 @@ TEST(StagingPoolTest, ABufferOutlivingItsPoolsLastOwnerReturnsSafely) {
   small.reset();
   big.reset();  // the last holder: the pool and its mappings go with it
   EXPECT_EQ(gauge->in_use(), 0u);
+}
+
+// With a CUDA driver the buffers are page-locked memory of the driver; once
+// it refuses (out of memory), host memory serves from then on: small buffers
+// carved from the slabs (not a 2 MiB mapping each), large ones mappings of
+// their own; what the driver gave is given back to it.
+TEST(StagingPoolTest, PageLockedMemoryOfTheDriverUntilItRefusesThenHostMemory) {
+  test::FakeCuda fake;
+  ASSERT_TRUE(fake.ok()) << ::dlerror();
+  CudaDriver driver(FERRY_FAKE_CUDA_PATH);
+  ASSERT_TRUE(driver.available()) << driver.why_unavailable();
+  const int before = fake.LiveAllocations(test::FakeCuda::kHostAllocations);
+  auto gauge = std::make_shared<StagingGauge>();
+  {
+    auto pool = std::make_shared<StagingPool>(gauge, &driver);
+    auto pinned = pool->Get(64 << 10);
+    EXPECT_EQ(fake.LiveAllocations(test::FakeCuda::kHostAllocations), before + 1)
+        << "the driver's page-locked memory";
+    std::memset(pinned.get(), 1, 64 << 10);
+    fake.SetHostAllocResult(2);  // CUDA_ERROR_OUT_OF_MEMORY
+    auto a = pool->Get(64 << 10);
+    auto b = pool->Get(64 << 10);
+    auto big = pool->Get(3 << 20);
+    EXPECT_EQ(fake.LiveAllocations(test::FakeCuda::kHostAllocations), before + 1)
+        << "nothing more from the driver once it refused";
+    EXPECT_EQ(Addr(a) % kSlab, 0u) << "the first carved buffer starts a slab";
+    EXPECT_EQ(Addr(b), Addr(a) + (64 << 10)) << "the next is carved from the same slab";
+    EXPECT_EQ(Addr(big) % kSlab, 0u) << "a large one is a mapping of its own";
+    std::memset(a.get(), 2, 64 << 10);
+    std::memset(b.get(), 3, 64 << 10);
+    std::memset(big.get(), 4, 3 << 20);
+    EXPECT_EQ(a.get()[(64 << 10) - 1], 2);
+    EXPECT_EQ(pinned.get()[0], 1);
+    // The refusal is remembered: host memory even once the driver would give.
+    fake.SetHostAllocResult(0);
+    auto c = pool->Get(4 << 20);
+    EXPECT_EQ(fake.LiveAllocations(test::FakeCuda::kHostAllocations), before + 1);
+    EXPECT_EQ(gauge->in_use(), (64u << 10) * 3 + (4u << 20) + (4u << 20));
+  }
+  EXPECT_EQ(gauge->in_use(), 0u);
+  EXPECT_EQ(fake.LiveAllocations(test::FakeCuda::kHostAllocations), before)
+      << "the page-locked buffer went back to the driver with the pool";
 }
 
 }  // namespace

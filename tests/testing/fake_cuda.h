@@ -1,8 +1,9 @@
 // The controls of the fake CUDA driver (tests/testing/fake_cuda_driver.cc,
 // built as ferry_fake_cuda; FERRY_FAKE_CUDA_PATH names it): what cuInit and
 // cuPointerGetAttribute answer, and which address range is "device memory"
-// (two devices); the streams' copy delay, cuIpcOpenMemHandle's forced
-// result, the bytes copied by direction, the live allocations. The
+// (two devices); the streams' copy delay, cuIpcOpenMemHandle's and
+// cuMemHostAlloc's forced results, the bytes copied by direction, the live
+// allocations. The
 // destructor puts everything back (and zeroes the copy counters). The test
 // binary opens the same copy a CudaDriver of that path loads, so the
 // settings reach it.
@@ -28,6 +29,7 @@ class FakeCuda {
     SetIpcOpenResult(0);
     SetBatchResult(0);
     SetModuleResult(0);
+    SetHostAllocResult(0);
     ResetCopiedBytes();
     ::dlclose(h_);
   }
@@ -59,6 +61,8 @@ class FakeCuda {
   // What cuModuleLoadData answers instead of loading (0: it loads), and how
   // many kernel launches (of Ferry's copy kernel) were queued so far.
   void SetModuleResult(int r) { Fn<void (*)(int)>("ferry_fake_cuda_set_module_result")(r); }
+  // What cuMemHostAlloc answers instead of allocating (0: it allocates).
+  void SetHostAllocResult(int r) { Fn<void (*)(int)>("ferry_fake_cuda_set_host_alloc_result")(r); }
   unsigned long long KernelLaunches() {
     return Fn<unsigned long long (*)()>("ferry_fake_cuda_kernel_launches")();
   }

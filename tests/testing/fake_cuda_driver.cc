@@ -97,6 +97,7 @@ std::atomic<int> ipc_open_result{
 constexpr unsigned kDefaultCopyDelayUs = 200;
 std::atomic<unsigned> copy_delay_us{kDefaultCopyDelayUs};
 std::atomic<int> module_result{0};                   // what cuModuleLoadData answers (0: loads)
+std::atomic<int> host_alloc_result{0};               // what cuMemHostAlloc answers (0: allocates)
 std::atomic<unsigned long long> kernel_launches{0};  // cuLaunchKernel calls queued
 std::atomic<int> batch_result{0};                // what cuMemcpyBatchAsync_v2 answers (0: copies)
 std::atomic<unsigned long long> batch_calls{0};  // cuMemcpyBatchAsync_v2 calls that copied
@@ -422,6 +423,7 @@ FERRY_FAKE_EXPORT void ferry_fake_cuda_hold_streams(int hold) {
 FERRY_FAKE_EXPORT void ferry_fake_cuda_set_ipc_open_result(int r) { ipc_open_result = r; }
 FERRY_FAKE_EXPORT void ferry_fake_cuda_set_batch_result(int r) { batch_result = r; }
 FERRY_FAKE_EXPORT void ferry_fake_cuda_set_module_result(int r) { module_result = r; }
+FERRY_FAKE_EXPORT void ferry_fake_cuda_set_host_alloc_result(int r) { host_alloc_result = r; }
 FERRY_FAKE_EXPORT unsigned long long ferry_fake_cuda_kernel_launches() {
   return kernel_launches.load();
 }
@@ -855,6 +857,7 @@ FERRY_FAKE_EXPORT int cuMemHostAlloc(void** p, size_t n, unsigned flags) {
   if (p == nullptr || n == 0 || (flags & ~kMemHostAllocFlags) != 0) return kInvalidValue;
   Context* c = Current();
   if (c == nullptr) return kInvalidContext;
+  if (host_alloc_result != kSuccess) return host_alloc_result;
   auto m = std::make_shared<Mapping>();
   m->kind = Mapping::kHost;
   m->size = n;
