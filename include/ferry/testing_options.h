@@ -42,6 +42,13 @@ struct TestingOptions {
   // out of order, or answered with a corrupted status (kDataLoss).
   // Deterministic: the same seed and the same posts give the same faults.
   // seed 0: off.
+  //
+  // late_read_percent: a read slice fails kDeadlineExceeded at once but is
+  // still moved later — posted just before the link's next post, its bytes
+  // landing after its failure was reported — as the fabric provider does
+  // with a read past its deadline. under_staging: the faults sit below the
+  // GPU and file stagers, so they reach the stagers' posts (from their
+  // staging buffers) as well as the engine's direct ones.
   struct LinkFaults {
     uint32_t seed = 0;
     int fail_percent = 0;
@@ -49,6 +56,8 @@ struct TestingOptions {
     int delay_percent = 0;
     int reorder_percent = 0;
     int corrupt_percent = 0;
+    int late_read_percent = 0;
+    bool under_staging = false;
     std::chrono::milliseconds delay{5};
   } link_faults;
   // File regions (Engine::RegisterFile): a read or write of a file region

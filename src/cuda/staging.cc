@@ -23,6 +23,27 @@ const CudaDriver* DriverFor(const std::string& library) {
 
 struct GpuWork : StagedWork {
   char* buffer = nullptr;  // the page-locked buffer while it has one
+  bool retire = false;     // the inner link may still write the buffer: not reused
+};
+
+// A staging buffer taken out of use: freed once nothing may write it any
+// more (the inner post's batch is let go). Needs only the driver, which
+// outlives the stager.
+class RetiredBuffer {
+ public:
+  ~RetiredBuffer() {
+    if (buffer_ == nullptr) return;
+    Status s = driver_->FreeHost(buffer_);
+    if (!s.ok()) FERRY_LOG(kWarning, "freeing a retired staging buffer: " << s);
+  }
+  void Set(const CudaDriver* driver, char* buffer) {
+    driver_ = driver;
+    buffer_ = buffer;
+  }
+
+ private:
+  const CudaDriver* driver_ = nullptr;
+  char* buffer_ = nullptr;
 };
 
 // The transport's staging machinery, shared by its links: the page-locked
@@ -82,7 +103,13 @@ class Stager : public StagingQueue<GpuWork> {
   }
 
   void ReleaseLocked(Work& w) override {
-    free_.push_back(w.buffer);
+    if (w.retire) {
+      // Another buffer may be made in its place; this one is freed by the
+      // RetiredBuffer that holds it.
+      buffers_.erase(std::find(buffers_.begin(), buffers_.end(), w.buffer));
+    } else {
+      free_.push_back(w.buffer);
+    }
     w.buffer = nullptr;
   }
 
@@ -139,7 +166,20 @@ class Stager : public StagingQueue<GpuWork> {
     (void)shadow->Reserve(1);
     auto work = std::make_shared<Work>(std::move(w));
     BatchState* raw = shadow.get();
-    shadow->SetOnIdle([this, work, raw] { OnInner(std::move(*work), raw->Get(0).status); });
+    // A read that failed may still be written by the inner link (the
+    // fabric provider keeps a read past its deadline in flight): its buffer
+    // is retired, and freed only once the link let go of the batch, with
+    // this callback.
+    auto retired = std::make_shared<RetiredBuffer>();
+    shadow->SetOnIdle([this, work, raw, retired] {
+      const Status st = raw->Get(0).status;
+      const CudaDriver* d = DriverFor(cuda_driver_);
+      if (!st.ok() && work->slice.opcode == Opcode::kRead && d != nullptr) {
+        work->retire = true;
+        retired->Set(d, work->buffer);
+      }
+      OnInner(std::move(*work), st);
+    });
     Slice inner = work->slice;
     inner.local = work->buffer;
     inner.request = 0;

@@ -139,7 +139,14 @@ class Stager : public StagingQueue<FileWork> {
       auto shadow = std::make_shared<BatchState>(n);
       (void)shadow->Reserve(n);
       BatchState* raw = shadow.get();
-      shadow->SetOnIdle([this, run, raw] {
+      // The buffers go back to the pool only once the inner link let go of
+      // the batch too, not when a slice is reported: the fabric provider
+      // keeps a read past its deadline in flight, and its bytes may land
+      // after that (in a buffer another slice would have by then).
+      std::vector<std::shared_ptr<char>> keep;
+      keep.reserve(run->size());
+      for (const Work& w : *run) keep.push_back(w.buffer);
+      shadow->SetOnIdle([this, run, raw, keep = std::move(keep)] {
         for (size_t i = 0; i < run->size(); ++i) OnInner(std::move((*run)[i]), raw->Get(i).status);
       });
       std::vector<Slice> inner;

@@ -70,6 +70,8 @@ Status TransportSet::Start(const TransportContext& given) {
     auto t = e.make(ctx);
     if (t.ok()) {
       std::unique_ptr<Transport> made = std::move(*t);
+      const auto& faults = ctx.options->testing.link_faults;
+      if (faults.seed != 0 && faults.under_staging) made = WithFaults(std::move(made), faults);
       // Transports of other processes' host memory move this engine's GPU
       // memory too, staged through page-locked host buffers.
       const auto& kinds = made->caps().memory_kinds;
@@ -90,9 +92,9 @@ Status TransportSet::Start(const TransportContext& given) {
           has(remote_kinds, MemoryKind::Type::kCpu) && !has(local_kinds, MemoryKind::Type::kFile)) {
         made = storage::WithFileStaging(std::move(made), ctx.target);
       }
-      const auto& faults = ctx.options->testing.link_faults;
-      transports_.push_back(faults.seed != 0 ? WithFaults(std::move(made), faults)
-                                             : std::move(made));
+      transports_.push_back(faults.seed != 0 && !faults.under_staging
+                                ? WithFaults(std::move(made), faults)
+                                : std::move(made));
       continue;
     }
     const std::string_view name = e.caps().name;

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -930,6 +931,63 @@ TEST_P(LocalFilesTest, EngineDestroyedWithStagedSlicesInFlight) {
           << "round " << round << ": piece " << k << " is neither untouched nor the peer's bytes";
     }
   }
+}
+
+// A staged read that fails while its bytes still land later (the fabric
+// provider keeps a read past its deadline in flight; played here by the
+// fault link under the stagers, over tcp) keeps its staging buffer until
+// they landed: the next slice staged on that transport, a write of another
+// part of the file, gets a buffer of its own and sends the file's bytes
+// (with the buffer reused, it sent the late read's bytes instead). The
+// failed read's bytes never reach the file.
+TEST(LocalFilesLateRead, AReadLandingAfterItFailedDoesNotReachAnotherSlicesBuffer) {
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS("tcp");
+  constexpr size_t kLen = 65536;
+  TempFile file(2 * kLen);
+  {
+    std::vector<unsigned char> bytes(kLen);
+    FillPattern(bytes.data(), kLen, 71);
+    std::FILE* f = std::fopen(file.path().c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fseek(f, static_cast<long>(kLen), SEEK_SET), 0);
+    ASSERT_EQ(std::fwrite(bytes.data(), 1, kLen, f), kLen);
+    ASSERT_EQ(std::fclose(f), 0);
+  }
+  EngineOptions o;
+  SetTransportOptions("tcp", &o);
+  o.listen_host = "127.0.0.1";
+  o.transfer_timeout = kWait;
+  EngineOptions faulty = o;
+  faulty.testing.link_faults.seed = 1;
+  faulty.testing.link_faults.late_read_percent = 100;
+  faulty.testing.link_faults.under_staging = true;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> initiator, Engine::Create(faulty));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> peer, Engine::Create(o));
+  AlignedBuffer theirs(2 * kLen);
+  FillPattern(theirs.data(), kLen, 72);
+  std::memset(theirs.data() + kLen, 0, kLen);
+  ASSERT_OK(peer->RegisterMemory(theirs.data(), 2 * kLen, "cpu"));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator->OpenSegment(peer->PeerId()));
+  void* base_ptr = nullptr;
+  ASSERT_OK_AND_ASSIGN(base_ptr, initiator->RegisterFile({.path = file.path()}));
+  const uint64_t base = reinterpret_cast<uint64_t>(base_ptr);
+  const uint64_t mem = reinterpret_cast<uint64_t>(theirs.data());
+
+  std::vector<Status> got =
+      RunBatch(*initiator, {{Opcode::kRead, reinterpret_cast<void*>(base), seg, mem, kLen}});
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].code(), StatusCode::kDeadlineExceeded) << got[0];
+  // The late read lands in its buffer just before this write is posted.
+  got = RunBatch(*initiator,
+                 {{Opcode::kWrite, reinterpret_cast<void*>(base + kLen), seg, mem + kLen, kLen}});
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_OK(got[0]);
+  EXPECT_EQ(std::memcmp(theirs.data() + kLen, file.Read(kLen, kLen).data(), kLen), 0)
+      << "the write sent other bytes than the file's (the late read's, through a shared buffer)";
+  EXPECT_EQ(file.Read(0, kLen), std::vector<unsigned char>(kLen, 0))
+      << "the failed read's bytes reached the file";
+  initiator.reset();
+  ASSERT_OK(peer->UnregisterMemory(theirs.data()));
 }
 
 // A same-host initiator of a build that does not take staged lends (its

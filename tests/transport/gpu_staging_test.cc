@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -241,6 +242,59 @@ TEST(GpuAndOwnFile, WritesAndReadsBetweenGpuMemoryAndAFileOfThisEngine) {
     EXPECT_EQ(fake->LiveAllocations(FakeCuda::kHostAllocations), host_before)
         << "the engine gave its page-locked staging back";
   }
+}
+
+// A staged read into GPU memory that fails while its bytes still land
+// later (the fabric provider keeps a read past its deadline in flight;
+// played by the fault link under the stagers, over tcp) does not hand its
+// page-locked buffer to the next slice: that write from GPU memory sends
+// the GPU's bytes (with the buffer reused, the late read's), and the buffer
+// goes back to the driver once the late bytes landed. Nothing of the failed
+// read reaches the GPU.
+TEST(GpuStagingLateRead, AReadLandingAfterItFailedDoesNotReachAnotherSlicesBuffer) {
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS("tcp");
+  const CudaDriver& driver = CudaDriver::Load(TestCudaDriverLibrary());
+  if (!driver.data_path())
+    GTEST_SKIP() << "no CUDA driver with the data paths: " << driver.why_no_data_path();
+  std::unique_ptr<FakeCuda> fake;
+  if (TestCudaDriverIsFake()) fake = std::make_unique<FakeCuda>();
+  GpuMemory gpu_memory(driver);
+  constexpr uint64_t kLen = 64 * kKiB;
+  EngineOptions faulty = ConformanceOptions("tcp");
+  UseTestCudaDriver(&faulty);
+  faulty.testing.link_faults.seed = 1;
+  faulty.testing.link_faults.late_read_percent = 100;
+  faulty.testing.link_faults.under_staging = true;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> initiator, Engine::Create(faulty));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> target, Engine::Create(ConformanceOptions("tcp")));
+  unsigned char* gpu = gpu_memory.Allocate(2 * kLen, 41);
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_OK(initiator->RegisterMemory(gpu, 2 * kLen, "cuda:0"));
+  AlignedBuffer host(2 * kLen);
+  FillPattern(host.data(), kLen, 42, 0);
+  std::memset(host.data() + kLen, 0, kLen);
+  ASSERT_OK(target->RegisterMemory(host.data(), 2 * kLen, "cpu"));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator->OpenSegment(target->PeerId()));
+  const uint64_t remote = reinterpret_cast<uint64_t>(host.data());
+  const int host_before = fake ? fake->LiveAllocations(FakeCuda::kHostAllocations) : 0;
+
+  const std::vector<TransferRequest> read_req = {{Opcode::kRead, gpu, seg, remote, kLen}};
+  const Status read = initiator->TransferSync(read_req);
+  EXPECT_EQ(read.code(), StatusCode::kDeadlineExceeded) << read;
+  // The late read lands in its buffer just before this write is posted.
+  const std::vector<TransferRequest> write_req = {
+      {Opcode::kWrite, gpu + kLen, seg, remote + kLen, kLen}};
+  ASSERT_OK(initiator->TransferSync(write_req));
+  EXPECT_EQ(CheckPattern(host.data() + kLen, kLen, 41, kLen), std::nullopt)
+      << "the write sent other bytes than the GPU's (the late read's, through a shared buffer)";
+  EXPECT_TRUE(gpu_memory.Holds(gpu, 0, kLen, 41, 0)) << "the failed read's bytes reached the GPU";
+  if (fake) {
+    EXPECT_EQ(fake->LiveAllocations(FakeCuda::kHostAllocations), host_before + 1)
+        << "the write's buffer, kept for reuse; the retired one went back to the driver once "
+           "its late bytes landed";
+  }
+  initiator.reset();
+  ASSERT_OK(target->UnregisterMemory(host.data()));
 }
 
 // The initiator destroyed while staged GPU slices of both directions are

@@ -34,6 +34,13 @@ class Dice {
     }
     return Fault::kPass;
   }
+  // Whether a read slice fails at once and lands later (rolled only when
+  // late_read_percent is set: the other faults' sequence stays the same).
+  bool LateRead() {
+    if (f_.late_read_percent <= 0) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(rng_() % 100) < f_.late_read_percent;
+  }
   const Faults& faults() const { return f_; }
 
  private:
@@ -56,11 +63,19 @@ class FaultyLink : public PeerLink {
   }
 
   void Post(const PostContext& ctx, std::vector<Slice> slices) override {
-    std::vector<Slice> pass, held, dropped;
+    MoveLateReads();
+    std::vector<Slice> pass, held, dropped, late;
     std::vector<Fault> held_faults;
     {
       BatchState::Completer now(*ctx.batch);
       for (const Slice& s : slices) {
+        if (s.opcode == Opcode::kRead && dice_->LateRead()) {
+          late.push_back(s);
+          now.Complete(s.request, 1,
+                       DeadlineExceededError("fault injected on the " + transport_ +
+                                             " link: the read failed, its bytes still to land"));
+          continue;
+        }
         switch (dice_->Next()) {
           case Fault::kPass:
             pass.push_back(s);
@@ -85,6 +100,13 @@ class FaultyLink : public PeerLink {
         }
       }
     }
+    if (!late.empty()) {
+      // The batch stays referenced (as a provider holds an operation's
+      // context) until the bytes moved.
+      std::lock_guard<std::mutex> lock(mu_);
+      late_.push_back({ctx, std::move(late)});
+      held_->fetch_add(1);
+    }
     if (!pass.empty()) inner_->Post(ctx, std::move(pass));
     if (!held.empty()) Hold(ctx, std::move(held), std::move(held_faults));
     if (!dropped.empty()) Drop(ctx, std::move(dropped));
@@ -108,6 +130,27 @@ class FaultyLink : public PeerLink {
       fn();
       held->fetch_sub(1);
     });
+  }
+
+  // The late reads of earlier posts: moved now, into their local buffers,
+  // through a batch of their own (no fence: their requests already
+  // failed), waiting for them; then their posts' batches are let go.
+  void MoveLateReads() {
+    std::vector<Late> due;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      due.swap(late_);
+    }
+    for (Late& l : due) {
+      auto shadow = std::make_shared<BatchState>(l.slices.size());
+      (void)shadow->Reserve(l.slices.size());
+      shadow->BeginRange(0, l.slices.size(), [](size_t) { return 1u; });
+      for (size_t k = 0; k < l.slices.size(); ++k) l.slices[k].request = static_cast<uint32_t>(k);
+      const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
+      inner_->Post({shadow, deadline, l.ctx.peer}, std::move(l.slices));
+      shadow->WaitIdle(deadline + std::chrono::seconds(5), std::chrono::microseconds(0));
+      held_->fetch_sub(1);
+    }
   }
 
   // Posts the slices through a shadow batch, then answers the real one:
@@ -173,6 +216,11 @@ class FaultyLink : public PeerLink {
   const std::string transport_;
   std::mutex mu_;
   std::vector<std::thread> workers_;  // guarded by mu_; joined by the destructor
+  struct Late {
+    PostContext ctx;
+    std::vector<Slice> slices;
+  };
+  std::vector<Late> late_;  // guarded by mu_: reads failed, still to move
   // Workers still holding slices.
   const std::shared_ptr<std::atomic<int>> held_ = std::make_shared<std::atomic<int>>(0);
 };

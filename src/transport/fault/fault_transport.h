@@ -6,7 +6,9 @@
 //   passes, fails at once (kUnavailable), is dropped (its reply never comes:
 //   kDeadlineExceeded at its deadline), is answered late, is answered out of
 //   order with the others of its post, or is answered with a corrupted
-//   status (a success reported as kDataLoss).
+//   status (a success reported as kDataLoss); a read may also fail
+//   kDeadlineExceeded at once and still move later (late_read_percent: the
+//   fabric provider's read past its deadline), before the link's next post.
 // Every slice still completes exactly once. Messages say "fault injected".
 // Thread-safe.
 #pragma once
