@@ -10,6 +10,7 @@
 #include <chrono>
 #include <thread>
 
+#include "common/log.h"
 #include "transport/fabric/fabric_domain.h"
 #include "transport/fabric/fabric_info.h"
 #include "transport/fabric/fabric_messages.h"
@@ -135,6 +136,12 @@ struct Endpoint::Impl {
     const Clock::time_point until = Clock::now() + kShutdownDrain;
     while (!posting.Quiet() && Clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!posting.Quiet()) {
+      FERRY_LOG(kInfo, "fabric " << cfg.provider << ": closing the endpoint with "
+                                 << posting.InFlight() << " operations and "
+                                 << posting.MessagesPending() << " messages still in flight after "
+                                 << kShutdownDrain.count() << " s (a peer not answering)");
     }
     if (!wakeup.Stop()) return;
     progress.Stop();

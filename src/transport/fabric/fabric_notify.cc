@@ -200,7 +200,7 @@ void Notifications::SendAck(const std::string& to, uint64_t seq, const Status& s
 }
 
 void Notifications::PostSends() {
-  for (MsgBuf* b : posting_.PostSends()) OnSendDone(b, -FI_EIO, "posting the message failed");
+  for (const Posting::RefusedSend& r : posting_.PostSends()) OnSendDone(r.buf, r.err, r.text);
 }
 
 void Notifications::OnSendDone(MsgBuf* b, int err, const std::string& text) {

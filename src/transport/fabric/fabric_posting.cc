@@ -86,16 +86,28 @@ void Posting::Pump() {
   Complete(failed);
 }
 
-std::vector<MsgBuf*> Posting::PostSends() {
-  std::vector<MsgBuf*> failed;
+std::vector<Posting::RefusedSend> Posting::PostSends() {
+  std::vector<RefusedSend> failed;
   std::lock_guard<std::mutex> lock(mu_);
   while (!sends_.empty()) {
     MsgBuf* b = sends_.front();
     const ssize_t ret = fi_send(fids_.ep, b->data.data(), b->data.size(), b->desc, b->to, &b->fi);
-    if (ret == -FI_EAGAIN) break;
+    if (ret == -FI_EAGAIN) {
+      const Clock::time_point now = Clock::now();
+      if (send_refused_since_ == Clock::time_point{}) send_refused_since_ = now;
+      if (now - send_refused_since_ <= cfg_.unreachable_after) break;
+      sends_.pop_front();
+      send_refused_since_ = {};
+      failed.push_back({b, static_cast<int>(ret),
+                        "the provider refused it (FI_EAGAIN) for " +
+                            std::to_string(cfg_.unreachable_after.count()) +
+                            " ms: the peer is not listening, or gone"});
+      continue;
+    }
+    send_refused_since_ = {};
     sends_.pop_front();
     if (ret != 0) {
-      failed.push_back(b);
+      failed.push_back({b, static_cast<int>(ret), "posting the message failed"});
     } else {
       sending_.insert(b);
     }
@@ -174,6 +186,11 @@ void Posting::Close() {
 bool Posting::Quiet() {
   std::lock_guard<std::mutex> lock(mu_);
   return inflight_ == 0 && sends_.empty() && sending_.empty();
+}
+
+size_t Posting::MessagesPending() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sends_.size() + sending_.size();
 }
 
 std::vector<MsgBuf*> Posting::Stop() {

@@ -96,7 +96,15 @@ class Posting {
   void Pump();
   // Posts queued messages; returns those the provider refused with an error
   // (not posted; the caller fails and frees them).
-  std::vector<MsgBuf*> PostSends();
+  // A message the provider refused (-FI_EAGAIN: still connecting) for
+  // longer than unreachable_after fails too: its peer is not listening, or
+  // gone (the rule Pump applies to operations).
+  struct RefusedSend {
+    MsgBuf* buf;
+    int err;           // negative fi errno
+    std::string text;  // what happened, for the sender's status
+  };
+  std::vector<RefusedSend> PostSends();
   // A message the provider took has completed: it is no longer posting's.
   void Sent(MsgBuf* b);
   // An operation completed (err 0) or failed.
@@ -114,6 +122,8 @@ class Posting {
   void Close();
   // Nothing posted to the provider is in flight: no operation, no message.
   bool Quiet();
+  // Messages queued or posted and not completed.
+  size_t MessagesPending();
   // After Close and the endpoint's close: fails the queued slices and the
   // operations in flight with kCancelled, and returns the messages not
   // completed: queued, or posted and never completed.
@@ -173,6 +183,7 @@ class Posting {
   Op inflight_head_;  // sentinel of the in-flight list
   std::vector<Op*> free_ops_;
   std::deque<MsgBuf*> sends_;  // messages not yet posted (-FI_EAGAIN or from other threads)
+  Clock::time_point send_refused_since_{};  // the first message of sends_ refused since
   // Messages the provider took and has not completed: handed back by their
   // completion (Sent), or by Stop once the endpoint is closed.
   std::unordered_set<MsgBuf*> sending_;
