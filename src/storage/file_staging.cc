@@ -139,15 +139,19 @@ class Stager : public StagingQueue<FileWork> {
       auto shadow = std::make_shared<BatchState>(n);
       (void)shadow->Reserve(n);
       BatchState* raw = shadow.get();
-      // The buffers go back to the pool only once the inner link let go of
-      // the batch too, not when a slice is reported: the fabric provider
-      // keeps a read past its deadline in flight, and its bytes may land
-      // after that (in a buffer another slice would have by then).
-      std::vector<std::shared_ptr<char>> keep;
-      keep.reserve(run->size());
-      for (const Work& w : *run) keep.push_back(w.buffer);
-      shadow->SetOnIdle([this, run, raw, keep = std::move(keep)] {
-        for (size_t i = 0; i < run->size(); ++i) OnInner(std::move((*run)[i]), raw->Get(i).status);
+      // A read that failed may still be written by the inner link (the
+      // fabric provider keeps a read past its deadline in flight): its
+      // buffer goes back to the pool only once the link let go of the
+      // batch, with this callback, not when the slice is reported.
+      auto retired = std::make_shared<std::vector<std::shared_ptr<char>>>();
+      shadow->SetOnIdle([this, run, raw, retired] {
+        for (size_t i = 0; i < run->size(); ++i) {
+          const Status st = raw->Get(i).status;
+          if (!st.ok() && (*run)[i].slice.opcode == Opcode::kRead) {
+            retired->push_back((*run)[i].buffer);
+          }
+          OnInner(std::move((*run)[i]), st);
+        }
       });
       std::vector<Slice> inner;
       inner.reserve(n);
