@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -122,6 +123,35 @@ TEST(FabricRails, OneRailAndTwoRailEnginesTalk) {
     pair.RunScatter(Opcode::kWrite, local, 8 * kMiB, remote, 8 * kMiB, pieces, 7104, 3);
     pair.RunScatter(Opcode::kRead, local, 8 * kMiB, remote, 8 * kMiB, pieces, 7105, 3);
   }
+}
+
+// A peer that went away does not hold up messages to the others: its
+// notification stays with the provider (refused while it reconnects, until
+// connect_timeout) after the sender gave up on it, and a notification to a
+// live peer sent next goes out and is acknowledged. Before, every message
+// waited behind it: with a transfer deadline shorter than connect_timeout
+// the live peer's notification failed DEADLINE_EXCEEDED.
+TEST(FabricMessages, AGonePeersNotificationDoesNotHoldUpAnotherPeers) {
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS("fabric_tcp");
+  EngineOptions o = ConformanceOptions("fabric_tcp");
+  o.connect_timeout = std::chrono::milliseconds(60000);
+  o.transfer_timeout = std::chrono::milliseconds(2000);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> a, Engine::Create(o));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> live, Engine::Create(o));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> gone, Engine::Create(o));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle to_live, a->OpenSegment(live->PeerId()));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle to_gone, a->OpenSegment(gone->PeerId()));
+  ASSERT_OK(a->SendNotification(to_live, "first", "1"));
+  // Gone before this engine's provider ever connected to it: its connect
+  // is refused, and the message with it while the provider tries again;
+  // the sender gives up at its deadline, the message stays queued.
+  gone.reset();
+  const Status lost = a->SendNotification(to_gone, "lost", "2");
+  ASSERT_EQ(lost.code(), StatusCode::kDeadlineExceeded) << lost;
+  EXPECT_OK(a->SendNotification(to_live, "second", "3"));
+  std::vector<std::string> names;
+  for (const Notification& n : live->GetNotifications()) names.push_back(n.name);
+  EXPECT_THAT(names, ::testing::ElementsAre("first", "second"));
 }
 
 // A bad fabric_nics fails Engine::Create naming what is wrong.

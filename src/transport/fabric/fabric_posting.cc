@@ -89,23 +89,34 @@ void Posting::Pump() {
 std::vector<Posting::RefusedSend> Posting::PostSends() {
   std::vector<RefusedSend> failed;
   std::lock_guard<std::mutex> lock(mu_);
-  while (!sends_.empty()) {
-    MsgBuf* b = sends_.front();
+  const Clock::time_point now = Clock::now();
+  // Destinations the provider refused this round: their later messages
+  // wait (each peer's messages go in order), the others' go on.
+  std::vector<fi_addr_t> refused;
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    MsgBuf* b = *it;
+    if (std::find(refused.begin(), refused.end(), b->to) != refused.end()) {
+      ++it;
+      continue;
+    }
     const ssize_t ret = fi_send(fids_.ep, b->data.data(), b->data.size(), b->desc, b->to, &b->fi);
     if (ret == -FI_EAGAIN) {
-      const Clock::time_point now = Clock::now();
-      if (send_refused_since_ == Clock::time_point{}) send_refused_since_ = now;
-      if (now - send_refused_since_ <= cfg_.unreachable_after) break;
-      sends_.pop_front();
-      send_refused_since_ = {};
+      const auto since = send_refused_since_.try_emplace(b->to, now).first;
+      if (now - since->second <= cfg_.unreachable_after) {
+        refused.push_back(b->to);
+        ++it;
+        continue;
+      }
+      send_refused_since_.erase(since);
+      it = sends_.erase(it);
       failed.push_back({b, static_cast<int>(ret),
                         "the provider refused it (FI_EAGAIN) for " +
                             std::to_string(cfg_.unreachable_after.count()) +
                             " ms: the peer is not listening, or gone"});
       continue;
     }
-    send_refused_since_ = {};
-    sends_.pop_front();
+    send_refused_since_.erase(b->to);
+    it = sends_.erase(it);
     if (ret != 0) {
       failed.push_back({b, static_cast<int>(ret), "posting the message failed"});
     } else {

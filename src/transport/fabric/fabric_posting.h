@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -96,9 +97,10 @@ class Posting {
   void Pump();
   // Posts queued messages; returns those the provider refused with an error
   // (not posted; the caller fails and frees them).
-  // A message the provider refused (-FI_EAGAIN: still connecting) for
-  // longer than unreachable_after fails too: its peer is not listening, or
-  // gone (the rule Pump applies to operations).
+  // Each destination's messages go in order; one the provider refuses
+  // (-FI_EAGAIN: still connecting) waits while the others' go on, and after
+  // unreachable_after fails too: its peer is not listening, or gone (the
+  // rule Pump applies to operations).
   struct RefusedSend {
     MsgBuf* buf;
     int err;           // negative fi errno
@@ -183,7 +185,8 @@ class Posting {
   Op inflight_head_;  // sentinel of the in-flight list
   std::vector<Op*> free_ops_;
   std::deque<MsgBuf*> sends_;  // messages not yet posted (-FI_EAGAIN or from other threads)
-  Clock::time_point send_refused_since_{};  // the first message of sends_ refused since
+  // Per destination with messages waiting: refused (-FI_EAGAIN) since when.
+  std::map<fi_addr_t, Clock::time_point> send_refused_since_;
   // Messages the provider took and has not completed: handed back by their
   // completion (Sent), or by Stop once the endpoint is closed.
   std::unordered_set<MsgBuf*> sending_;
