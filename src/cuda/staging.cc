@@ -32,7 +32,7 @@ struct GpuWork : StagedWork {
 class RetiredBuffer {
  public:
   ~RetiredBuffer() {
-    if (buffer_ == nullptr) return;
+    if (buffer_ == nullptr || driver_ == nullptr) return;
     Status s = driver_->FreeHost(buffer_);
     if (!s.ok()) FERRY_LOG(kWarning, "freeing a retired staging buffer: " << s);
   }
@@ -173,10 +173,10 @@ class Stager : public StagingQueue<GpuWork> {
     auto retired = std::make_shared<RetiredBuffer>();
     shadow->SetOnIdle([this, work, raw, retired] {
       const Status st = raw->Get(0).status;
-      const CudaDriver* d = DriverFor(cuda_driver_);
-      if (!st.ok() && work->slice.opcode == Opcode::kRead && d != nullptr) {
+      if (!st.ok() && work->slice.opcode == Opcode::kRead) {
+        // The driver that made the buffer (it holds buffers only with one).
         work->retire = true;
-        retired->Set(d, work->buffer);
+        retired->Set(DriverFor(cuda_driver_), work->buffer);
       }
       OnInner(std::move(*work), st);
     });

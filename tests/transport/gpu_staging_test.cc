@@ -27,26 +27,46 @@ using namespace std::chrono_literals;
 
 constexpr uint64_t kKiB = 1024, kMiB = 1024 * 1024;
 
-class GpuStagingTest : public ::testing::TestWithParam<std::string> {
+// The tests' CUDA driver, the fake's controls when it is the fake, and GPU
+// memory of that driver.
+class TestGpu {
  protected:
-  void SetUp() override {
-    FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
+  // From SetUp: skips the test where the driver lacks the data paths.
+  void StartGpu() {
     driver_ = &CudaDriver::Load(TestCudaDriverLibrary());
     if (!driver_->data_path())
       GTEST_SKIP() << "no CUDA driver with the data paths: " << driver_->why_no_data_path();
     if (TestCudaDriverIsFake()) fake_ = std::make_unique<FakeCuda>();
     gpu_ = std::make_unique<GpuMemory>(*driver_);
+  }
+
+  const CudaDriver* driver_ = nullptr;
+  std::unique_ptr<FakeCuda> fake_;
+  std::unique_ptr<GpuMemory> gpu_;  // destroyed before fake_
+};
+
+class GpuStagingTest : public ::testing::TestWithParam<std::string>, protected TestGpu {
+ protected:
+  void SetUp() override {
+    FERRY_SKIP_UNLESS_TRANSPORT_WORKS(GetParam());
+    StartGpu();
+    if (IsSkipped()) return;
     EngineOptions a = ConformanceOptions(GetParam());
     UseTestCudaDriver(&a);
     ASSERT_NO_FATAL_FAILURE(pair_.Start(GetParam(), a, ConformanceOptions(GetParam())));
   }
   void TearDown() override { gpu_.reset(); }
 
-  const CudaDriver* driver_ = nullptr;
-  std::unique_ptr<FakeCuda> fake_;
-  std::unique_ptr<GpuMemory> gpu_;
   EnginePair pair_;
 };
+
+// One engine or two made by the test itself.
+class GpuTest : public ::testing::Test, protected TestGpu {
+ protected:
+  void SetUp() override { StartGpu(); }
+};
+class GpuAndOwnFile : public GpuTest {};
+class GpuStagingLateRead : public GpuTest {};
 
 TEST_P(GpuStagingTest, WritesAndReadsOfManySizesBetweenGpuAndHostMemoryEveryByte) {
   constexpr uint64_t kSize = 16 * kMiB, kHalf = kSize / 2, kGpuSeed = 21, kHostSeed = 22;
@@ -181,13 +201,7 @@ TEST_P(GpuStagingTest, GpuMemoryOfTheTargetIsStagedByTcpAndRefusedByTheOthers) {
 // transport, through its own segment): staged through host memory, every
 // byte checked in the file and back on the GPU; a read of a cancelled batch
 // puts nothing on the GPU.
-TEST(GpuAndOwnFile, WritesAndReadsBetweenGpuMemoryAndAFileOfThisEngine) {
-  const CudaDriver& driver = CudaDriver::Load(TestCudaDriverLibrary());
-  if (!driver.data_path())
-    GTEST_SKIP() << "no CUDA driver with the data paths: " << driver.why_no_data_path();
-  std::unique_ptr<FakeCuda> fake;
-  if (TestCudaDriverIsFake()) fake = std::make_unique<FakeCuda>();
-  GpuMemory gpu_memory(driver);
+TEST_F(GpuAndOwnFile, WritesAndReadsBetweenGpuMemoryAndAFileOfThisEngine) {
   constexpr uint64_t kSize = 4 * kMiB, kSeed = 33;
   EngineOptions o = ConformanceOptions("local");
   UseTestCudaDriver(&o);
@@ -198,11 +212,11 @@ TEST(GpuAndOwnFile, WritesAndReadsBetweenGpuMemoryAndAFileOfThisEngine) {
   region.length = kSize;
   ASSERT_OK_AND_ASSIGN(void* base, e->RegisterFile(region));
   const uint64_t file_addr = reinterpret_cast<uint64_t>(base);
-  unsigned char* gpu = gpu_memory.Allocate(kSize, kSeed);
+  unsigned char* gpu = gpu_->Allocate(kSize, kSeed);
   ASSERT_NE(gpu, nullptr);
   ASSERT_OK(e->RegisterMemory(gpu, kSize, "cuda:0"));
   ASSERT_OK_AND_ASSIGN(SegmentHandle self, e->OpenSegment(e->PeerId()));
-  const int host_before = fake ? fake->LiveAllocations(FakeCuda::kHostAllocations) : 0;
+  const int host_before = fake_ ? fake_->LiveAllocations(FakeCuda::kHostAllocations) : 0;
   // GPU -> file: odd pieces, several of them unaligned.
   std::vector<TransferRequest> writes;
   for (uint64_t off = 0, i = 0; off < kSize; ++i) {
@@ -212,8 +226,8 @@ TEST(GpuAndOwnFile, WritesAndReadsBetweenGpuMemoryAndAFileOfThisEngine) {
   }
   ASSERT_OK(e->TransferSync(writes));
   EXPECT_EQ(CheckPattern(file.data(), kSize, kSeed, 0), std::nullopt) << "the file";
-  if (fake) {
-    EXPECT_GT(fake->LiveAllocations(FakeCuda::kHostAllocations), host_before)
+  if (fake_) {
+    EXPECT_GT(fake_->LiveAllocations(FakeCuda::kHostAllocations), host_before)
         << "the slices are staged in the driver's page-locked memory, kept for reuse";
   }
   // file -> GPU: the file's new bytes, read back over the GPU's.
@@ -223,23 +237,23 @@ TEST(GpuAndOwnFile, WritesAndReadsBetweenGpuMemoryAndAFileOfThisEngine) {
     reads.push_back({Opcode::kRead, gpu + off, self, file_addr + off, kMiB});
   }
   ASSERT_OK(e->TransferSync(reads));
-  EXPECT_TRUE(gpu_memory.Holds(gpu, 0, kSize, kSeed + 1, 0)) << "the GPU memory";
+  EXPECT_TRUE(gpu_->Holds(gpu, 0, kSize, kSeed + 1, 0)) << "the GPU memory";
   // A cancelled batch of reads: nothing lands on the GPU after the cancel.
   FillPattern(file.data(), kSize, kSeed + 2, 0);
   ASSERT_OK_AND_ASSIGN(BatchId batch, e->AllocateBatch(reads.size()));
   ASSERT_OK(e->Submit(batch, reads));
   ASSERT_OK(e->CancelBatch(batch));
   std::vector<unsigned char> after(kSize);
-  ASSERT_OK(gpu_memory.Copy(after.data(), gpu, kSize));
+  ASSERT_OK(gpu_->Copy(after.data(), gpu, kSize));
   // Unregistering the file waits for every op still on its ring (each holds
   // the region until it is done), so whatever could land has landed.
   ASSERT_OK(e->UnregisterMemory(base));
   std::vector<unsigned char> later(kSize);
-  ASSERT_OK(gpu_memory.Copy(later.data(), gpu, kSize));
+  ASSERT_OK(gpu_->Copy(later.data(), gpu, kSize));
   EXPECT_EQ(after, later) << "bytes of a cancelled read reached the GPU after the cancel";
   e.reset();
-  if (fake) {
-    EXPECT_EQ(fake->LiveAllocations(FakeCuda::kHostAllocations), host_before)
+  if (fake_) {
+    EXPECT_EQ(fake_->LiveAllocations(FakeCuda::kHostAllocations), host_before)
         << "the engine gave its page-locked staging back";
   }
 }
@@ -251,14 +265,8 @@ TEST(GpuAndOwnFile, WritesAndReadsBetweenGpuMemoryAndAFileOfThisEngine) {
 // the GPU's bytes (with the buffer reused, the late read's), and the buffer
 // goes back to the driver once the late bytes landed. Nothing of the failed
 // read reaches the GPU.
-TEST(GpuStagingLateRead, AReadLandingAfterItFailedDoesNotReachAnotherSlicesBuffer) {
+TEST_F(GpuStagingLateRead, AReadLandingAfterItFailedDoesNotReachAnotherSlicesBuffer) {
   FERRY_SKIP_UNLESS_TRANSPORT_WORKS("tcp");
-  const CudaDriver& driver = CudaDriver::Load(TestCudaDriverLibrary());
-  if (!driver.data_path())
-    GTEST_SKIP() << "no CUDA driver with the data paths: " << driver.why_no_data_path();
-  std::unique_ptr<FakeCuda> fake;
-  if (TestCudaDriverIsFake()) fake = std::make_unique<FakeCuda>();
-  GpuMemory gpu_memory(driver);
   constexpr uint64_t kLen = 64 * kKiB;
   EngineOptions faulty = ConformanceOptions("tcp");
   UseTestCudaDriver(&faulty);
@@ -267,7 +275,7 @@ TEST(GpuStagingLateRead, AReadLandingAfterItFailedDoesNotReachAnotherSlicesBuffe
   faulty.testing.link_faults.under_staging = true;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> initiator, Engine::Create(faulty));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> target, Engine::Create(ConformanceOptions("tcp")));
-  unsigned char* gpu = gpu_memory.Allocate(2 * kLen, 41);
+  unsigned char* gpu = gpu_->Allocate(2 * kLen, 41);
   ASSERT_NE(gpu, nullptr);
   ASSERT_OK(initiator->RegisterMemory(gpu, 2 * kLen, "cuda:0"));
   AlignedBuffer host(2 * kLen);
@@ -276,7 +284,7 @@ TEST(GpuStagingLateRead, AReadLandingAfterItFailedDoesNotReachAnotherSlicesBuffe
   ASSERT_OK(target->RegisterMemory(host.data(), 2 * kLen, "cpu"));
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator->OpenSegment(target->PeerId()));
   const uint64_t remote = reinterpret_cast<uint64_t>(host.data());
-  const int host_before = fake ? fake->LiveAllocations(FakeCuda::kHostAllocations) : 0;
+  const int host_before = fake_ ? fake_->LiveAllocations(FakeCuda::kHostAllocations) : 0;
 
   const std::vector<TransferRequest> read_req = {{Opcode::kRead, gpu, seg, remote, kLen}};
   const Status read = initiator->TransferSync(read_req);
@@ -287,9 +295,9 @@ TEST(GpuStagingLateRead, AReadLandingAfterItFailedDoesNotReachAnotherSlicesBuffe
   ASSERT_OK(initiator->TransferSync(write_req));
   EXPECT_EQ(CheckPattern(host.data() + kLen, kLen, 41, kLen), std::nullopt)
       << "the write sent other bytes than the GPU's (the late read's, through a shared buffer)";
-  EXPECT_TRUE(gpu_memory.Holds(gpu, 0, kLen, 41, 0)) << "the failed read's bytes reached the GPU";
-  if (fake) {
-    EXPECT_EQ(fake->LiveAllocations(FakeCuda::kHostAllocations), host_before + 1)
+  EXPECT_TRUE(gpu_->Holds(gpu, 0, kLen, 41, 0)) << "the failed read's bytes reached the GPU";
+  if (fake_) {
+    EXPECT_EQ(fake_->LiveAllocations(FakeCuda::kHostAllocations), host_before + 1)
         << "the write's buffer, kept for reuse; the retired one went back to the driver once "
            "its late bytes landed";
   }
