@@ -188,6 +188,9 @@ struct EngineMetrics {
   // transfer post.
   LatencyHistogram transfer_latency;
   uint64_t batches_finished = 0;
+  // Batches allocated and not yet freed (AllocateBatch, FreeBatch; TransferSync's
+  // own included while it runs). One that only grows is a caller that leaks them.
+  uint64_t batches_open = 0;
   uint64_t notifications_sent = 0;
   uint64_t notifications_received = 0;
   uint64_t cancelled_requests = 0;

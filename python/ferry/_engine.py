@@ -973,7 +973,8 @@ class Engine:
         """Counters since the engine started: ``routes`` (a dict per peer,
         transport and opcode: requests_completed/failed, bytes_completed/failed),
         ``transfer_latency`` (bounds_us, counts per bucket plus +Inf, count,
-        sum_us) and ``counters`` (batches_finished, notifications_sent,
+        sum_us) and ``counters`` (batches_finished, batches_open (allocated, not yet
+        freed), notifications_sent,
         notifications_received, cancelled_requests; peer_links_open,
         links_opened, links_closed_idle, links_evicted; of file regions:
         file_direct_ops/bytes, file_buffered_ops/bytes; and the host buffers held

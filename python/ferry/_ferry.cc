@@ -668,6 +668,45 @@ class NativeEngine {
     }));
   }
 
+  // A new batch holding one request, submitted; returns its id. The batch
+  // is freed again if the submit fails (nothing was submitted). One call and
+  // one GIL release for what AllocateBatch + Submit do in two: the awaited
+  // single transfers of ferry.aio pay per call.
+  uint64_t SubmitOne(int opcode, uint64_t segment, uint64_t local, uint64_t remote,
+                     uint64_t length) {
+    return Unwrap(Run([&](ferry::Engine& e) -> StatusOr<uint64_t> {
+      FERRY_ASSIGN_OR_RETURN(std::vector<ferry::TransferRequest> requests,
+                             BuildRequests({opcode}, {segment}, {local}, {remote}, {length}));
+      FERRY_ASSIGN_OR_RETURN(ferry::BatchId batch, e.AllocateBatch(1));
+      Status submitted = e.Submit(batch, requests);
+      if (!submitted.ok()) {
+        (void)e.FreeBatch(batch);  // nothing was submitted: it is idle
+        return submitted;
+      }
+      return batch.value;
+    }));
+  }
+
+  // (state, first error or None, freed) of a batch, reported at once; a
+  // batch reported finished (not kPending) is also freed by the call (freed:
+  // its id is spent). For a caller that owns the batch and only waits for
+  // its end (ferry.aio's single transfers): one call where BatchStatus and
+  // FreeBatch are two. Only the state decides: a batch whose counts are
+  // complete is still kPending while its last completer finishes its step,
+  // and stays allocated until a later call (the engine's completion
+  // descriptor is written after that).
+  py::tuple CollectBatch(uint64_t batch) {
+    bool freed = false;
+    ferry::BatchStatus s = Unwrap(Run([&](ferry::Engine& e) -> StatusOr<ferry::BatchStatus> {
+      FERRY_ASSIGN_OR_RETURN(ferry::BatchStatus status, e.GetBatchStatus(ferry::BatchId{batch}));
+      if (status.state != ferry::TransferState::kPending) {
+        freed = e.FreeBatch(ferry::BatchId{batch}).ok();
+      }
+      return status;
+    }));
+    return py::make_tuple(static_cast<int>(s.state), ErrorOrNone(s.first_error), freed);
+  }
+
   // (state, submitted, completed, failed, first error or None)
   // wait_us: how long to wait for pending requests first (Engine::PollBatch).
   py::tuple BatchStatus(uint64_t batch, int64_t wait_us) {
@@ -878,6 +917,7 @@ class NativeEngine {
     }
     py::dict counters;
     counters["batches_finished"] = m.batches_finished;
+    counters["batches_open"] = m.batches_open;
     counters["notifications_sent"] = m.notifications_sent;
     counters["notifications_received"] = m.notifications_received;
     counters["cancelled_requests"] = m.cancelled_requests;
@@ -1322,6 +1362,9 @@ PYBIND11_MODULE(_ferry, m) {
       .def("query_segment", &NativeEngine::QuerySegment)
       .def("allocate_batch", &NativeEngine::AllocateBatch)
       .def("submit", &NativeEngine::Submit)
+      .def("collect_batch", &NativeEngine::CollectBatch, py::arg("batch"))
+      .def("submit_one", &NativeEngine::SubmitOne, py::arg("opcode"), py::arg("segment"),
+           py::arg("local"), py::arg("remote"), py::arg("length"))
       .def("batch_status", &NativeEngine::BatchStatus, py::arg("batch"),
            py::arg("wait_us") = kPollWait.count())
       .def("transfer_statuses", &NativeEngine::TransferStatuses)

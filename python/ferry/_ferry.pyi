@@ -123,6 +123,12 @@ class NativeEngine:
                      wait_us: int = 1000) -> Tuple[int, int, int, int, Optional[FerryError]]:
         """(state, submitted, completed, failed, first error or None); a poll in a tight loop
         while work is pending yields, then waits up to wait_us on it (Engine::PollBatch)."""
+    def submit_one(self, opcode: int, segment: int, local: int, remote: int,
+                   length: int) -> int:
+        """A new batch holding one request, submitted; its id (freed again if the submit fails)."""
+    def collect_batch(self, batch: int) -> Tuple[int, Optional[FerryError], bool]:
+        """(state, first error or None, freed): reported at once; a batch whose requests all
+        ended is freed by the call (freed True: its id is spent)."""
     def transfer_statuses(self, arg0: int) -> List[Tuple[int, Optional[FerryError]]]: ...
     def wait_batch(self, arg0: int, arg1: float) -> None: ...
     def free_batch(self, arg0: int) -> None: ...

@@ -82,6 +82,31 @@ class _BatchOp:
         self.native.cancel_batch(self.id)
 
 
+class _OwnedBatchOp:
+    """What a future awaits: a batch this module submitted and frees
+    (:func:`_one`). Each check also frees the batch once it ended, in the
+    same native call; ``freed`` says whether that happened."""
+
+    __slots__ = ("native", "id", "freed")
+
+    def __init__(self, native, batch_id: int):
+        self.native = native
+        self.id = batch_id
+        self.freed = False
+
+    def outcome(self, wait_us: int = 0):
+        state, error, self.freed = self.native.collect_batch(self.id)
+        if state == _PENDING:
+            return None
+        if state == _COMPLETED:
+            return (None,)
+        return (error or FerryError(f"batch {self.id:#x} failed"),)
+
+    def cancel(self) -> None:
+        if not self.freed:  # a freed batch ended: nothing to cancel
+            self.native.cancel_batch(self.id)
+
+
 class _TransferOp:
     """What a future awaits: the current post of a prepared transfer."""
 
@@ -296,11 +321,20 @@ async def _run(engine: Engine, ops, segs, addrs, remotes, sizes) -> None:
 
 async def _one(engine: Engine, opcode: Opcode, segment, local, remote_addr: int,
                length: int | None) -> None:
+    """_run for one request, in one native call and with no Batch object
+    (what an awaited small transfer costs is mostly these calls)."""
     addr, nbytes, keep = resolve_memory(local, length, writable=opcode == Opcode.READ)
+    reader = _reader(engine)  # armed before the submit
+    if engine._orphans:
+        engine._sweep_orphans()
+    native = engine._native
+    op = _OwnedBatchOp(native, native.submit_one(int(opcode), engine._handle(segment), addr,
+                                                 int(remote_addr), nbytes))
     try:
-        return await _run(engine, [int(opcode)], [engine._handle(segment)], [addr],
-                          [int(remote_addr)], [nbytes])
+        return await reader.wait(op)
     finally:
+        if not op.freed:  # cancelled, failed to check, or the engine still settles it
+            engine._release_batch(op.id)  # (else later, by the engine's sweep)
         del keep  # the local object stays alive (and unresized) until here
 
 

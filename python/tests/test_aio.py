@@ -34,6 +34,11 @@ def sha(data) -> str:
     return hashlib.sha256(np.asarray(data).tobytes()).hexdigest()
 
 
+def batches_open(engine) -> int:
+    """Batches the engine allocated and nobody freed yet."""
+    return engine.metrics()["counters"]["batches_open"]
+
+
 def threads_now() -> tuple[int, int]:
     """(Python threads, kernel tasks) of this process."""
     return threading.active_count(), len(os.listdir("/proc/self/task"))
@@ -114,6 +119,7 @@ def test_thousand_concurrent_awaits_complete_with_their_bytes_no_thread_and_no_c
     print(f"\nthreads (python, tasks) before {before} while {during} after {threads_now()}; "
           f"CPU {cpu * 1e3:.1f} ms over {wall * 1e3:.0f} ms of waiting")
     assert results == [None] * COUNT
+    assert batches_open(e) == 0, "awaited transfers left their batches behind"
     assert during == before, "threads were started for the awaits"
     assert threads_now() == before
     assert cpu < 0.05, f"{cpu * 1e3:.1f} ms of CPU over {wall * 1e3:.0f} ms of idle waiting"
@@ -146,6 +152,7 @@ def test_a_cancelled_awaited_read_lands_nothing_after_the_cancel(initiator, targ
                 await task
             assert task.cancelled()
             assert (buf == 0xEE).all(), "bytes landed before the peer even resumed"
+            assert batches_open(e) == 0, "the cancelled await left its batch behind"
         finally:
             peer.resume()
         # Reads in 64 KiB pieces over every stream, queued behind the cancelled one.
@@ -228,6 +235,12 @@ def test_await_batches_and_prepared_transfers(pair):
         # A failure is raised by the await: a range outside the peer's regions.
         with pytest.raises(ferry.FerryError):
             await ferry.aio.write(a, seg, local[:BLOCK], remote + (1 << 20))
+        # ... or by the submit: memory this engine never registered.
+        stray = np.zeros(BLOCK, np.uint8)
+        with pytest.raises(ferry.InvalidArgument, match="regist"):
+            await ferry.aio.read(a, seg, stray, remote)
+        # Awaited single transfers free their batches, whatever their end.
+        assert batches_open(a) == 0
         with pytest.raises(TypeError):
             await ferry.aio.wait(object())
         # A transfer never posted: FailedPrecondition, as Transfer.status().

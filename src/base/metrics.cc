@@ -127,6 +127,8 @@ std::string Metrics::PrometheusText(const EngineMetrics& m) {
   }
   out += "ferry_transfer_latency_seconds_sum " + Number(h.sum_us / 1e6) + "\n";
   out += "ferry_transfer_latency_seconds_count " + std::to_string(h.count) + "\n";
+  family("ferry_batches_open", "gauge", "Batches allocated and not yet freed.");
+  out += "ferry_batches_open " + std::to_string(m.batches_open) + "\n";
   family("ferry_notifications_sent_total", "counter",
          "Notifications this engine delivered to peers.");
   out += "ferry_notifications_sent_total " + std::to_string(m.notifications_sent) + "\n";

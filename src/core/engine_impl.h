@@ -90,6 +90,7 @@ class Engine::Impl {
   // The engine's metrics now (Engine::GetMetrics, the metrics server).
   EngineMetrics Snapshot() {
     EngineMetrics m = metrics_->Snapshot(target_->delivered());
+    m.batches_open = batches_.size();
     m.peer_links_open = segments_->OpenLinks();
     m.target_staging_bytes = target_->staging()->in_use();
     m.target_staging_bytes_peak = target_->staging()->peak();

@@ -604,6 +604,13 @@ TEST_P(PreparedTest, MetricsCountBytesByPeerTransportAndOutcome) {
                               TransportOf(GetParam()) + "\",op=\"write\",outcome=\"completed\"} " +
                               std::to_string(kLen)));
   EXPECT_THAT(text, HasSubstr("ferry_transfer_latency_seconds_count 3"));
+  // TransferSync frees its batches; one allocated is open until freed.
+  EXPECT_EQ(m.batches_open, 0u);
+  ASSERT_OK_AND_ASSIGN(BatchId batch, engine->AllocateBatch(1));
+  EXPECT_EQ(engine->GetMetrics().batches_open, 1u);
+  EXPECT_THAT(engine->MetricsText(), HasSubstr("ferry_batches_open 1\n"));
+  ASSERT_OK(engine->FreeBatch(batch));
+  EXPECT_EQ(engine->GetMetrics().batches_open, 0u);
   ASSERT_FALSE(engine->MetricsAddress().empty());
   const std::string got = HttpGet(engine->MetricsAddress(), "/metrics");
   EXPECT_THAT(got, HasSubstr("200 OK"));
