@@ -289,6 +289,16 @@ class FERRY_API Engine {
   // (which the caller then owns and closes; nothing writes to it any more
   // once the engine is gone).
   int CompletionFd();
+  // What finished since the previous call (see FinishedWork): the batches
+  // and prepared transfers whose finish wrote the completion descriptor,
+  // recorded before the write. A waiter of the protocol above may, after
+  // its read, take these and check only them instead of everything it
+  // waits for (each wake-up then costs what finished, not what waits);
+  // with `overflowed`, or for what it began waiting on before its first
+  // read, it checks as above. Finishes before CompletionFd's first call are
+  // not recorded. One taker per engine, like the read: it hands on what
+  // other waiters wait for.
+  FinishedWork TakeFinished();
 
   // ---- Agent metadata --------------------------------------------------------
   // This engine's descriptor (name, how to reach it, every exported region)

@@ -411,6 +411,21 @@ FERRY_C_API ferry_status_t ferry_metrics_text(ferry_engine_t* engine, char* buf,
  * RESOURCE_EXHAUSTED when the eventfd cannot be made (the descriptor limit). */
 FERRY_C_API ferry_status_t ferry_engine_completion_fd(ferry_engine_t* engine, int* out_fd);
 
+/* What finished since the previous call (Engine::TakeFinished): the batches
+ * and prepared transfers whose finish made the fd readable, recorded from the
+ * first ferry_engine_completion_fd call on. After the protocol's read a waiter
+ * may check only these (and, on its first round, what it began waiting for
+ * before). Up to `batches_cap` batch ids go to `batches` (*out_batches: how
+ * many), up to `xfers_cap` transfers to `xfers` (*out_xfers);
+ * *out_overflowed is 1 when more finished than the engine keeps or than the
+ * arrays hold (the rest are dropped): then check everything waited for. An
+ * array may be NULL with a cap of 0. One taker per engine, like the read. */
+FERRY_C_API ferry_status_t ferry_engine_take_finished(ferry_engine_t* engine,
+                                                      ferry_batch_t* batches, size_t batches_cap,
+                                                      size_t* out_batches, ferry_xfer_t* xfers,
+                                                      size_t xfers_cap, size_t* out_xfers,
+                                                      int* out_overflowed);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -43,6 +43,18 @@ struct TransferHandle {
   friend bool operator==(TransferHandle a, TransferHandle b) { return a.value == b.value; }
 };
 
+// What finished since the previous Engine::TakeFinished: the batches and
+// prepared transfers' posts whose finish wrote the completion descriptor,
+// in the order they finished (an id again for each later finish of it).
+// `overflowed`: more finished than the engine keeps unread
+// (kMaxFinishedRecords in core/completion_signal.h, 65,536); check
+// everything waited for.
+struct FinishedWork {
+  std::vector<BatchId> batches;
+  std::vector<TransferHandle> transfers;
+  bool overflowed = false;
+};
+
 // One row of a descriptor list: the entry [addr, addr + length), or with
 // count > 1 the `count` entries addr + k * stride (k = 0 .. count - 1), each
 // `length` bytes long. A strided row is kept as one row, not expanded.

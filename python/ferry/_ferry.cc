@@ -687,24 +687,50 @@ class NativeEngine {
     }));
   }
 
-  // (state, first error or None, freed) of a batch, reported at once; a
-  // batch reported finished (not kPending) is also freed by the call (freed:
-  // its id is spent). For a caller that owns the batch and only waits for
-  // its end (ferry.aio's single transfers): one call where BatchStatus and
-  // FreeBatch are two. Only the state decides: a batch whose counts are
-  // complete is still kPending while its last completer finishes its step,
-  // and stays allocated until a later call (the engine's completion
-  // descriptor is written after that).
-  py::tuple CollectBatch(uint64_t batch) {
-    bool freed = false;
-    ferry::BatchStatus s = Unwrap(Run([&](ferry::Engine& e) -> StatusOr<ferry::BatchStatus> {
-      FERRY_ASSIGN_OR_RETURN(ferry::BatchStatus status, e.GetBatchStatus(ferry::BatchId{batch}));
-      if (status.state != ferry::TransferState::kPending) {
-        freed = e.FreeBatch(ferry::BatchId{batch}).ok();
+  // The batches of `ids` that are no longer pending, reported at once:
+  // [(index into ids, state, first error or None, freed)]. Those with
+  // `owned[i]` set are also freed once they ended (freed: the id is spent),
+  // for a caller that owns the batch and only waits for its end (ferry.aio's
+  // single transfers: one call where BatchStatus and FreeBatch are two).
+  // Only the state decides: a batch whose counts are complete is still
+  // kPending while its last completer finishes its step, and stays
+  // allocated until a later call (the engine's completion descriptor is
+  // written after that). An id not allocated (freed, stale) is reported
+  // kFailed with that error. One call for all of an event loop's waiters:
+  // a wake-up that finds one of many finished costs one call, not one each.
+  py::list CheckBatches(const std::vector<uint64_t>& ids, const std::vector<bool>& owned) {
+    if (owned.size() != ids.size()) {
+      Raise(ferry::InvalidArgumentError(std::to_string(ids.size()) + " batch ids but " +
+                                        std::to_string(owned.size()) + " owned flags"));
+    }
+    struct Ended {
+      size_t index;
+      ferry::BatchStatus status;
+      bool freed;
+    };
+    std::vector<Ended> ended;
+    Check(Run([&](ferry::Engine& e) -> Status {
+      for (size_t i = 0; i < ids.size(); ++i) {
+        StatusOr<ferry::BatchStatus> s = e.GetBatchStatus(ferry::BatchId{ids[i]});
+        if (!s.ok()) {
+          ferry::BatchStatus gone;
+          gone.state = ferry::TransferState::kFailed;
+          gone.first_error = s.status();
+          ended.push_back({i, std::move(gone), false});
+          continue;
+        }
+        if (s->state == ferry::TransferState::kPending) continue;
+        const bool freed = owned[i] && e.FreeBatch(ferry::BatchId{ids[i]}).ok();
+        ended.push_back({i, *std::move(s), freed});
       }
-      return status;
+      return Status();
     }));
-    return py::make_tuple(static_cast<int>(s.state), ErrorOrNone(s.first_error), freed);
+    py::list out;
+    for (const Ended& x : ended) {
+      out.append(py::make_tuple(x.index, static_cast<int>(x.status.state),
+                                ErrorOrNone(x.status.first_error), x.freed));
+    }
+    return out;
   }
 
   // (state, submitted, completed, failed, first error or None)
@@ -964,6 +990,18 @@ class NativeEngine {
       }
       return copy;
     }));
+  }
+
+  // ([batch ids], [transfer handles], overflowed): Engine::TakeFinished.
+  py::tuple TakeFinished() {
+    ferry::FinishedWork done = Unwrap(
+        Run([](ferry::Engine& e) -> StatusOr<ferry::FinishedWork> { return e.TakeFinished(); }));
+    py::list batches(done.batches.size()), transfers(done.transfers.size());
+    for (size_t i = 0; i < done.batches.size(); ++i) batches[i] = py::int_(done.batches[i].value);
+    for (size_t i = 0; i < done.transfers.size(); ++i) {
+      transfers[i] = py::int_(done.transfers[i].value);
+    }
+    return py::make_tuple(batches, transfers, done.overflowed);
   }
 
  private:
@@ -1362,7 +1400,7 @@ PYBIND11_MODULE(_ferry, m) {
       .def("query_segment", &NativeEngine::QuerySegment)
       .def("allocate_batch", &NativeEngine::AllocateBatch)
       .def("submit", &NativeEngine::Submit)
-      .def("collect_batch", &NativeEngine::CollectBatch, py::arg("batch"))
+      .def("check_batches", &NativeEngine::CheckBatches, py::arg("ids"), py::arg("owned"))
       .def("submit_one", &NativeEngine::SubmitOne, py::arg("opcode"), py::arg("segment"),
            py::arg("local"), py::arg("remote"), py::arg("length"))
       .def("batch_status", &NativeEngine::BatchStatus, py::arg("batch"),
@@ -1395,7 +1433,8 @@ PYBIND11_MODULE(_ferry, m) {
       .def("metrics", &NativeEngine::Metrics)
       .def("metrics_text", &NativeEngine::MetricsText)
       .def("metrics_address", &NativeEngine::MetricsAddress)
-      .def("completion_fd", &NativeEngine::CompletionFd, py::arg("dup") = false);
+      .def("completion_fd", &NativeEngine::CompletionFd, py::arg("dup") = false)
+      .def("take_finished", &NativeEngine::TakeFinished);
 
   // Bulk request columns (see RequestColumn).
   py::reinterpret_borrow<py::class_<NativeEngine>>(m.attr("NativeEngine"))

@@ -126,9 +126,13 @@ class NativeEngine:
     def submit_one(self, opcode: int, segment: int, local: int, remote: int,
                    length: int) -> int:
         """A new batch holding one request, submitted; its id (freed again if the submit fails)."""
-    def collect_batch(self, batch: int) -> Tuple[int, Optional[FerryError], bool]:
-        """(state, first error or None, freed): reported at once; a batch whose requests all
-        ended is freed by the call (freed True: its id is spent)."""
+    def take_finished(self) -> Tuple[List[int], List[int], bool]:
+        """([batch ids], [transfer handles], overflowed) finished since the previous call
+        (Engine::TakeFinished); recorded once completion_fd was asked for."""
+    def check_batches(self, ids: Sequence[int],
+                      owned: Sequence[bool]) -> List[Tuple[int, int, Optional[FerryError], bool]]:
+        """[(index, state, first error or None, freed)] of the batches no longer pending,
+        reported at once; an owned one is freed once it ended (freed True: its id is spent)."""
     def transfer_statuses(self, arg0: int) -> List[Tuple[int, Optional[FerryError]]]: ...
     def wait_batch(self, arg0: int, arg1: float) -> None: ...
     def free_batch(self, arg0: int) -> None: ...

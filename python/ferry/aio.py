@@ -17,11 +17,14 @@ How it waits: every engine has a completion descriptor (an eventfd,
 batches or prepared transfers finishes. For each engine and event loop this
 module keeps ONE reader (``loop.add_reader`` on a duplicate of it) and a
 table of the futures awaiting that engine's transfers. On each wake-up the
-reader reads the descriptor (which resets it) and then checks each pending
-future's batch or transfer once, resolving those that finished. No thread is
-started and nothing runs while nothing finishes: an idle await costs no CPU.
-Reading before checking means a finish is never missed (a finish after the
-check makes the descriptor readable again).
+reader reads the descriptor (which resets it), takes the ids of what
+finished since its last wake-up (:meth:`ferry.Engine` records them once the
+descriptor is armed) and checks only the futures awaiting those, so a
+wake-up costs what finished, not what waits; if more finished than the
+engine records (65,536 unread) it checks every future. No thread is started
+and nothing runs while nothing finishes: an idle await costs no CPU.
+Reading before taking means a finish is never missed (one recorded after the
+take makes the descriptor readable again).
 
 Results: a coroutine returns None when every request completed and raises
 the first failure's FerryError otherwise (as :meth:`ferry.Batch.wait`).
@@ -35,8 +38,8 @@ way may still reach the peer.
 
 Threads and loops: an engine may be awaited from several event loops (in
 several threads) at once; each loop has its own reader, and the one that
-reads the descriptor wakes the others. Closing the engine fails whatever
-still awaits it with FailedPrecondition.
+takes what finished hands the others what its own futures do not await.
+Closing the engine fails whatever still awaits it with FailedPrecondition.
 """
 
 from __future__ import annotations
@@ -52,52 +55,35 @@ from ._errors import FailedPrecondition, FerryError
 
 __all__ = ["post", "read", "transfer", "wait", "write"]
 
+_BATCH, _TRANSFER = 0, 1  # kinds of what finished (Engine.TakeFinished)
 _PENDING = int(TransferState.PENDING)
 _COMPLETED = int(TransferState.COMPLETED)
 
 
 class _BatchOp:
-    """What a future awaits: a batch (by id) of a native engine."""
+    """What a future awaits: a batch (by id) of a native engine. ``owned``:
+    made by this module (:func:`_one`), which frees it once it ended; the
+    check that finds it ended frees it in the same native call, and
+    ``freed`` says whether that happened."""
 
-    __slots__ = ("native", "id")
+    __slots__ = ("native", "id", "owned", "freed", "key")
 
-    def __init__(self, native, batch_id: int):
+    def __init__(self, native, batch_id: int, owned: bool = False):
         self.native = native
         self.id = batch_id
-
-    def outcome(self, wait_us: int = 0):
-        """None while pending; else (error or None) of the finished batch.
-        Reports at once (wait_us 0): a check on the event loop never waits
-        (the status calls' tight-loop poll wait is for spinning callers)."""
-        state, submitted, completed, _failed, first_error = self.native.batch_status(
-            self.id, wait_us)
-        if state == _PENDING:
-            return None
-        if state == _COMPLETED:
-            return (None,)
-        return (first_error or FerryError(
-            f"batch {self.id:#x}: {submitted - completed} of {submitted} requests failed"),)
-
-    def cancel(self) -> None:
-        self.native.cancel_batch(self.id)
-
-
-class _OwnedBatchOp:
-    """What a future awaits: a batch this module submitted and frees
-    (:func:`_one`). Each check also frees the batch once it ended, in the
-    same native call; ``freed`` says whether that happened."""
-
-    __slots__ = ("native", "id", "freed")
-
-    def __init__(self, native, batch_id: int):
-        self.native = native
-        self.id = batch_id
+        self.owned = owned
         self.freed = False
+        self.key = (_BATCH, batch_id)  # as _Reader.on_readable names what finished
 
-    def outcome(self, wait_us: int = 0):
-        state, error, self.freed = self.native.collect_batch(self.id)
-        if state == _PENDING:
-            return None
+    def outcome(self):
+        """None while pending; else (error or None) of the finished batch.
+        Reports at once: a check on the event loop never waits."""
+        ended = self.native.check_batches([self.id], [self.owned])
+        return self.ended(ended[0]) if ended else None
+
+    def ended(self, entry) -> tuple:
+        """(error or None) from check_batches' entry of this batch."""
+        _index, state, error, self.freed = entry
         if state == _COMPLETED:
             return (None,)
         return (error or FerryError(f"batch {self.id:#x} failed"),)
@@ -110,11 +96,12 @@ class _OwnedBatchOp:
 class _TransferOp:
     """What a future awaits: the current post of a prepared transfer."""
 
-    __slots__ = ("native", "handle")
+    __slots__ = ("native", "handle", "key")
 
     def __init__(self, native, handle: int):
         self.native = native
         self.handle = handle
+        self.key = (_TRANSFER, handle)
 
     def outcome(self, wait_us: int = 0):
         state, error = self.native.transfer_state(self.handle, wait_us)
@@ -139,9 +126,9 @@ def _settle(future: asyncio.Future, outcome) -> None:
 class _Reader:
     """The one reader of an engine's completion descriptor in one event loop,
     and the futures of that loop awaiting the engine's transfers. Used only
-    on its loop's thread (other threads reach :meth:`check` through
-    ``call_soon_threadsafe``), except :meth:`close` of a reader whose loop
-    is closed."""
+    on its loop's thread (other threads reach :meth:`check` and
+    :meth:`check_keys` through ``call_soon_threadsafe``), except
+    :meth:`close` of a reader whose loop is closed."""
 
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, peers: dict):
         self.native = engine._native
@@ -152,6 +139,7 @@ class _Reader:
         # closed (and the process may have reused); arms the signal.
         self.fd = self.native.completion_fd(True)
         self.waiters: dict[asyncio.Future, Any] = {}
+        self.by_key: dict[tuple, list[asyncio.Future]] = {}  # op.key -> its waiters
         self.closed = False
         loop.add_reader(self.fd, self._on_readable)
         # A loop collected without ever waking us again still frees the descriptor.
@@ -166,30 +154,69 @@ class _Reader:
             return None
         future = self.loop_ref().create_future()
         self.waiters[future] = op
+        self.by_key.setdefault(op.key, []).append(future)
         try:
             return await future
         except asyncio.CancelledError:
-            self.waiters.pop(future, None)
+            self._forget(future)
             try:
                 op.cancel()  # returns once no byte of a read lands any more
             except FerryError:
                 pass  # the engine is closed: nothing moves any more either
             raise
 
-    def _on_readable(self) -> None:
-        try:
-            count = int.from_bytes(os.read(self.fd, 8), "little")
-        except BlockingIOError:
-            count = 0  # another loop's reader took it and pokes us
-        self.check()
-        if count:
-            self._poke_peers()
+    def _forget(self, future: asyncio.Future) -> None:
+        op = self.waiters.pop(future, None)
+        if op is None:
+            return
+        futures = self.by_key.get(op.key)
+        if futures is not None and future in futures:
+            futures.remove(future)
+            if not futures:
+                del self.by_key[op.key]
 
-    def _poke_peers(self) -> None:
-        """Wakes the other loops' readers of this engine: the read consumed
-        their wake-up too. Every one, even with no waiter yet: one may be
-        adding a waiter whose check came before the finish we just read;
-        its check() runs after that (on its loop) and finds it finished."""
+    def _on_readable(self) -> None:
+        """Reads the descriptor (which resets it), then takes what finished
+        since the last take and checks only the waiters of those; hands the
+        rest to the engine's other readers (their waiters', or nobody's).
+        Reading before taking means a finish is never missed: one recorded
+        after the take writes the descriptor again."""
+        try:
+            os.read(self.fd, 8)
+        except BlockingIOError:
+            pass  # another loop's reader took it (and hands us what is ours)
+        try:
+            batches, transfers, overflowed = self.native.take_finished()
+        except FerryError:  # the engine was closed: check() fails what waits
+            self.check()
+            return
+        if overflowed:  # more finished than the engine kept: check everything
+            self.check()
+            self._tell_peers(None)
+            return
+        # The waiters of what finished (each once: an id may come twice).
+        waiters, by_key = self.waiters, self.by_key
+        pairs: dict = {}
+        missing = []
+        for kind, ids in ((_BATCH, batches), (_TRANSFER, transfers)):
+            for key in ids:
+                futures = by_key.get((kind, key))
+                if futures is None:
+                    missing.append((kind, key))
+                else:
+                    for future in futures:
+                        pairs[future] = waiters[future]
+        if pairs:
+            self._check(pairs.items())
+        if missing and len(self.peers) > 1:  # (ours alone: nobody waits for them)
+            self._tell_peers(missing)
+
+    def _tell_peers(self, keys) -> None:
+        """Hands `keys` (what finished and none of our waiters has; None:
+        check everything) to the other loops' readers of this engine. Every
+        one, even with no waiter yet: one may be adding a waiter whose check
+        came before the finish; its check runs after that (on its loop) and
+        finds it finished."""
         with _lock:
             others = [r for r in self.peers.values() if r is not self]
         for other in others:
@@ -197,25 +224,65 @@ class _Reader:
             try:
                 if loop is None:
                     raise RuntimeError("loop collected")
-                loop.call_soon_threadsafe(other.check)
+                if keys is None:
+                    loop.call_soon_threadsafe(other.check)
+                else:
+                    loop.call_soon_threadsafe(other.check_keys, keys)
             except RuntimeError:  # that loop is closed: nothing waits there any more
                 other.close()
 
     def check(self) -> None:
         """Checks each pending future's transfer once; settles the finished ones."""
+        if not self.closed:
+            self._check(list(self.waiters.items()))
+
+    def check_keys(self, keys) -> list:
+        """Checks the waiters of `keys` (what finished: op.key values) once;
+        returns the keys none of this reader's waiters has."""
         if self.closed:
-            return
-        for future, op in list(self.waiters.items()):
+            return []
+        pairs: dict = {}
+        missing = []
+        for key in keys:
+            futures = self.by_key.get(key)
+            if futures is None:
+                missing.append(key)
+            else:
+                for future in futures:
+                    pairs[future] = self.waiters[future]
+        if pairs:
+            self._check(list(pairs.items()))
+        return missing
+
+    def _check(self, pairs) -> None:
+        """Checks (future, op) pairs once; settles and forgets the finished
+        ones (a batch submitted to again, or a transfer posted again, may be
+        pending once more: it stays). The batches are checked in one native
+        call."""
+        batches = []
+        for future, op in pairs:
             if future.done():  # cancelled; its coroutine cancels the transfer
-                self.waiters.pop(future, None)
+                self._forget(future)
+                continue
+            if type(op) is _BatchOp:
+                batches.append((future, op))
                 continue
             try:
                 outcome = op.outcome()
             except FerryError as e:  # e.g. the engine was closed
                 outcome = (e,)
             if outcome is not None:
-                del self.waiters[future]
+                self._forget(future)
                 _settle(future, outcome)
+        if batches:
+            try:
+                ended = [(batches[entry[0]], entry) for entry in self.native.check_batches(
+                    [op.id for _f, op in batches], [op.owned for _f, op in batches])]
+            except FerryError as e:  # e.g. the engine was closed
+                ended = [((future, None), (e,)) for future, _op in batches]
+            for (future, op), entry in ended:
+                self._forget(future)
+                _settle(future, entry if op is None else op.ended(entry))
         if self.native.closed:
             self.close()
 
@@ -235,6 +302,7 @@ class _Reader:
             if not future.done():
                 future.set_exception(FailedPrecondition("the engine was closed while awaited"))
         self.waiters.clear()
+        self.by_key.clear()
         self._finalizer()  # closes the descriptor
 
 
@@ -328,8 +396,8 @@ async def _one(engine: Engine, opcode: Opcode, segment, local, remote_addr: int,
     if engine._orphans:
         engine._sweep_orphans()
     native = engine._native
-    op = _OwnedBatchOp(native, native.submit_one(int(opcode), engine._handle(segment), addr,
-                                                 int(remote_addr), nbytes))
+    op = _BatchOp(native, native.submit_one(int(opcode), engine._handle(segment), addr,
+                                            int(remote_addr), nbytes), owned=True)
     try:
         return await reader.wait(op)
     finally:

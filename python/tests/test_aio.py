@@ -253,8 +253,8 @@ def test_await_batches_and_prepared_transfers(pair):
 
 
 def test_two_event_loops_in_two_threads_await_one_engine(pair):
-    """Each loop has its own reader; the one that reads the descriptor wakes
-    the other, so no await of either loop is missed."""
+    """Each loop has its own reader; the one that takes what finished hands
+    the other what it awaits, so no await of either loop is missed."""
     a, _b, seg, local, theirs = pair
     remote = theirs.ctypes.data
     errors = []
@@ -279,6 +279,46 @@ def test_two_event_loops_in_two_threads_await_one_engine(pair):
         t.join()
     assert not errors, errors
     assert sha(local[:200 * BLOCK]) == sha(theirs[:200 * BLOCK])
+
+
+def test_a_finish_the_engine_had_no_room_to_record_still_ends_its_await(initiator, target):
+    """A reader checks only what the engine recorded as finished; past 65,536
+    unread records the engine says it overflowed and the reader checks every
+    waiter. Here an await of a read from a stopped peer is pending; 65,536
+    other finishes fill the record while the loop does not run; then the
+    peer resumes and the read finishes with no room left. Its await must end
+    (the finish's id was dropped: a reader that ignored the overflow hangs)."""
+    e, peer = initiator, target
+    buf = np.zeros(BLOCK, np.uint8)
+    e.register(buf)
+    seg = e.open_segment(peer.hello["peer_id"])
+    remote = peer.hello["addr"]
+
+    async def main():
+        await ferry.aio.read(e, seg, buf, remote)  # the reader exists: recording
+        with ferry.Engine(transport="tcp") as other:  # finishes of e, not of the peer
+            theirs = np.zeros(64, np.uint8)
+            other.register(theirs)
+            near = e.open_segment(other.peer_id)
+            peer.pause()
+            try:
+                batch = e.submit([ferry.Request(ferry.Opcode.READ, buf, seg, remote + BLOCK)])
+                task = asyncio.create_task(ferry.aio.wait(batch))
+                await asyncio.sleep(0)  # the task checked (pending) and waits
+                assert not task.done()
+                for _ in range(65536):
+                    e.read(near, buf[:16], theirs.ctypes.data)  # no await: nothing takes them
+            finally:
+                peer.resume()
+            deadline = time.monotonic() + 120
+            while not batch.done():  # finished while the record is full (bounded wait)
+                assert time.monotonic() < deadline, "the read never finished"
+                time.sleep(0.001)
+            await asyncio.wait_for(task, 120)  # a bound against a hang, not a speed check
+            batch.free()
+
+    asyncio.run(main())
+    assert sha(buf) == sha(pattern(11, SIZE)[BLOCK:2 * BLOCK])
 
 
 def test_the_completion_fd_is_the_engines_and_a_dup_is_the_callers(pair):

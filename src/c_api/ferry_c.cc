@@ -341,6 +341,34 @@ ferry_status_t ferry_engine_completion_fd(ferry_engine_t* engine, int* out_fd) {
   return Ok();
 }
 
+ferry_status_t ferry_engine_take_finished(ferry_engine_t* engine, ferry_batch_t* batches,
+                                          size_t batches_cap, size_t* out_batches,
+                                          ferry_xfer_t* xfers, size_t xfers_cap, size_t* out_xfers,
+                                          int* out_overflowed) {
+  static constexpr const char* fn = "ferry_engine_take_finished";
+  FERRY_C_REQUIRE(engine);
+  FERRY_C_REQUIRE(out_batches);
+  FERRY_C_REQUIRE(out_xfers);
+  FERRY_C_REQUIRE(out_overflowed);
+  if ((batches == nullptr && batches_cap > 0) || (xfers == nullptr && xfers_cap > 0)) {
+    return Report(ferry::InvalidArgumentError(
+        std::string(fn) + ": " + (batches == nullptr && batches_cap > 0 ? "batches" : "xfers") +
+        " is NULL with a capacity above 0"));
+  }
+  return Guarded(fn, [&] {
+    ferry::FinishedWork done = engine->engine->TakeFinished();
+    const size_t nb = std::min(done.batches.size(), batches_cap);
+    const size_t nx = std::min(done.transfers.size(), xfers_cap);
+    for (size_t i = 0; i < nb; ++i) batches[i] = done.batches[i].value;
+    for (size_t i = 0; i < nx; ++i) xfers[i] = done.transfers[i].value;
+    *out_batches = nb;
+    *out_xfers = nx;
+    *out_overflowed =
+        done.overflowed || nb < done.batches.size() || nx < done.transfers.size() ? 1 : 0;
+    return Ok();
+  });
+}
+
 ferry_status_t ferry_engine_rpc_port(const ferry_engine_t* engine, uint16_t* out) {
   static constexpr const char* fn = "ferry_engine_rpc_port";
   FERRY_C_REQUIRE(engine);

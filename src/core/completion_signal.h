@@ -13,6 +13,12 @@
 // sequentially consistent fence. So either the finisher sees the signal
 // armed (and writes), or the waiter's check sees the finished state: a
 // finish is never missed by a waiter that armed before checking.
+//
+// What finished (Engine::TakeFinished): once armed, each finish of a batch
+// or post is recorded (its id) before the eventfd write, so a waiter that
+// read the eventfd and then takes the record finds every finish that woke
+// it, or is woken again. At most kMaxFinishedRecords unread ids are kept;
+// past that the record stops and says it overflowed until the next take.
 #pragma once
 
 #include <sys/eventfd.h>
@@ -27,9 +33,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/fd_limit.h"
 #include "ferry/status.h"
+#include "ferry/types.h"
 
 namespace ferry::internal {
 
@@ -56,13 +64,26 @@ class CompletionSignal {
     return fd_;
   }
 
+  static constexpr size_t kMaxFinishedRecords = 65536;
+  enum class Finished { kBatch, kTransfer };
+
   // Called once per finished batch or post, after its final state is
-  // visible to status readers: writes the eventfd (if armed) and wakes the
-  // in-process waiters (WaitForChange).
-  void Notify() {
-    Wake();
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (armed_.load(std::memory_order_relaxed)) Write();
+  // visible to status readers: records its id (`what`, if armed), writes
+  // the eventfd (if armed) and wakes the in-process waiters
+  // (WaitForChange). Without an id (the engine going away): no record.
+  void Notify(Finished what, uint64_t id) { Notify(&what, id); }
+  void Notify() { Notify(nullptr, 0); }
+
+  // The ids recorded since the previous call (and whether the record
+  // overflowed in between); empties the record.
+  FinishedWork TakeFinished() {
+    FinishedWork out;
+    std::lock_guard<std::mutex> lock(finished_mu_);
+    out.batches.swap(finished_.batches);
+    out.transfers.swap(finished_.transfers);
+    out.overflowed = finished_.overflowed;
+    finished_.overflowed = false;
+    return out;
   }
 
   // In-process waiting, for callers that poll their transfers in a loop
@@ -100,12 +121,32 @@ class CompletionSignal {
  private:
   explicit CompletionSignal(int fd) : fd_(fd) {}
 
+  void Notify(const Finished* what, uint64_t id) {
+    Wake();
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!armed_.load(std::memory_order_relaxed)) return;
+    if (what != nullptr) Record(*what, id);
+    Write();
+  }
+  void Record(Finished what, uint64_t id) {
+    std::lock_guard<std::mutex> lock(finished_mu_);
+    if (finished_.batches.size() + finished_.transfers.size() >= kMaxFinishedRecords) {
+      finished_.overflowed = true;
+    } else if (what == Finished::kBatch) {
+      finished_.batches.push_back(BatchId{id});
+    } else {
+      finished_.transfers.push_back(TransferHandle{id});
+    }
+  }
+
   const int fd_;
   std::atomic<bool> armed_{false};
   std::atomic<uint64_t> changes_{0};
   std::atomic<int> waiters_{0};
   std::mutex mu_;
   std::condition_variable cv_;
+  std::mutex finished_mu_;  // a leaf
+  FinishedWork finished_;   // guarded by finished_mu_
 };
 
 }  // namespace ferry::internal

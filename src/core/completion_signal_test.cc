@@ -60,5 +60,39 @@ TEST(CompletionSignal, APollStepOfOneBatchEndsWhenAnotherFinishes) {
   EXPECT_TRUE(step(s.changes()));
 }
 
+// TakeFinished: the ids recorded from Arm on, in the order they finished,
+// each record taken once; past kMaxFinishedRecords unread the record stops
+// and says it overflowed, until the next take.
+TEST(CompletionSignal, RecordsWhatFinishedOnceArmedAndSaysWhenItOverflowed) {
+  auto made = CompletionSignal::Create();
+  ASSERT_TRUE(made.ok());
+  CompletionSignal& s = **made;
+  using F = CompletionSignal::Finished;
+  s.Notify(F::kBatch, 1);  // not armed: not recorded
+  s.Arm();
+  s.Notify(F::kBatch, 2);
+  s.Notify(F::kTransfer, 3);
+  s.Notify(F::kBatch, 4);
+  s.Notify();  // no id (the engine going away): no record
+  FinishedWork done = s.TakeFinished();
+  ASSERT_EQ(done.batches.size(), 2u);
+  EXPECT_EQ(done.batches[0].value, 2u);
+  EXPECT_EQ(done.batches[1].value, 4u);
+  ASSERT_EQ(done.transfers.size(), 1u);
+  EXPECT_EQ(done.transfers[0].value, 3u);
+  EXPECT_FALSE(done.overflowed);
+  done = s.TakeFinished();
+  EXPECT_TRUE(done.batches.empty() && done.transfers.empty() && !done.overflowed);
+
+  for (uint64_t i = 0; i <= CompletionSignal::kMaxFinishedRecords; ++i) s.Notify(F::kBatch, i);
+  done = s.TakeFinished();
+  EXPECT_EQ(done.batches.size(), CompletionSignal::kMaxFinishedRecords);
+  EXPECT_TRUE(done.overflowed);
+  s.Notify(F::kTransfer, 9);
+  done = s.TakeFinished();
+  EXPECT_FALSE(done.overflowed) << "the overflow is reported once, by the take after it";
+  EXPECT_EQ(done.transfers.size(), 1u);
+}
+
 }  // namespace
 }  // namespace ferry::internal

@@ -362,10 +362,15 @@ StatusOr<BatchId> Engine::AllocateBatch(size_t capacity) {
                                 std::to_string(capacity));
   }
   auto batch = std::make_shared<BatchState>(capacity, impl_->metrics());
+  BatchState& state = *batch;
+  const BatchId id{impl_->batches().Insert(std::move(batch))};
   // Each time the batch's last pending request finishes (completed, failed,
   // cancelled). The signal outlives every batch (Impl destroys it last).
-  batch->SetOnIdle([signal = &impl_->completion()] { signal->Notify(); });
-  return BatchId{impl_->batches().Insert(std::move(batch))};
+  // Set before the id is returned: nothing was submitted yet.
+  state.SetOnIdle([signal = &impl_->completion(), id] {
+    signal->Notify(internal::CompletionSignal::Finished::kBatch, id.value);
+  });
+  return id;
 }
 
 Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
@@ -377,7 +382,9 @@ Status Engine::Submit(BatchId id, std::span<const TransferRequest> requests) {
   Status posted = submission.Post(batch, id, Clock::now() + impl_->options().transfer_timeout);
   // Requests submitted to a cancelled batch failed at once, with no
   // pending period to end: tell waiters of the batch's new failures too.
-  if (batch->cancelled()) impl_->completion().Notify();
+  if (batch->cancelled()) {
+    impl_->completion().Notify(internal::CompletionSignal::Finished::kBatch, id.value);
+  }
   return posted;
 }
 
@@ -464,5 +471,7 @@ std::vector<Notification> Engine::GetNotifications() { return impl_->target().Dr
 // ---- event loops ------------------------------------------------------------------
 
 int Engine::CompletionFd() { return impl_->completion().Arm(); }
+
+FinishedWork Engine::TakeFinished() { return impl_->completion().TakeFinished(); }
 
 }  // namespace ferry

@@ -189,7 +189,8 @@ Status Engine::PostTransfer(TransferHandle h, std::optional<Notification> notifi
   FERRY_RETURN_IF_ERROR(CheckSameInstance(*impl_, h, *t));  // connecting may have found a restart
 
   const size_t n = pairs.entries.size();
-  auto post = std::make_shared<PostState>(n, pairs.bytes, impl_->metrics(), &impl_->completion());
+  auto post =
+      std::make_shared<PostState>(n, pairs.bytes, impl_->metrics(), &impl_->completion(), h.value);
   for (size_t k = 0; k < routes.size(); ++k) routes[k].Tag(*post->batch(), routed_of[k]);
   NotifyWhenIdle(*impl_, post, *t, notification ? std::move(notification) : spec.notification);
   post->Started(SteadyMicros());

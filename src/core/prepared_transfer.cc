@@ -22,7 +22,7 @@ void PostState::Finish(Status notify, uint64_t now_us) {
     cv_.notify_all();
   }
   // After the unlock: a status reader that wakes on it finds the post finished.
-  if (signal_ != nullptr) signal_->Notify();
+  if (signal_ != nullptr) signal_->Notify(CompletionSignal::Finished::kTransfer, transfer_);
 }
 
 bool PostState::finished() const {

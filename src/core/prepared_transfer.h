@@ -19,12 +19,14 @@ namespace ferry::internal {
 
 // One post of a prepared transfer: its batch, telemetry and the outcome of
 // its notification. Its finish notifies `signal` (the engine's, which
-// outlives every post; may be null).
+// outlives every post; may be null) naming `transfer` (its handle's value).
 class PostState {
  public:
   PostState(size_t entries, uint64_t bytes, std::shared_ptr<Metrics> metrics,
-            CompletionSignal* signal = nullptr)
-      : batch_(std::make_shared<BatchState>(entries, std::move(metrics))), signal_(signal) {
+            CompletionSignal* signal = nullptr, uint64_t transfer = 0)
+      : batch_(std::make_shared<BatchState>(entries, std::move(metrics))),
+        signal_(signal),
+        transfer_(transfer) {
     telemetry_.bytes = bytes;
     telemetry_.entries = entries;
   }
@@ -47,6 +49,7 @@ class PostState {
  private:
   const std::shared_ptr<BatchState> batch_;
   CompletionSignal* const signal_;
+  const uint64_t transfer_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   TransferTelemetry telemetry_;  // guarded by mu_; transfer_us once finished

@@ -20,6 +20,7 @@ namespace ferry::test {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
@@ -649,6 +650,7 @@ TEST_P(PreparedTest, CompletionFdBecomesReadableWhenABatchOrATransferFinishes) {
   EXPECT_NE(::fcntl(fd, F_GETFD) & FD_CLOEXEC, 0);
   EXPECT_NE(::fcntl(fd, F_GETFL) & O_NONBLOCK, 0);
   EXPECT_FALSE(Readable(fd)) << "readable before anything finished";
+  (void)initiator().TakeFinished();  // what earlier tests on this engine left
 
   FillPattern(local, kLen, 41);
   std::vector<TransferRequest> reqs;
@@ -664,6 +666,12 @@ TEST_P(PreparedTest, CompletionFdBecomesReadableWhenABatchOrATransferFinishes) {
   EXPECT_EQ(ReadCount(fd), 1u) << "one write per batch, not per request";
   EXPECT_FALSE(Readable(fd)) << "still readable after the read";
   EXPECT_EQ(DescribePatternMismatch(remote, kLen, 41), "");
+  // What woke the reader: that batch, recorded once.
+  FinishedWork done = initiator().TakeFinished();
+  EXPECT_THAT(done.batches, ElementsAre(batch));
+  EXPECT_TRUE(done.transfers.empty());
+  EXPECT_FALSE(done.overflowed);
+  EXPECT_TRUE(initiator().TakeFinished().batches.empty()) << "taken twice";
   EXPECT_OK(initiator().FreeBatch(batch));
 
   ASSERT_OK_AND_ASSIGN(DescListHandle l,
@@ -679,6 +687,9 @@ TEST_P(PreparedTest, CompletionFdBecomesReadableWhenABatchOrATransferFinishes) {
   EXPECT_EQ(ts.state, TransferState::kCompleted);
   EXPECT_EQ(ReadCount(fd), 1u);
   EXPECT_EQ(DescribePatternMismatch(local, kLen, 41), "");
+  done = initiator().TakeFinished();
+  EXPECT_THAT(done.transfers, ElementsAre(t));
+  EXPECT_TRUE(done.batches.empty());
   EXPECT_OK(initiator().ReleaseTransfer(t));
 }
 
@@ -801,18 +812,22 @@ TEST(CompletionFd, ArmedByTheFirstCallAndClosedByTheEngine) {
   Engine& e = pair.initiator();
   const TransferRequest req{Opcode::kWrite, local, pair.segment(),
                             reinterpret_cast<uintptr_t>(remote), 4 * kKiB};
+  BatchId last;
   auto submit_and_cancel = [&] {
     ASSERT_OK_AND_ASSIGN(BatchId b, e.AllocateBatch(1));
     ASSERT_OK(e.Submit(b, std::span(&req, 1)));
     ASSERT_OK(e.CancelBatch(b));  // finished (failed) on this thread
     ASSERT_OK(e.FreeBatch(b));
+    last = b;
   };
   ASSERT_NO_FATAL_FAILURE(submit_and_cancel());  // before arming: no write
   const int fd = e.CompletionFd();
   EXPECT_FALSE(Readable(fd)) << "a finish before the first call wrote";
+  EXPECT_TRUE(e.TakeFinished().batches.empty()) << "a finish before the first call was recorded";
   ASSERT_NO_FATAL_FAILURE(submit_and_cancel());
   EXPECT_TRUE(Readable(fd));
   EXPECT_EQ(ReadCount(fd), 1u);
+  EXPECT_THAT(e.TakeFinished().batches, ElementsAre(last));
 
   const int mine = ::dup(fd);
   ASSERT_GE(mine, 0);
