@@ -80,6 +80,11 @@ class FERRY_API Engine {
   // fail at the fabric. What is not guaranteed: a peer's request already
   // accepted completes into the region before this returns, so its bytes may
   // still appear there — unregister only memory no peer is writing.
+  // This engine's own fabric operations that failed at their deadline stay
+  // with the provider until it completes them (a read's bytes may still
+  // land): this first waits for those touching the region, at most
+  // transfer_timeout; kFailedPrecondition naming one if it is still there
+  // then, and the region stays registered (do not free the memory yet).
   Status UnregisterMemory(void* addr);
   // Unregisters each; returns the first error (the others are still tried).
   Status UnregisterMemory(std::span<void* const> addrs);

@@ -148,8 +148,22 @@ Status MemoryRegistry::Register(
   return OkStatus();
 }
 
-Status MemoryRegistry::Unregister(uint64_t addr, RegionHooks* hooks) {
+Status MemoryRegistry::Unregister(uint64_t addr, RegionHooks* hooks,
+                                  std::chrono::steady_clock::time_point quiesce_deadline) {
   std::shared_ptr<Region> reg;
+  if (hooks != nullptr) {
+    {
+      std::shared_lock lock(mu_);
+      auto it = regions_.find(addr);
+      if (it == regions_.end()) {
+        return NotFoundError("no registered region starts at " + FormatAddr(addr));
+      }
+      reg = it->second;
+    }
+    FERRY_RETURN_IF_ERROR(hooks->BeforeUnregister(*reg, quiesce_deadline)
+                              .WithPrefix("unregistering " + FormatRange(reg->addr, reg->length)));
+    reg.reset();
+  }
   {
     std::unique_lock lock(mu_);
     auto it = regions_.find(addr);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -81,6 +82,13 @@ class RegionHooks {
   // Before `region` becomes visible; may add keys. A failure fails the
   // registration (the regions already hooked are undone).
   virtual Status OnRegister(Region& region) = 0;
+  // Before the region is taken out (it is still visible): an error keeps it
+  // registered (what failed may still touch its memory; see
+  // Transport::QuiesceRegion). `deadline` bounds the wait.
+  virtual Status BeforeUnregister(const Region& /*region*/,
+                                  std::chrono::steady_clock::time_point /*deadline*/) {
+    return OkStatus();
+  }
   // After the region is no longer visible and no pin is left.
   virtual void OnUnregister(const Region& region) = 0;
 };
@@ -94,8 +102,11 @@ class MemoryRegistry {
                   RegionHooks* hooks = nullptr,
                   std::span<const std::shared_ptr<const storage::FileSegment>> files = {});
   // kNotFound if no region starts at `addr`. Returns once no transfer holds
-  // the region any more and the hooks have undone their registration.
-  Status Unregister(uint64_t addr, RegionHooks* hooks = nullptr);
+  // the region any more and the hooks have undone their registration. The
+  // hooks' BeforeUnregister runs first (bounded by `quiesce_deadline`); its
+  // error is returned and the region stays registered.
+  Status Unregister(uint64_t addr, RegionHooks* hooks = nullptr,
+                    std::chrono::steady_clock::time_point quiesce_deadline = {});
 
   // OK iff [addr, addr+length) lies inside one registered region.
   // kInvalidArgument otherwise, naming the range and `what` ("local buffer").

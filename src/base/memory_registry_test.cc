@@ -86,5 +86,34 @@ TEST(MemoryRegistry, UnregisterWaitsForPins) {
   EXPECT_FALSE(r.Pin(0x1100, 0x10, "remote range").ok());
 }
 
+// A hook's BeforeUnregister refusal (a transport whose failed operation may
+// still touch the memory) keeps the region registered and reaches the
+// caller with the range; OnUnregister runs only once it agrees.
+TEST(MemoryRegistry, AHookThatRefusesBeforeUnregisterKeepsTheRegion) {
+  struct Hooks : RegionHooks {
+    bool refuse = true;
+    int unregistered = 0;
+    Status OnRegister(Region&) override { return OkStatus(); }
+    Status BeforeUnregister(const Region&, std::chrono::steady_clock::time_point) override {
+      return refuse ? FailedPreconditionError("still in use") : OkStatus();
+    }
+    void OnUnregister(const Region&) override { ++unregistered; }
+  } hooks;
+  MemoryRegistry r;
+  MemoryRegion m{reinterpret_cast<void*>(0x1000), 0x1000, "*"};
+  ASSERT_TRUE(r.Register({&m, 1}, {}, &hooks).ok());
+  const Status refused = r.Unregister(0x1000, &hooks, std::chrono::steady_clock::now());
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("still in use"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("0x1000"), std::string::npos) << refused.message();
+  EXPECT_TRUE(r.Check(0x1000, 0x1000, "x").ok()) << "the region went";
+  EXPECT_EQ(hooks.unregistered, 0);
+  hooks.refuse = false;
+  EXPECT_TRUE(r.Unregister(0x1000, &hooks, std::chrono::steady_clock::now()).ok());
+  EXPECT_FALSE(r.Check(0x1000, 1, "x").ok());
+  EXPECT_EQ(hooks.unregistered, 1);
+  EXPECT_EQ(r.Unregister(0x1000, &hooks).code(), StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace ferry::internal

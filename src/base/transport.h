@@ -223,6 +223,13 @@ class Transport {
     return std::vector<wire::RegionKey>{};
   }
   virtual void UnregisterRegion(const Region&) {}
+  // Before a region is unregistered: returns once nothing this transport
+  // reported failed may still touch the region's memory (a one-sided
+  // operation that failed at its deadline while the device still holds
+  // it); kFailedPrecondition naming one at `deadline`, and the region
+  // stays registered. Stream transports have nothing in flight after a
+  // failure.
+  virtual Status QuiesceRegion(const Region&, Clock::time_point /*deadline*/) { return OkStatus(); }
   // Stops its threads; fails everything in flight with kCancelled.
   virtual void Shutdown() = 0;
 

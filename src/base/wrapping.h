@@ -36,6 +36,9 @@ class WrappingTransport : public Transport {
     return inner_->RegisterRegion(r);
   }
   void UnregisterRegion(const Region& r) override { inner_->UnregisterRegion(r); }
+  Status QuiesceRegion(const Region& r, Clock::time_point deadline) override {
+    return inner_->QuiesceRegion(r, deadline);
+  }
   // The inner transport fails what is in flight; then the wrapper's own
   // work drains (Drain).
   void Shutdown() override {

@@ -320,8 +320,11 @@ Status Engine::FreeShared(void* addr) {
 }
 
 Status Engine::UnregisterMemory(void* addr) {
-  FERRY_RETURN_IF_ERROR(impl_->target().registry().Unregister(reinterpret_cast<uint64_t>(addr),
-                                                              &impl_->transports()));
+  // A one-sided operation that failed at its deadline may still be with
+  // its device: wait (transfer_timeout at most) for it to let go first.
+  FERRY_RETURN_IF_ERROR(
+      impl_->target().registry().Unregister(reinterpret_cast<uint64_t>(addr), &impl_->transports(),
+                                            Clock::now() + impl_->options().transfer_timeout));
   return impl_->Republish();
 }
 

@@ -132,6 +132,14 @@ Status TransportSet::OnRegister(Region& region) {
   return OkStatus();
 }
 
+Status TransportSet::BeforeUnregister(const Region& region, Clock::time_point deadline) {
+  for (const auto& t : transports_) {
+    FERRY_RETURN_IF_ERROR(
+        t->QuiesceRegion(region, deadline).WithPrefix("transport " + std::string(t->Name())));
+  }
+  return OkStatus();
+}
+
 void TransportSet::OnUnregister(const Region& region) {
   for (const auto& t : transports_) {
     if (HearsRegistrations(*t)) t->UnregisterRegion(region);

@@ -63,6 +63,7 @@ class TransportSet : public RegionHooks {
   // RegionHooks: every transport that needs per-region keys registers the
   // region; its key goes into the region (and so into the descriptor).
   Status OnRegister(Region& region) override;
+  Status BeforeUnregister(const Region& region, Clock::time_point deadline) override;
   void OnUnregister(const Region& region) override;
 
   // Stops every transport and the loops (idempotent).

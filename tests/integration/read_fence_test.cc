@@ -20,8 +20,10 @@
 #include "ferry/ferry.h"
 #include "tests/integration/peer_process.h"
 #include "tests/testing/buffer.h"
+#include "tests/testing/pattern.h"
 #include "tests/testing/same_host.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/transport_params.h"
 
 #ifndef FERRY_TEST_PEER_PATH
 #error "FERRY_TEST_PEER_PATH must name the ferry_test_peer executable"
@@ -31,6 +33,8 @@ namespace ferry::test {
 namespace {
 
 using namespace std::chrono_literals;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 constexpr uint64_t kMiB = 1024 * 1024;
 
 class ReadFenceTest : public ::testing::TestWithParam<std::string> {
@@ -153,6 +157,49 @@ TEST_P(ReadFenceTest, ACancelledReadNeverLandsAfterTheCancelReturns) {
   ASSERT_OK(engine->PostTransfer(t));
   ASSERT_OK(engine->WaitTransfer(t, 60s));
   EXPECT_EQ(std::memcmp(local.data() + kSize / 2, later.data() + kSize / 2, kSize / 2), 0);
+}
+
+// fabric: a read past its deadline fails, but the provider keeps it (it is
+// not recalled) and its bytes may still land (docs/reliability.md,
+// "Cancelled transfers"). So UnregisterMemory of its memory waits for the
+// provider to let go of it, at most transfer_timeout; then it refuses, and
+// the region stays registered, rather than let the caller free memory the
+// provider may still write.
+TEST(FabricLateRead, UnregisterMemoryWaitsForAReadThatFailedAtItsDeadline) {
+  FERRY_SKIP_UNLESS_TRANSPORT_WORKS("fabric_tcp");
+  constexpr uint64_t kSize = kMiB;
+  PeerProcess peer;
+  ASSERT_TRUE(peer.Start(FERRY_TEST_PEER_PATH, {"--size", std::to_string(kSize), "--seed", "613",
+                                                "--fabric-provider", "tcp"}));
+  EngineOptions o;
+  SetTransportOptions("fabric_tcp", &o);
+  o.listen_host = "127.0.0.1";
+  o.transfer_timeout = 1500ms;
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
+  AlignedBuffer local(kSize);
+  ASSERT_OK(engine->RegisterMemory(local.data(), kSize));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine->OpenSegment(peer.peer_id()));
+  ASSERT_OK(engine->TransferSync(
+      TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), 4096}));
+  ASSERT_EQ(engine->QuerySegment(seg)->transport, "fabric");
+
+  std::memset(local.data(), 0xAB, kSize);
+  ASSERT_TRUE(peer.Freeze());
+  EXPECT_THAT(engine->TransferSync(
+                  TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), kSize}),
+              StatusIs(StatusCode::kDeadlineExceeded));
+  // Failed, and still with the provider: the region stays registered.
+  EXPECT_THAT(engine->UnregisterMemory(local.data()),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("failed at its deadline"), HasSubstr("store into"))));
+  EXPECT_THAT(engine->RegisterMemory(local.data(), kSize), IsError()) << "no longer registered";
+
+  // The peer runs on and answers; once the provider completed the read the
+  // region goes (UnregisterMemory waits for that), and the read's bytes
+  // landed after its failure: what the refusal kept from freed memory.
+  peer.Signal(SIGCONT);
+  EXPECT_OK(engine->UnregisterMemory(local.data()));
+  EXPECT_EQ(DescribePatternMismatch(local.data(), kSize, 613), "");
 }
 
 }  // namespace

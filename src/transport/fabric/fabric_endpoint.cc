@@ -182,6 +182,10 @@ StatusOr<std::unique_ptr<Endpoint>> Endpoint::Open(const EndpointConfig& cfg) {
 StatusOr<uint64_t> Endpoint::Register(const Region& region) { return impl_->md.Register(region); }
 void Endpoint::Unregister(const Region& region) { impl_->md.Unregister(region); }
 
+Status Endpoint::WaitForLate(const Region& region, Clock::time_point deadline) {
+  return impl_->posting.WaitForLate(region.addr, region.end(), deadline);
+}
+
 StatusOr<std::shared_ptr<RemotePeer>> Endpoint::AddPeer(std::shared_ptr<const PeerInfo> info,
                                                         std::string_view address) {
   const std::string label = info->Label();

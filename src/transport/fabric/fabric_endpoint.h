@@ -84,6 +84,10 @@ class Endpoint {
   // failed counts as completed (the caller checks RemotePeer::broken).
   Status WaitForWrites(const std::shared_ptr<RemotePeer>& peer, Clock::time_point deadline);
 
+  // Returns once no operation that failed at its deadline is still with the
+  // provider touching `region` (Posting::WaitForLate).
+  Status WaitForLate(const Region& region, Clock::time_point deadline);
+
   // Fails what is queued or in flight with kCancelled and closes everything.
   void Shutdown();
 

@@ -135,6 +135,7 @@ void Posting::Finish(Op* op, int err, const std::string& provider_text) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     UnlinkLocked(op);
+    if (op->reported) late_done_.notify_all();  // WaitForLate
   }
   if (op->landing) op->batch->EndLanding();
   const std::string provider = provider_text.empty() ? "" : " (provider: " + provider_text + ")";
@@ -170,6 +171,30 @@ std::vector<Op*> Posting::TakeLate(Clock::time_point now) {
     }
   }
   return late;
+}
+
+Status Posting::WaitForLate(uintptr_t lo, uintptr_t hi, Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto touching = [&]() -> const Op* {
+    for (const Op* op = inflight_head_.next; op != &inflight_head_; op = op->next) {
+      if (!op->reported) continue;
+      for (uint32_t i = 0; i < op->n; ++i) {
+        const auto a = reinterpret_cast<uintptr_t>(op->slices[i].local);
+        if (a < hi && lo < a + op->slices[i].length) return op;
+      }
+    }
+    return nullptr;
+  };
+  for (const Op* op = touching(); op != nullptr; op = touching()) {
+    if (late_done_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        (op = touching()) != nullptr) {
+      return FailedPreconditionError(
+          SliceName(cfg_.provider, op->slices[0], *op->peer) +
+          " failed at its deadline but the provider still holds it: it may still " +
+          (op->opcode == Opcode::kRead ? "store into" : "read") + " this memory");
+    }
+  }
+  return OkStatus();
 }
 
 uint32_t Posting::InFlight() {

@@ -39,6 +39,7 @@
 #include <rdma/fabric.h>
 #include <rdma/fi_rma.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -114,6 +115,12 @@ class Posting {
   // Operations in flight past their deadline not yet reported; marked
   // reported (they stay in flight).
   std::vector<Op*> TakeLate(Clock::time_point now);
+  // Waits until no operation reported failed (past its deadline) but still
+  // with the provider touches this endpoint's memory in [lo, hi): the
+  // provider may still read it (a write) or store into it (a read) until
+  // that operation completes. kFailedPrecondition naming one such operation
+  // at `deadline`. Any thread.
+  Status WaitForLate(uintptr_t lo, uintptr_t hi, Clock::time_point deadline);
   uint32_t InFlight();
   bool Busy();  // slices or messages queued
   bool Idle();  // nothing queued, nothing in flight
@@ -191,6 +198,8 @@ class Posting {
   // completion (Sent), or by Stop once the endpoint is closed.
   std::unordered_set<MsgBuf*> sending_;
   bool stopped_ = false;
+  // Notified (under mu_) when a reported operation leaves the provider.
+  std::condition_variable late_done_;
 };
 
 }  // namespace ferry::internal::fabric

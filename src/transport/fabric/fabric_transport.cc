@@ -201,6 +201,10 @@ class FabricTransport : public Transport {
   void UnregisterRegion(const Region& r) override {
     for (const auto& rail : rails_) rail->Unregister(r);
   }
+  Status QuiesceRegion(const Region& r, Clock::time_point deadline) override {
+    for (const auto& rail : rails_) FERRY_RETURN_IF_ERROR(rail->WaitForLate(r, deadline));
+    return OkStatus();
+  }
 
   void Shutdown() override {
     for (const auto& rail : rails_) rail->Shutdown();
