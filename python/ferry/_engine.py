@@ -715,7 +715,10 @@ class Engine:
 
     def unregister(self, obj: Any) -> None:
         """Unregisters the region starting at an address or object (waiting for
-        transfers in flight that touch it) and drops its reference."""
+        transfers in flight that touch it) and drops its reference.
+        FailedPrecondition if a fabric operation that failed at its deadline
+        still touches it after transfer_timeout (its bytes may still land):
+        the region and the reference stay, so the memory is not freed."""
         addr = int(obj) if _is_address(obj) else resolve_memory(obj, writable=False)[0]
         self._native.unregister_memory(addr)
         with self._lock:
