@@ -204,7 +204,10 @@ FERRY_C_API ferry_status_t ferry_engine_option(const ferry_engine_t* engine, con
 FERRY_C_API ferry_status_t ferry_memory_register(ferry_engine_t* engine, void* addr, size_t length,
                                                  const char* location);
 /* FERRY_NOT_FOUND: no region starts at `addr`. Once it returns, no transfer
- * touches the region any more (ferry/engine.h says the details). */
+ * touches the region any more (ferry/engine.h says the details).
+ * FERRY_FAILED_PRECONDITION: a fabric operation that failed at its deadline
+ * may still touch it (after waiting transfer_timeout for it); the region
+ * stays registered: do not free the memory yet. */
 FERRY_C_API ferry_status_t ferry_memory_unregister(ferry_engine_t* engine, void* addr);
 
 /* Shared memory (docs/architecture.md, "Mapped segments"): memory a peer on
