@@ -73,7 +73,7 @@ class _BatchOp:
         self.id = batch_id
         self.owned = owned
         self.freed = False
-        self.key = (_BATCH, batch_id)  # as _Reader.on_readable names what finished
+        self.key = (_BATCH, batch_id)  # as _Reader._on_readable names what finished
 
     def outcome(self):
         """None while pending; else (error or None) of the finished batch.
