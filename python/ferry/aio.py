@@ -103,8 +103,8 @@ class _TransferOp:
         self.handle = handle
         self.key = (_TRANSFER, handle)
 
-    def outcome(self, wait_us: int = 0):
-        state, error = self.native.transfer_state(self.handle, wait_us)
+    def outcome(self):
+        state, error = self.native.transfer_state(self.handle, 0)  # at once
         if state == _PENDING:
             return None
         if state == _COMPLETED:
@@ -194,20 +194,8 @@ class _Reader:
             self.check()
             self._tell_peers(None)
             return
-        # The waiters of what finished (each once: an id may come twice).
-        waiters, by_key = self.waiters, self.by_key
-        pairs: dict = {}
-        missing = []
-        for kind, ids in ((_BATCH, batches), (_TRANSFER, transfers)):
-            for key in ids:
-                futures = by_key.get((kind, key))
-                if futures is None:
-                    missing.append((kind, key))
-                else:
-                    for future in futures:
-                        pairs[future] = waiters[future]
-        if pairs:
-            self._check(pairs.items())
+        missing = self.check_keys(
+            [(_BATCH, b) for b in batches] + [(_TRANSFER, t) for t in transfers])
         if missing and len(self.peers) > 1:  # (ours alone: nobody waits for them)
             self._tell_peers(missing)
 
@@ -237,21 +225,23 @@ class _Reader:
             self._check(list(self.waiters.items()))
 
     def check_keys(self, keys) -> list:
-        """Checks the waiters of `keys` (what finished: op.key values) once;
-        returns the keys none of this reader's waiters has."""
+        """Checks the waiters of `keys` (what finished: op.key values) once
+        each (a key may come twice); returns the keys none of this reader's
+        waiters has."""
         if self.closed:
             return []
+        waiters, by_key = self.waiters, self.by_key
         pairs: dict = {}
         missing = []
         for key in keys:
-            futures = self.by_key.get(key)
+            futures = by_key.get(key)
             if futures is None:
                 missing.append(key)
             else:
                 for future in futures:
-                    pairs[future] = self.waiters[future]
+                    pairs[future] = waiters[future]
         if pairs:
-            self._check(list(pairs.items()))
+            self._check(pairs.items())
         return missing
 
     def _check(self, pairs) -> None:

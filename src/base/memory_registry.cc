@@ -150,14 +150,15 @@ Status MemoryRegistry::Register(
 
 Status MemoryRegistry::Unregister(uint64_t addr, RegionHooks* hooks,
                                   std::chrono::steady_clock::time_point quiesce_deadline) {
+  auto not_found = [addr] {
+    return NotFoundError("no registered region starts at " + FormatAddr(addr));
+  };
   std::shared_ptr<Region> reg;
-  if (hooks != nullptr) {
+  if (hooks != nullptr) {  // the hooks may refuse while the region is still visible
     {
       std::shared_lock lock(mu_);
       auto it = regions_.find(addr);
-      if (it == regions_.end()) {
-        return NotFoundError("no registered region starts at " + FormatAddr(addr));
-      }
+      if (it == regions_.end()) return not_found();
       reg = it->second;
     }
     FERRY_RETURN_IF_ERROR(hooks->BeforeUnregister(*reg, quiesce_deadline)
@@ -167,9 +168,7 @@ Status MemoryRegistry::Unregister(uint64_t addr, RegionHooks* hooks,
   {
     std::unique_lock lock(mu_);
     auto it = regions_.find(addr);
-    if (it == regions_.end()) {
-      return NotFoundError("no registered region starts at " + FormatAddr(addr));
-    }
+    if (it == regions_.end()) return not_found();
     reg = std::move(it->second);
     regions_.erase(it);
     unregistrations_.fetch_add(1, std::memory_order_acq_rel);

@@ -185,16 +185,14 @@ Status Posting::WaitForLate(uintptr_t lo, uintptr_t hi, Clock::time_point deadli
     }
     return nullptr;
   };
-  for (const Op* op = touching(); op != nullptr; op = touching()) {
-    if (late_done_.wait_until(lock, deadline) == std::cv_status::timeout &&
-        (op = touching()) != nullptr) {
-      return FailedPreconditionError(
-          SliceName(cfg_.provider, op->slices[0], *op->peer) +
-          " failed at its deadline but the provider still holds it: it may still " +
-          (op->opcode == Opcode::kRead ? "store into" : "read") + " this memory");
-    }
+  if (late_done_.wait_until(lock, deadline, [&] { return touching() == nullptr; })) {
+    return OkStatus();
   }
-  return OkStatus();
+  const Op* op = touching();
+  return FailedPreconditionError(
+      SliceName(cfg_.provider, op->slices[0], *op->peer) +
+      " failed at its deadline but the provider still holds it: it may still " +
+      (op->opcode == Opcode::kRead ? "store into" : "read") + " this memory");
 }
 
 uint32_t Posting::InFlight() {
