@@ -167,6 +167,12 @@ class FERRY_API Engine {
   // the data. Otherwise (nothing pending, a caller that checks now and then)
   // it reports at once. `wait` 0: GetBatchStatus.
   StatusOr<BatchStatus> PollBatch(BatchId batch, std::chrono::microseconds wait) const;
+  // For event loops, before they wait on CompletionFd: polls the batch for
+  // at most `spin` and never blocks -- moving same-host replies on itself, as
+  // WaitBatch does while it spins -- then reports its status, pending or
+  // not. A small transfer ends within it and needs no wake-up (the options'
+  // await_spin is what ferry.aio passes). `spin` 0: GetBatchStatus.
+  StatusOr<BatchStatus> SpinBatch(BatchId batch, std::chrono::microseconds spin) const;
   // Waits until every submitted request finished or the timeout passed.
   // OK: all completed; the first failure's status if any failed;
   // kDeadlineExceeded if requests are still pending at the timeout.

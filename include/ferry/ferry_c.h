@@ -293,6 +293,12 @@ FERRY_C_API ferry_status_t ferry_batch_wait(ferry_engine_t* engine, ferry_batch_
                                             int64_t timeout_ms);
 FERRY_C_API ferry_status_t ferry_batch_status(ferry_engine_t* engine, ferry_batch_t batch,
                                               ferry_batch_status_t* out);
+/* ferry_batch_status after polling the batch for at most spin_us (< 0: the
+ * engine's await_spin option), never blocking: what an event loop calls
+ * before it waits on ferry_engine_completion_fd, so a small transfer ends
+ * here, with no wake-up (a same-host reply is read by this thread). */
+FERRY_C_API ferry_status_t ferry_batch_spin(ferry_engine_t* engine, ferry_batch_t batch,
+                                            int64_t spin_us, ferry_batch_status_t* out);
 /* The index-th submitted request: *state is FERRY_STATE_*; *request_status
  * (may be NULL) is FERRY_OK unless it failed, then its code, with its
  * message in ferry_last_error (the call itself returns FERRY_OK). */

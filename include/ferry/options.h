@@ -133,6 +133,13 @@ struct FERRY_API EngineOptions {
   // wake-up on every small batch, while a spinning one takes CPU only from
   // its own thread.
   std::chrono::microseconds wait_spin{200};
+  // How long an awaited transfer (Python's ferry.aio, Engine::SpinBatch)
+  // polls in the awaiting thread before it waits on the completion
+  // descriptor, when that event loop awaits nothing else of this engine. A
+  // small transfer ends within it and costs no wake-up (what the synchronous
+  // call costs); the loop is held that long at most. 0: always wait on the
+  // descriptor.
+  std::chrono::microseconds await_spin{50};
   // Entries of the io_uring ring of file regions (Engine::RegisterFile):
   // at most this many file reads and writes in the kernel at once
   // (1..4096); the others wait in order.

@@ -542,6 +542,7 @@ class Engine:
         self._registered: dict[int, tuple[int, Any]] = {}  # addr -> (length, keepalive)
         self._segments: dict[str, Segment] = {}  # peer id -> open segment
         self._orphans: set[int] = set()  # batches collected while pending
+        self._aio_reader = None  # ferry.aio's reader awaited last (of any event loop)
         self._finalizer = weakref.finalize(self, _shutdown, self._native, self._registered)
 
     # ---- Lifetime -------------------------------------------------------------

@@ -668,13 +668,43 @@ class NativeEngine {
     }));
   }
 
-  // A new batch holding one request, submitted; returns its id. The batch
-  // is freed again if the submit fails (nothing was submitted). One call and
-  // one GIL release for what AllocateBatch + Submit do in two: the awaited
-  // single transfers of ferry.aio pay per call.
-  uint64_t SubmitOne(int opcode, uint64_t segment, uint64_t local, uint64_t remote,
-                     uint64_t length) {
-    return Unwrap(Run([&](ferry::Engine& e) -> StatusOr<uint64_t> {
+  // A batch check_batches reports: it ended (or its id is not allocated).
+  struct Ended {
+    size_t index;
+    ferry::BatchStatus status;
+    bool freed;
+  };
+  // The batch's end after Engine::SpinBatch(`spin`), freed if `owned`; none
+  // while it is pending. Under Run (the GIL released).
+  static std::optional<Ended> CheckOne(ferry::Engine& e, uint64_t id, bool owned,
+                                       std::chrono::microseconds spin) {
+    StatusOr<ferry::BatchStatus> s = e.SpinBatch(ferry::BatchId{id}, spin);
+    if (!s.ok()) {
+      ferry::BatchStatus gone;
+      gone.state = ferry::TransferState::kFailed;
+      gone.first_error = s.status();
+      return Ended{0, std::move(gone), false};
+    }
+    if (s->state == ferry::TransferState::kPending) return std::nullopt;
+    const bool freed = owned && e.FreeBatch(ferry::BatchId{id}).ok();
+    return Ended{0, *std::move(s), freed};
+  }
+  static py::tuple EndedTuple(const Ended& x) {
+    return py::make_tuple(x.index, static_cast<int>(x.status.state),
+                          ErrorOrNone(x.status.first_error), x.freed);
+  }
+
+  // A new batch holding one request, submitted. The batch is freed again if
+  // the submit fails (nothing was submitted). With `spin`, then waits for it
+  // as Engine::SpinBatch does for the options' await_spin (never blocking).
+  // Returns (id, entry): entry as check_batches gives it, (0, state, error,
+  // freed), once the batch ended -- then also freed -- else None. One call
+  // and one GIL release for what AllocateBatch, Submit and the first check
+  // do in three: the awaited single transfers of ferry.aio pay per call.
+  py::tuple SubmitOne(int opcode, uint64_t segment, uint64_t local, uint64_t remote,
+                      uint64_t length, bool spin) {
+    std::optional<Ended> ended;
+    const uint64_t id = Unwrap(Run([&](ferry::Engine& e) -> StatusOr<uint64_t> {
       FERRY_ASSIGN_OR_RETURN(std::vector<ferry::TransferRequest> requests,
                              BuildRequests({opcode}, {segment}, {local}, {remote}, {length}));
       FERRY_ASSIGN_OR_RETURN(ferry::BatchId batch, e.AllocateBatch(1));
@@ -683,8 +713,22 @@ class NativeEngine {
         (void)e.FreeBatch(batch);  // nothing was submitted: it is idle
         return submitted;
       }
+      ended = CheckOne(e, batch.value, /*owned=*/true,
+                       spin ? e.options().await_spin : std::chrono::microseconds(0));
       return batch.value;
     }));
+    return py::make_tuple(id, ended ? EndedTuple(*ended) : py::object(py::none()));
+  }
+
+  // Engine::SpinBatch for the options' await_spin, then check_batches for
+  // this one batch: its entry once it ended (freed if `owned`), else None.
+  py::object SpinBatch(uint64_t id, bool owned) {
+    std::optional<Ended> ended;
+    Check(Run([&](ferry::Engine& e) -> Status {
+      ended = CheckOne(e, id, owned, e.options().await_spin);
+      return Status();
+    }));
+    return ended ? EndedTuple(*ended) : py::object(py::none());
   }
 
   // The batches of `ids` that are no longer pending, reported at once:
@@ -703,33 +747,18 @@ class NativeEngine {
       Raise(ferry::InvalidArgumentError(std::to_string(ids.size()) + " batch ids but " +
                                         std::to_string(owned.size()) + " owned flags"));
     }
-    struct Ended {
-      size_t index;
-      ferry::BatchStatus status;
-      bool freed;
-    };
     std::vector<Ended> ended;
     Check(Run([&](ferry::Engine& e) -> Status {
       for (size_t i = 0; i < ids.size(); ++i) {
-        StatusOr<ferry::BatchStatus> s = e.GetBatchStatus(ferry::BatchId{ids[i]});
-        if (!s.ok()) {
-          ferry::BatchStatus gone;
-          gone.state = ferry::TransferState::kFailed;
-          gone.first_error = s.status();
-          ended.push_back({i, std::move(gone), false});
-          continue;
-        }
-        if (s->state == ferry::TransferState::kPending) continue;
-        const bool freed = owned[i] && e.FreeBatch(ferry::BatchId{ids[i]}).ok();
-        ended.push_back({i, *std::move(s), freed});
+        std::optional<Ended> x = CheckOne(e, ids[i], owned[i], std::chrono::microseconds(0));
+        if (!x) continue;
+        x->index = i;
+        ended.push_back(*std::move(x));
       }
       return Status();
     }));
     py::list out;
-    for (const Ended& x : ended) {
-      out.append(py::make_tuple(x.index, static_cast<int>(x.status.state),
-                                ErrorOrNone(x.status.first_error), x.freed));
-    }
+    for (const Ended& x : ended) out.append(EndedTuple(x));
     return out;
   }
 
@@ -1402,7 +1431,8 @@ PYBIND11_MODULE(_ferry, m) {
       .def("submit", &NativeEngine::Submit)
       .def("check_batches", &NativeEngine::CheckBatches, py::arg("ids"), py::arg("owned"))
       .def("submit_one", &NativeEngine::SubmitOne, py::arg("opcode"), py::arg("segment"),
-           py::arg("local"), py::arg("remote"), py::arg("length"))
+           py::arg("local"), py::arg("remote"), py::arg("length"), py::arg("spin") = false)
+      .def("spin_batch", &NativeEngine::SpinBatch, py::arg("id"), py::arg("owned"))
       .def("batch_status", &NativeEngine::BatchStatus, py::arg("batch"),
            py::arg("wait_us") = kPollWait.count())
       .def("transfer_statuses", &NativeEngine::TransferStatuses)

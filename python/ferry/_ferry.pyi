@@ -69,6 +69,7 @@ class EngineOptions:
     notify_inbox_bytes: int
     spin: float
     wait_spin: float
+    await_spin: float
     raise_fd_limit: int
     idle_link_timeout: float
     max_peer_links: int
@@ -123,9 +124,16 @@ class NativeEngine:
                      wait_us: int = 1000) -> Tuple[int, int, int, int, Optional[FerryError]]:
         """(state, submitted, completed, failed, first error or None); a poll in a tight loop
         while work is pending yields, then waits up to wait_us on it (Engine::PollBatch)."""
-    def submit_one(self, opcode: int, segment: int, local: int, remote: int,
-                   length: int) -> int:
-        """A new batch holding one request, submitted; its id (freed again if the submit fails)."""
+    def submit_one(self, opcode: int, segment: int, local: int, remote: int, length: int,
+                   spin: bool = False
+                   ) -> Tuple[int, Optional[Tuple[int, int, Optional[FerryError], bool]]]:
+        """A new batch holding one request, submitted (freed again if the submit fails);
+        with spin, polled for the engine's await_spin first (Engine::SpinBatch). (id, entry):
+        entry as check_batches gives it once the batch ended (and was freed), else None."""
+    def spin_batch(self, id: int,
+                   owned: bool) -> Optional[Tuple[int, int, Optional[FerryError], bool]]:
+        """Engine::SpinBatch for the engine's await_spin, then check_batches' entry of this
+        batch once it ended (freed if owned), else None."""
     def take_finished(self) -> Tuple[List[int], List[int], bool]:
         """([batch ids], [transfer handles], overflowed) finished since the previous call
         (Engine::TakeFinished); recorded once completion_fd was asked for."""

@@ -26,6 +26,19 @@ and nothing runs while nothing finishes: an idle await costs no CPU.
 Reading before taking means a finish is never missed (one recorded after the
 take makes the descriptor readable again).
 
+A short spin first: when the event loop awaits nothing else of the engine
+and has no other callback ready to run, an awaited batch (``read``,
+``write``, ``transfer``, ``wait`` of a Batch) is first polled in the
+awaiting thread for at most the engine's ``await_spin`` (default 50 us;
+``ferry.Engine(await_spin=0)`` or ``FERRY_AWAIT_SPIN_US=0`` turns it off), as
+a synchronous call spins (:meth:`ferry.Engine.write`): a small transfer then
+ends inside that call, with no wake-up, at about the synchronous call's
+cost, and the loop is held that long at most. One that takes longer, or any
+while the loop has other work (other awaits of the engine pending, other
+tasks ready: many transfers started at once keep the pipeline full
+instead), waits on the descriptor. Prepared transfers (``post``, ``await
+transfer``) always wait on the descriptor.
+
 Results: a coroutine returns None when every request completed and raises
 the first failure's FerryError otherwise (as :meth:`ferry.Batch.wait`).
 
@@ -58,6 +71,7 @@ __all__ = ["post", "read", "transfer", "wait", "write"]
 _BATCH, _TRANSFER = 0, 1  # kinds of what finished (Engine.TakeFinished)
 _PENDING = int(TransferState.PENDING)
 _COMPLETED = int(TransferState.COMPLETED)
+_READ, _WRITE = int(Opcode.READ), int(Opcode.WRITE)
 
 
 class _BatchOp:
@@ -75,9 +89,13 @@ class _BatchOp:
         self.freed = False
         self.key = (_BATCH, batch_id)  # as _Reader._on_readable names what finished
 
-    def outcome(self):
+    def outcome(self, spin: bool = False):
         """None while pending; else (error or None) of the finished batch.
-        Reports at once: a check on the event loop never waits."""
+        Reports at once, or with `spin` after polling it for the engine's
+        await_spin (Engine::SpinBatch; never blocks)."""
+        if spin:
+            entry = self.native.spin_batch(self.id, self.owned)
+            return None if entry is None else self.ended(entry)
         ended = self.native.check_batches([self.id], [self.owned])
         return self.ended(ended[0]) if ended else None
 
@@ -103,8 +121,10 @@ class _TransferOp:
         self.handle = handle
         self.key = (_TRANSFER, handle)
 
-    def outcome(self):
-        state, error = self.native.transfer_state(self.handle, 0)  # at once
+    def outcome(self, spin: bool = False):
+        """As _BatchOp.outcome; a prepared transfer is not spun on (its
+        notification's round trip is part of it): reports at once."""
+        state, error = self.native.transfer_state(self.handle, 0)
         if state == _PENDING:
             return None
         if state == _COMPLETED:
@@ -141,17 +161,33 @@ class _Reader:
         self.waiters: dict[asyncio.Future, Any] = {}
         self.by_key: dict[tuple, list[asyncio.Future]] = {}  # op.key -> its waiters
         self.closed = False
+        # asyncio's queue of callbacks ready to run (its loops keep one deque
+        # throughout; None in a loop without it, e.g. uvloop): see may_spin.
+        self.ready = getattr(loop, "_ready", None)
         loop.add_reader(self.fd, self._on_readable)
         # A loop collected without ever waking us again still frees the descriptor.
         self._finalizer = weakref.finalize(loop, os.close, self.fd)
 
-    async def wait(self, op) -> None:
-        """Awaits `op` (a _BatchOp or _TransferOp) of this reader's engine."""
-        outcome = op.outcome()  # the check of the protocol, after arming
-        if outcome is not None:
-            if outcome[0] is not None:
-                raise outcome[0]
-            return None
+    def may_spin(self) -> bool:
+        """Whether an awaited batch is polled first (the engine's await_spin):
+        only while this loop awaits nothing else of the engine and has no
+        other callback ready to run. A loop with other work -- many
+        transfers started at once (``asyncio.gather``), other tasks -- starts
+        them instead, keeping the pipeline full, and waits on the descriptor."""
+        return not self.waiters and not self.ready
+
+    async def wait(self, op, checked: bool = False) -> None:
+        """Awaits `op` (a _BatchOp or _TransferOp) of this reader's engine.
+        `checked`: the caller found it pending after arming (this thread, not
+        yielded since), so it is not checked again here."""
+        if not checked:
+            # The check of the protocol, after arming; a spin when this loop
+            # awaits nothing else of the engine (the module's doc).
+            outcome = op.outcome(spin=self.may_spin())
+            if outcome is not None:
+                if outcome[0] is not None:
+                    raise outcome[0]
+                return None
         future = self.loop_ref().create_future()
         self.waiters[future] = op
         self.by_key.setdefault(op.key, []).append(future)
@@ -300,19 +336,17 @@ _lock = threading.Lock()
 # engine -> {loop: _Reader}; weak on both, so neither is kept alive by this.
 _readers: "weakref.WeakKeyDictionary[Engine, weakref.WeakKeyDictionary]" = (
     weakref.WeakKeyDictionary())
-# Per thread, the reader used last: a loop awaiting one engine finds it
-# without the lock and the weak dictionaries (a few microseconds a call).
-_last = threading.local()
 
 
 def _reader(engine: Engine) -> _Reader:
-    """The running loop's reader of `engine` (made, and the signal armed, on first use)."""
+    """The running loop's reader of `engine` (made, and the signal armed, on
+    first use). The engine keeps the one awaited last: a loop awaiting it
+    finds that without the lock and the weak dictionaries."""
     loop = asyncio.get_running_loop()
-    last = getattr(_last, "reader", None)
-    if (last is not None and last.engine_ref() is engine and last.loop_ref() is loop
-            and not last.closed):
+    last = engine._aio_reader
+    if last is not None and last.loop_ref() is loop and not last.closed:
         return last
-    _last.reader = reader = _find_reader(engine, loop)
+    engine._aio_reader = reader = _find_reader(engine, loop)
     return reader
 
 
@@ -377,19 +411,27 @@ async def _run(engine: Engine, ops, segs, addrs, remotes, sizes) -> None:
             pass  # still settling, or the engine closed: its finalizer hands it back
 
 
-async def _one(engine: Engine, opcode: Opcode, segment, local, remote_addr: int,
+async def _one(engine: Engine, opcode: int, segment, local, remote_addr: int,
                length: int | None) -> None:
     """_run for one request, in one native call and with no Batch object
     (what an awaited small transfer costs is mostly these calls)."""
-    addr, nbytes, keep = resolve_memory(local, length, writable=opcode == Opcode.READ)
+    addr, nbytes, keep = resolve_memory(local, length, writable=opcode == _READ)
     reader = _reader(engine)  # armed before the submit
     if engine._orphans:
         engine._sweep_orphans()
     native = engine._native
-    op = _BatchOp(native, native.submit_one(int(opcode), engine._handle(segment), addr,
-                                            int(remote_addr), nbytes), owned=True)
+    batch_id, entry = native.submit_one(opcode, engine._handle(segment), addr, int(remote_addr),
+                                        nbytes, reader.may_spin())
+    if entry is not None:  # it ended within the spin
+        _index, state, error, freed = entry
+        if not freed:
+            engine._release_batch(batch_id)
+        if state != _COMPLETED:
+            raise error or FerryError(f"batch {batch_id:#x} failed")
+        return None
+    op = _BatchOp(native, batch_id, owned=True)
     try:
-        return await reader.wait(op)
+        return await reader.wait(op, checked=True)
     finally:
         if not op.freed:  # cancelled, failed to check, or the engine still settles it
             engine._release_batch(op.id)  # (else later, by the engine's sweep)
@@ -401,7 +443,7 @@ async def write(engine: Engine, segment, local, remote_addr: int,
     """Awaitable :meth:`ferry.Engine.write`: copies local memory (an address
     with ``length``, or an object in registered memory) to ``remote_addr``
     of the segment; returns once the peer has the bytes."""
-    return await _one(engine, Opcode.WRITE, segment, local, remote_addr, length)
+    return await _one(engine, _WRITE, segment, local, remote_addr, length)
 
 
 async def read(engine: Engine, segment, local, remote_addr: int,
@@ -409,7 +451,7 @@ async def read(engine: Engine, segment, local, remote_addr: int,
     """Awaitable :meth:`ferry.Engine.read`: copies ``remote_addr`` of the
     segment into local memory. If the task is cancelled, nothing more lands
     in ``local`` once the CancelledError is raised."""
-    return await _one(engine, Opcode.READ, segment, local, remote_addr, length)
+    return await _one(engine, _READ, segment, local, remote_addr, length)
 
 
 async def transfer(engine: Engine, requests: Sequence[Request]) -> None:

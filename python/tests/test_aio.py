@@ -166,6 +166,121 @@ def test_a_cancelled_awaited_read_lands_nothing_after_the_cancel(initiator, targ
     assert sha(other) == sha(pattern(11, SIZE)[:other.size])
 
 
+def test_a_small_transfer_ends_within_the_spin_and_never_suspends(transport, target):
+    """Alone on its loop, an awaited batch is polled for the engine's
+    await_spin before it waits on the descriptor. With a spin far longer
+    than a 4 KiB transfer takes (1 s), read, write, transfer and wait of a
+    Batch each end inside their first step: driving the coroutine by hand,
+    its first send() finishes it (StopIteration) instead of handing the loop
+    a future. Then the bytes are checked, failures still raise, and no batch
+    is left open."""
+    peer = target
+    with ferry.Engine(transport=transport, transfer_timeout=LONG, await_spin=1.0) as e:
+        src = pattern(7, 4 * BLOCK)
+        dst = np.zeros(4 * BLOCK, np.uint8)
+        e.register(src)
+        e.register(dst)
+        seg = e.open_segment(peer.hello["peer_id"])
+        remote = peer.hello["addr"]
+
+        def finishes_at_once(coro):
+            try:
+                yielded = coro.send(None)
+            except StopIteration:
+                return True
+            coro.close()
+            raise AssertionError(f"the await suspended on {yielded!r}")
+
+        async def main():
+            await ferry.aio.read(e, seg, dst[:BLOCK], remote)  # connected; the reader exists
+            assert finishes_at_once(ferry.aio.write(e, seg, src[:BLOCK], remote))
+            assert finishes_at_once(ferry.aio.read(e, seg, dst[BLOCK:2 * BLOCK], remote))
+            assert finishes_at_once(ferry.aio.transfer(e, [
+                ferry.Request(ferry.Opcode.WRITE, src[BLOCK:2 * BLOCK], seg, remote + BLOCK),
+                ferry.Request(ferry.Opcode.READ, dst[2 * BLOCK:3 * BLOCK], seg,
+                              remote + 2 * BLOCK)]))
+            batch = e.submit([ferry.Request(ferry.Opcode.READ, dst[3 * BLOCK:], seg,
+                                            remote + 3 * BLOCK)])
+            assert finishes_at_once(ferry.aio.wait(batch))
+            batch.free()
+            with pytest.raises(ferry.FerryError):  # outside the peer's buffer: fails in the spin
+                await ferry.aio.write(e, seg, src[:BLOCK], remote + SIZE)
+
+        asyncio.run(main())
+        assert batches_open(e) == 0
+        assert peer.request("sha", offset=0, length=2 * BLOCK)["sha"] == sha(src[:2 * BLOCK])
+        expected = pattern(11, SIZE)
+        assert sha(dst[BLOCK:2 * BLOCK]) == sha(src[:BLOCK])  # read back what was written
+        assert sha(dst[2 * BLOCK:]) == sha(expected[2 * BLOCK:4 * BLOCK])
+
+
+def test_an_await_spins_only_while_its_loop_has_nothing_else_to_do(transport, target):
+    """The spin holds the event loop, so it is taken only when the loop has
+    nothing else: no other await of the engine pending and no other
+    callback ready. Awaits started together (tasks, gather) go out at once
+    and wait on the descriptor: with a 1 s spin and a stopped peer, two
+    tasks both submit within one turn of the loop using far less CPU than
+    one spin. A lone await of the stopped peer spins at most await_spin
+    (0.1 s here), then waits on the descriptor without CPU until the peer
+    answers."""
+    peer = target
+    remote = peer.hello["addr"]
+    with ferry.Engine(transport=transport, transfer_timeout=LONG, await_spin=1.0) as e:
+        buf = np.zeros(2 * BLOCK, np.uint8)
+        e.register(buf)
+        seg = e.open_segment(peer.hello["peer_id"])
+
+        async def together():
+            await ferry.aio.read(e, seg, buf[:BLOCK], remote)  # connected; the reader exists
+            reader = ferry.aio._reader(e)
+            assert reader.may_spin()
+            handle = asyncio.get_running_loop().call_soon(lambda: None)
+            assert not reader.may_spin(), "spins while another callback is ready"
+            handle.cancel()
+            await asyncio.sleep(0)
+            peer.pause()
+            try:
+                cpu0 = time.process_time()
+                tasks = [asyncio.create_task(ferry.aio.read(e, seg, buf[i * BLOCK:(i + 1) * BLOCK],
+                                                            remote + i * BLOCK))
+                         for i in range(2)]
+                await asyncio.sleep(0)  # both tasks ran up to their await
+                cpu = time.process_time() - cpu0
+                assert sum(not t.done() for t in tasks) == 2
+                assert len(reader.waiters) == 2, "not both waiting on the descriptor"
+                assert not reader.may_spin(), "spins while other awaits are pending"
+            finally:
+                peer.resume()
+            await asyncio.gather(*tasks)
+            return cpu
+
+        cpu = asyncio.run(together())
+        assert cpu < 0.5, f"{cpu * 1e3:.0f} ms of CPU to start two awaits: one of them spun"
+
+    with ferry.Engine(transport=transport, transfer_timeout=LONG, await_spin=0.1) as e:
+        buf = np.zeros(BLOCK, np.uint8)
+        e.register(buf)
+        seg = e.open_segment(peer.hello["peer_id"])
+
+        async def alone():
+            await ferry.aio.read(e, seg, buf, remote)  # connected; the reader exists
+            peer.pause()
+            resume = threading.Timer(0.6, peer.resume)
+            try:
+                cpu0 = time.process_time()
+                resume.start()
+                await ferry.aio.read(e, seg, buf, remote + BLOCK)  # alone: spins, then waits
+                return time.process_time() - cpu0
+            finally:
+                resume.join()
+                peer.resume()
+
+        cpu = asyncio.run(alone())
+        assert sha(buf) == sha(pattern(11, SIZE)[BLOCK:2 * BLOCK])
+        # The spin (0.1 s) and the read, not 0.6 s of spinning until the peer answered.
+        assert cpu < 0.4, f"{cpu * 1e3:.0f} ms of CPU over one await of a stopped peer"
+
+
 def test_closing_the_engine_fails_what_awaits_it(spawn):
     peer = spawn("native", str(1 << 20), json.dumps({"transport": "tcp"}))
     e = ferry.Engine(transport="tcp", transfer_timeout=LONG)

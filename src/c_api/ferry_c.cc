@@ -172,6 +172,19 @@ StatusOr<std::optional<ferry::Notification>> ToNotification(const char* fn, cons
   return std::optional<ferry::Notification>(std::move(n));
 }
 
+// ferry_batch_status's and ferry_batch_spin's answer.
+ferry_status_t ReportBatch(const StatusOr<ferry::BatchStatus>& s, ferry_batch_status_t* out) {
+  if (!s.ok()) return Report(s.status());
+  out->state = static_cast<int32_t>(s->state);
+  out->first_error = static_cast<ferry_status_t>(s->first_error.code());
+  out->submitted = s->submitted;
+  out->completed = s->completed;
+  out->failed = s->failed;
+  const ferry_status_t ok = Ok();
+  if (!s->first_error.ok()) t_last_error = s->first_error.message();
+  return ok;
+}
+
 // Reports a request's or transfer's state: *state, *code and, for a
 // failure, its message in the last error (the query itself succeeded).
 ferry_status_t ReportState(const ferry::TransferStatus& s, int32_t* state, ferry_status_t* code) {
@@ -592,16 +605,19 @@ ferry_status_t ferry_batch_status(ferry_engine_t* engine, ferry_batch_t batch,
   return Guarded(fn, [&] {
     FERRY_C_REQUIRE(engine);
     FERRY_C_REQUIRE(out);
-    StatusOr<ferry::BatchStatus> s = engine->engine->GetBatchStatus(ferry::BatchId{batch});
-    if (!s.ok()) return Report(s.status());
-    out->state = static_cast<int32_t>(s->state);
-    out->first_error = static_cast<ferry_status_t>(s->first_error.code());
-    out->submitted = s->submitted;
-    out->completed = s->completed;
-    out->failed = s->failed;
-    const ferry_status_t ok = Ok();
-    if (!s->first_error.ok()) t_last_error = s->first_error.message();
-    return ok;
+    return ReportBatch(engine->engine->GetBatchStatus(ferry::BatchId{batch}), out);
+  });
+}
+
+ferry_status_t ferry_batch_spin(ferry_engine_t* engine, ferry_batch_t batch, int64_t spin_us,
+                                ferry_batch_status_t* out) {
+  static constexpr const char* fn = "ferry_batch_spin";
+  return Guarded(fn, [&] {
+    FERRY_C_REQUIRE(engine);
+    FERRY_C_REQUIRE(out);
+    const std::chrono::microseconds spin =
+        spin_us < 0 ? engine->engine->options().await_spin : std::chrono::microseconds(spin_us);
+    return ReportBatch(engine->engine->SpinBatch(ferry::BatchId{batch}, spin), out);
   });
 }
 

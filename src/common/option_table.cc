@@ -228,6 +228,11 @@ constexpr Row kRows[] = {
         "how long a caller waiting for its transfers (WaitBatch, TransferSync) spins before it "
         "blocks; a caller polling them (PollBatch, PollTransfer: the Python status calls) yields "
         "instead of blocking for as long after they began"),
+    Integer<&EngineOptions::await_spin>(
+        "await_spin", "FERRY_AWAIT_SPIN_US", kEngine, "us", 0, kSecondUs,
+        "how long an awaited transfer (ferry.aio) polls in the awaiting thread before it waits on "
+        "the completion descriptor, when its event loop awaits nothing else of the engine; 0 = "
+        "always wait on the descriptor"),
     Integer<&EngineOptions::raise_fd_limit>(
         "raise_fd_limit", "FERRY_RAISE_FD_LIMIT", kEngine, "", 0, 1,
         "1 = Engine::Create raises the soft RLIMIT_NOFILE (open files) to the hard limit; 0 = "

@@ -238,16 +238,16 @@ TEST(OptionTable, CoversEveryVariable) {
   for (const OptionSpec& s : OptionTable()) {
     if (!s.variable.empty()) variables.insert(s.variable);
   }
-  EXPECT_EQ(variables,
-            (std::set<std::string_view>{
-                "FERRY_METADATA", "FERRY_METADATA_TTL_MS", "FERRY_METADATA_CLUSTER",
-                "FERRY_TCP_STREAMS", "FERRY_IO_THREADS", "FERRY_SPIN_US", "FERRY_WAIT_SPIN_US",
-                "FERRY_TCP_SEND_BUFFER", "FERRY_TRANSFER_TIMEOUT_MS", "FERRY_TRANSPORT",
-                "FERRY_SECRET_FILE", "FERRY_PEER_MAX_REQUESTS", "FERRY_PEER_MAX_BYTES",
-                "FERRY_METRICS_ADDRESS", "FERRY_FABRIC_PROVIDER", "FERRY_FABRIC_NICS",
-                // Peer links (issue 33).
-                "FERRY_RAISE_FD_LIMIT", "FERRY_IDLE_LINK_TIMEOUT_MS", "FERRY_MAX_PEER_LINKS",
-                "FERRY_MAP_SHARED_MEMORY", "FERRY_SHM_RINGS"}));
+  EXPECT_EQ(variables, (std::set<std::string_view>{
+                           "FERRY_METADATA", "FERRY_METADATA_TTL_MS", "FERRY_METADATA_CLUSTER",
+                           "FERRY_TCP_STREAMS", "FERRY_IO_THREADS", "FERRY_SPIN_US",
+                           "FERRY_WAIT_SPIN_US", "FERRY_AWAIT_SPIN_US", "FERRY_TCP_SEND_BUFFER",
+                           "FERRY_TRANSFER_TIMEOUT_MS", "FERRY_TRANSPORT", "FERRY_SECRET_FILE",
+                           "FERRY_PEER_MAX_REQUESTS", "FERRY_PEER_MAX_BYTES",
+                           "FERRY_METRICS_ADDRESS", "FERRY_FABRIC_PROVIDER", "FERRY_FABRIC_NICS",
+                           // Peer links (issue 33).
+                           "FERRY_RAISE_FD_LIMIT", "FERRY_IDLE_LINK_TIMEOUT_MS",
+                           "FERRY_MAX_PEER_LINKS", "FERRY_MAP_SHARED_MEMORY", "FERRY_SHM_RINGS"}));
 }
 
 // The text of a file of the source tree ("" if it cannot be read).
@@ -396,13 +396,15 @@ TEST(EnvironmentOverlay, ParsesValidValues) {
   env.vars = {{"FERRY_TCP_STREAMS", "3"},     {"FERRY_IO_THREADS", "1"},
               {"FERRY_SPIN_US", "77"},        {"FERRY_WAIT_SPIN_US", "123"},
               {"FERRY_TCP_SEND_BUFFER", "0"}, {"FERRY_TRANSFER_TIMEOUT_MS", "4500"},
-              {"FERRY_TRANSPORT", "tcp"},     {"FERRY_UNRELATED", "9"}};
+              {"FERRY_TRANSPORT", "tcp"},     {"FERRY_UNRELATED", "9"},
+              {"FERRY_AWAIT_SPIN_US", "0"}};
   const EngineOptions o = env.Overlay(EngineOptions{});
   EXPECT_EQ(env.warnings, std::vector<std::string>{});
   EXPECT_EQ(o.tcp_streams, 3);
   EXPECT_EQ(o.io_threads, 1);
   EXPECT_EQ(o.spin, std::chrono::microseconds(77));
   EXPECT_EQ(o.wait_spin, std::chrono::microseconds(123));
+  EXPECT_EQ(o.await_spin, std::chrono::microseconds(0));
   EXPECT_EQ(o.tcp_send_buffer, 0u);
   EXPECT_EQ(o.transfer_timeout, std::chrono::milliseconds(4500));
   EXPECT_EQ(o.transport, "tcp");

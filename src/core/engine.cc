@@ -412,6 +412,13 @@ StatusOr<BatchStatus> Engine::PollBatch(BatchId id, std::chrono::microseconds wa
   return batch->Summary();
 }
 
+StatusOr<BatchStatus> Engine::SpinBatch(BatchId id, std::chrono::microseconds spin) const {
+  FERRY_ASSIGN_OR_RETURN(auto batch, impl_->GetBatch(id));
+  // A deadline already passed: WaitIdle spins for `spin`, then only looks.
+  if (spin.count() > 0) (void)batch->WaitIdle(Clock::now(), spin);
+  return batch->Summary();
+}
+
 Status Engine::WaitBatch(BatchId id, std::chrono::milliseconds timeout) {
   FERRY_ASSIGN_OR_RETURN(auto batch, impl_->GetBatch(id));
   if (!batch->WaitIdle(Clock::now() + timeout, impl_->options().wait_spin)) {

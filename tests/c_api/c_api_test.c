@@ -220,6 +220,22 @@ static void check_batch(pair_t* p) {
   }
   EXPECT_OK(ferry_transfer_sync(p->initiator, r, kPieces));
   EXPECT_TRUE(matches(back, kPieces * kPiece, 1));
+
+  /* An event loop's first look: spin up to longer than a request lives (it
+   * returns once the batch ended), then the engine's await_spin on a batch
+   * already ended. */
+  pattern_writes(p, r, 2);
+  REQUIRE_OK(ferry_batch_allocate(p->initiator, kPieces, &batch));
+  REQUIRE_OK(ferry_batch_submit(p->initiator, batch, r, kPieces));
+  EXPECT_OK(ferry_batch_spin(p->initiator, batch, INT64_C(120000000), &summary));
+  EXPECT_TRUE(summary.state == FERRY_STATE_COMPLETED && summary.completed == kPieces);
+  EXPECT_TRUE(matches(p->remote, kPieces * kPiece, 2));
+  EXPECT_OK(ferry_batch_spin(p->initiator, batch, -1, &summary));
+  EXPECT_TRUE(summary.state == FERRY_STATE_COMPLETED);
+  EXPECT_STATUS(ferry_batch_spin(p->initiator, batch, 0, NULL), FERRY_INVALID_ARGUMENT, "out");
+  EXPECT_OK(ferry_batch_free(p->initiator, batch));
+  EXPECT_STATUS(ferry_batch_spin(p->initiator, batch, 0, &summary), FERRY_INVALID_ARGUMENT,
+                "not allocated");
 }
 
 /* The completion fd, by its protocol: a batch waited for with poll(2), no

@@ -693,6 +693,36 @@ TEST_P(PreparedTest, CompletionFdBecomesReadableWhenABatchOrATransferFinishes) {
   EXPECT_OK(initiator().ReleaseTransfer(t));
 }
 
+// SpinBatch (what an event loop calls before it waits on the descriptor)
+// returns as soon as the batch ended: with a spin longer than any request
+// lives (each ends by its transfer deadline) it reports the batch final,
+// whichever thread moved it (a same-host ring's replies are read by the
+// spinning caller itself); spin 0 is GetBatchStatus.
+TEST_P(PreparedTest, SpinBatchReturnsOnceTheBatchEnded) {
+  constexpr uint64_t kLen = 64 * kKiB;
+  unsigned char* local = Alloc(kLen, &initiator());
+  unsigned char* remote = Alloc(kLen, &target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  for (const Opcode op : {Opcode::kWrite, Opcode::kRead}) {
+    FillPattern(op == Opcode::kWrite ? local : remote, kLen, op == Opcode::kWrite ? 51 : 52);
+    ASSERT_OK_AND_ASSIGN(BatchId batch, initiator().AllocateBatch(1));
+    const TransferRequest req{op, local, segment(), Addr(remote), kLen};
+    ASSERT_OK(initiator().Submit(batch, std::span(&req, 1)));
+    ASSERT_OK_AND_ASSIGN(BatchStatus st, initiator().SpinBatch(batch, kWaitTimeout));
+    EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+    EXPECT_EQ(st.completed, 1u);
+    EXPECT_EQ(DescribePatternMismatch(op == Opcode::kWrite ? remote : local, kLen,
+                                      op == Opcode::kWrite ? 51 : 52),
+              "");
+    ASSERT_OK_AND_ASSIGN(st, initiator().SpinBatch(batch, 0us));
+    EXPECT_EQ(st.state, TransferState::kCompleted);
+    EXPECT_OK(initiator().FreeBatch(batch));
+    EXPECT_THAT(initiator().SpinBatch(batch, 1ms),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("not allocated")));
+  }
+}
+
 // Engines whose every slice is dropped (never answered: it fails at the
 // transfer timeout, long after the checks right after submitting) or failed
 // at once: what is pending stays pending, so readability is observed
@@ -756,6 +786,31 @@ TEST(CompletionFd, NotReadableWhilePendingAndTwoFinishesAreOneRead) {
   EXPECT_EQ(ReadCount(fd), 1u);
   ASSERT_OK_AND_ASSIGN(TransferStatus ts, e.GetTransferStatus(t));
   EXPECT_EQ(ts.state, TransferState::kFailed);
+}
+
+// SpinBatch never blocks: a batch whose request is never answered (it fails
+// at its 5 s deadline) is reported pending once the spin is over; after a
+// cancel it reports the end at once.
+TEST(SpinBatch, ReportsABatchStillPendingWhenItsSpinIsOver) {
+  EnginePair pair;
+  ASSERT_NO_FATAL_FAILURE(pair.Start(FaultyOptions(100, 0), ConformanceOptions("tcp")));
+  unsigned char* local = pair.Alloc(64 * kKiB, &pair.initiator());
+  unsigned char* remote = pair.Alloc(64 * kKiB, &pair.target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_OK(GetStatus(pair.initiator().QuerySegment(pair.segment())));
+  Engine& e = pair.initiator();
+  ASSERT_OK_AND_ASSIGN(BatchId b, e.AllocateBatch(1));
+  const TransferRequest req{Opcode::kRead, local, pair.segment(),
+                            reinterpret_cast<uintptr_t>(remote), 4 * kKiB};
+  ASSERT_OK(e.Submit(b, std::span(&req, 1)));
+  ASSERT_OK_AND_ASSIGN(BatchStatus st, e.SpinBatch(b, 2ms));
+  EXPECT_EQ(st.state, TransferState::kPending) << "it waited for the batch's end";
+  EXPECT_EQ(st.completed + st.failed, 0u);
+  ASSERT_OK(e.CancelBatch(b));
+  ASSERT_OK_AND_ASSIGN(st, e.SpinBatch(b, 0us));
+  EXPECT_EQ(st.state, TransferState::kFailed);
+  EXPECT_THAT(st.first_error, StatusIs(StatusCode::kCancelled));
+  EXPECT_OK(e.FreeBatch(b));
 }
 
 // Failed requests finish a batch or a transfer too.
