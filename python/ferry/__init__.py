@@ -25,6 +25,7 @@ from ._engine import (
     BatchStatus,
     DescList,
     Engine,
+    Finished,
     Notification,
     Opcode,
     RemoteRegion,
@@ -60,9 +61,9 @@ WIRE_VERSION_MAX = _ferry.WIRE_VERSION_MAX
 
 __all__ = [
     "AlreadyExists", "Batch", "BatchStatus", "Cancelled", "DataLoss", "DeadlineExceeded",
-    "DescList", "Engine", "FailedPrecondition", "FerryError", "Internal", "InvalidArgument",
-    "NotFound", "Notification", "Opcode", "RemoteRegion", "Request", "ResourceExhausted",
-    "Segment", "SegmentInfo", "Transfer", "TransferState", "TransferTelemetry", "Unauthenticated",
-    "Unavailable", "Unimplemented", "Unknown", "WIRE_VERSION_MAX", "WIRE_VERSION_MIN",
-    "__version__", "option_table", "resolve_memory",
+    "DescList", "Engine", "FailedPrecondition", "FerryError", "Finished", "Internal",
+    "InvalidArgument", "NotFound", "Notification", "Opcode", "RemoteRegion", "Request",
+    "ResourceExhausted", "Segment", "SegmentInfo", "Transfer", "TransferState",
+    "TransferTelemetry", "Unauthenticated", "Unavailable", "Unimplemented", "Unknown",
+    "WIRE_VERSION_MAX", "WIRE_VERSION_MIN", "__version__", "option_table", "resolve_memory",
 ]

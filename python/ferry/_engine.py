@@ -76,6 +76,13 @@ class BatchStatus(NamedTuple):
     first_error: FerryError | None
 
 
+class Finished(NamedTuple):
+    """What finished since the previous :meth:`Engine.take_finished`."""
+    batches: list  # ids (Batch.id) of the batches whose finish wrote the completion descriptor
+    transfers: list  # handles (Transfer.handle) of the prepared transfers' finished posts
+    overflowed: bool  # more finished than the engine keeps (65,536 unread): check everything
+
+
 class TransferTelemetry(NamedTuple):
     """What the last post of a prepared transfer took (microseconds of a steady clock)."""
 
@@ -1014,3 +1021,14 @@ class Engine:
         caller owns and must close, safe to keep registered in a loop while
         the engine may be closed."""
         return self._native.completion_fd(dup)
+
+    def take_finished(self) -> Finished:
+        """Which batches (ids) and prepared transfers (handles) finished since
+        the previous call, recorded once :meth:`completion_fd` was first asked
+        for, each once: after reading the descriptor, check these instead of
+        everything waited for. At most 65,536 are kept unread; past that
+        ``overflowed`` is True and what finished since is not named: check
+        everything. One taker per engine, as one reader per descriptor
+        (``ferry.aio`` is the taker of an engine it awaits)."""
+        batches, transfers, overflowed = self._native.take_finished()
+        return Finished(batches, transfers, overflowed)

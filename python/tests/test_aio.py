@@ -450,6 +450,27 @@ def test_the_completion_fd_is_the_engines_and_a_dup_is_the_callers(pair):
         import select
         assert select.select([mine], [], [], 120)[0] == [mine]
         assert int.from_bytes(os.read(mine, 8), "little") == 1
+        # What finished, by id: that read's batch; then a batch and a transfer of ours.
+        first = a.take_finished()
+        assert len(first.batches) == 1 and first.transfers == [] and not first.overflowed
+        assert a.take_finished() == ferry.Finished([], [], False)  # each taken once
+        batch = a.submit([ferry.Request(ferry.Opcode.READ, local[:BLOCK], seg, theirs.ctypes.data)])
+        lst = a.prepare([(local.ctypes.data, BLOCK, 0, BLOCK, 1)])
+        rst = a.prepare([(theirs.ctypes.data, BLOCK, 0, BLOCK, 1)], seg)
+        xfer = a.make_transfer("read", lst, [0], rst, [0])
+        xfer.post()
+        batch.wait()
+        xfer.wait()
+        taken = ferry.Finished([], [], False)
+        while len(taken.batches) + len(taken.transfers) < 2:  # the writes follow the states
+            assert select.select([mine], [], [], 120)[0] == [mine]
+            os.read(mine, 8)
+            more = a.take_finished()
+            taken = ferry.Finished(taken.batches + more.batches,
+                                   taken.transfers + more.transfers, more.overflowed)
+        assert taken == ferry.Finished([batch.id], [xfer.handle], False)
+        batch.free()
+        xfer.release()
     finally:
         os.close(mine)
 
