@@ -736,16 +736,25 @@ EngineOptions FaultyOptions(int drop_percent, int fail_percent) {
   return o;
 }
 
+// Such a pair over tcp, 64 KiB on each side, the segment queried.
+void StartFaulty(EnginePair& pair, int drop_percent, int fail_percent, unsigned char** local,
+                 unsigned char** remote) {
+  ASSERT_NO_FATAL_FAILURE(
+      pair.Start(FaultyOptions(drop_percent, fail_percent), ConformanceOptions("tcp")));
+  *local = pair.Alloc(64 * kKiB, &pair.initiator());
+  *remote = pair.Alloc(64 * kKiB, &pair.target());
+  ASSERT_TRUE(*local && *remote);
+  ASSERT_OK(GetStatus(pair.initiator().QuerySegment(pair.segment())));
+}
+
 // Not readable while requests are pending; two batches that finish (here
 // cancelled: CancelBatch finishes them on this thread) give one read of 2,
 // after which it is not readable.
 TEST(CompletionFd, NotReadableWhilePendingAndTwoFinishesAreOneRead) {
   EnginePair pair;
-  ASSERT_NO_FATAL_FAILURE(pair.Start(FaultyOptions(100, 0), ConformanceOptions("tcp")));
-  unsigned char* local = pair.Alloc(64 * kKiB, &pair.initiator());
-  unsigned char* remote = pair.Alloc(64 * kKiB, &pair.target());
-  ASSERT_TRUE(local && remote);
-  ASSERT_OK(GetStatus(pair.initiator().QuerySegment(pair.segment())));
+  unsigned char* local = nullptr;
+  unsigned char* remote = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartFaulty(pair, 100, 0, &local, &remote));
   Engine& e = pair.initiator();
   const int fd = e.CompletionFd();
   BatchId batches[2];
@@ -793,11 +802,9 @@ TEST(CompletionFd, NotReadableWhilePendingAndTwoFinishesAreOneRead) {
 // cancel it reports the end at once.
 TEST(SpinBatch, ReportsABatchStillPendingWhenItsSpinIsOver) {
   EnginePair pair;
-  ASSERT_NO_FATAL_FAILURE(pair.Start(FaultyOptions(100, 0), ConformanceOptions("tcp")));
-  unsigned char* local = pair.Alloc(64 * kKiB, &pair.initiator());
-  unsigned char* remote = pair.Alloc(64 * kKiB, &pair.target());
-  ASSERT_TRUE(local && remote);
-  ASSERT_OK(GetStatus(pair.initiator().QuerySegment(pair.segment())));
+  unsigned char* local = nullptr;
+  unsigned char* remote = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartFaulty(pair, 100, 0, &local, &remote));
   Engine& e = pair.initiator();
   ASSERT_OK_AND_ASSIGN(BatchId b, e.AllocateBatch(1));
   const TransferRequest req{Opcode::kRead, local, pair.segment(),
@@ -816,11 +823,9 @@ TEST(SpinBatch, ReportsABatchStillPendingWhenItsSpinIsOver) {
 // Failed requests finish a batch or a transfer too.
 TEST(CompletionFd, FailedBatchesAndTransfersWakeTheWaiter) {
   EnginePair pair;
-  ASSERT_NO_FATAL_FAILURE(pair.Start(FaultyOptions(0, 100), ConformanceOptions("tcp")));
-  unsigned char* local = pair.Alloc(64 * kKiB, &pair.initiator());
-  unsigned char* remote = pair.Alloc(64 * kKiB, &pair.target());
-  ASSERT_TRUE(local && remote);
-  ASSERT_OK(GetStatus(pair.initiator().QuerySegment(pair.segment())));
+  unsigned char* local = nullptr;
+  unsigned char* remote = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartFaulty(pair, 0, 100, &local, &remote));
   Engine& e = pair.initiator();
   const int fd = e.CompletionFd();
   ASSERT_OK_AND_ASSIGN(BatchId b, e.AllocateBatch(1));
