@@ -37,7 +37,9 @@ cost, and the loop is held that long at most. One that takes longer, or any
 while the loop has other work (other awaits of the engine pending, other
 tasks ready: many transfers started at once keep the pipeline full
 instead), waits on the descriptor. Prepared transfers (``post``, ``await
-transfer``) always wait on the descriptor.
+transfer``) always wait on the descriptor, and so does everything in a loop
+whose ready queue this module cannot see (asyncio's own loops show it;
+uvloop does not).
 
 Results: a coroutine returns None when every request completed and raises
 the first failure's FerryError otherwise (as :meth:`ferry.Batch.wait`).
@@ -162,7 +164,8 @@ class _Reader:
         self.by_key: dict[tuple, list[asyncio.Future]] = {}  # op.key -> its waiters
         self.closed = False
         # asyncio's queue of callbacks ready to run (its loops keep one deque
-        # throughout; None in a loop without it, e.g. uvloop): see may_spin.
+        # throughout; None in a loop that keeps none we can see, e.g.
+        # uvloop): see may_spin.
         self.ready = getattr(loop, "_ready", None)
         loop.add_reader(self.fd, self._on_readable)
         # A loop collected without ever waking us again still frees the descriptor.
@@ -173,16 +176,18 @@ class _Reader:
         only while this loop awaits nothing else of the engine and has no
         other callback ready to run. A loop with other work -- many
         transfers started at once (``asyncio.gather``), other tasks -- starts
-        them instead, keeping the pipeline full, and waits on the descriptor."""
-        return not self.waiters and not self.ready
+        them instead, keeping the pipeline full, and waits on the descriptor.
+        A loop whose ready queue cannot be seen (uvloop) is never held."""
+        ready = self.ready
+        return ready is not None and not ready and not self.waiters
 
     async def wait(self, op, checked: bool = False) -> None:
         """Awaits `op` (a _BatchOp or _TransferOp) of this reader's engine.
         `checked`: the caller found it pending after arming (this thread, not
         yielded since), so it is not checked again here."""
         if not checked:
-            # The check of the protocol, after arming; a spin when this loop
-            # awaits nothing else of the engine (the module's doc).
+            # The check of the protocol, after arming; a spin while the loop
+            # has nothing else to do (may_spin).
             outcome = op.outcome(spin=self.may_spin())
             if outcome is not None:
                 if outcome[0] is not None:
