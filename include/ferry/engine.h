@@ -242,6 +242,9 @@ class FERRY_API Engine {
   // GetTransferStatus for callers that poll in a loop; waits like PollBatch
   // for its data (while only its notification is on its way: one yield).
   StatusOr<TransferStatus> PollTransfer(TransferHandle transfer, std::chrono::microseconds wait);
+  // SpinBatch for the transfer's current post, its notification included:
+  // at most `spin`, never blocking, then GetTransferStatus.
+  StatusOr<TransferStatus> SpinTransfer(TransferHandle transfer, std::chrono::microseconds spin);
   // Waits until the transfer finished or the timeout passed; like WaitBatch.
   Status WaitTransfer(TransferHandle transfer, std::chrono::milliseconds timeout);
   // Of the last post; kFailedPrecondition if never posted.

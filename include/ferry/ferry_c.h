@@ -21,10 +21,10 @@
  * Errors. ferry_last_error() is per thread: the message of the last call
  * this thread made that returned something other than FERRY_OK, naming what
  * was wrong. A call that returns FERRY_OK clears it to "", except the
- * queries that report a failure (ferry_batch_status, ferry_batch_request_status,
- * ferry_xfer_status): they return FERRY_OK (the query worked) and leave the
- * failure's message there. The pointer stays valid until this thread's next
- * call into this API.
+ * queries that report a failure (ferry_batch_status, ferry_batch_spin,
+ * ferry_batch_request_status, ferry_xfer_status, ferry_xfer_spin): they
+ * return FERRY_OK (the query worked) and leave the failure's message there.
+ * The pointer stays valid until this thread's next call into this API.
  *
  * Strings out. A const char* out-parameter points into the object it came
  * from and stays valid until that object is freed (the engine, the segment
@@ -388,6 +388,11 @@ FERRY_C_API ferry_status_t ferry_xfer_post(ferry_engine_t* engine, ferry_xfer_t 
  * FERRY_FAILED_PRECONDITION: never posted. */
 FERRY_C_API ferry_status_t ferry_xfer_status(ferry_engine_t* engine, ferry_xfer_t xfer,
                                              int32_t* state, ferry_status_t* xfer_status);
+/* Like ferry_batch_spin, for the transfer's current post (its notification
+ * included), then ferry_xfer_status. */
+FERRY_C_API ferry_status_t ferry_xfer_spin(ferry_engine_t* engine, ferry_xfer_t xfer,
+                                           int64_t spin_us, int32_t* state,
+                                           ferry_status_t* xfer_status);
 /* Like ferry_batch_wait. */
 FERRY_C_API ferry_status_t ferry_xfer_wait(ferry_engine_t* engine, ferry_xfer_t xfer,
                                            int64_t timeout_ms);

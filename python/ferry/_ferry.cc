@@ -905,6 +905,14 @@ class NativeEngine {
     return py::make_tuple(static_cast<int>(s.state), ErrorOrNone(s.status));
   }
 
+  // (state, error or None) after Engine::SpinTransfer for the options' await_spin.
+  py::tuple SpinTransfer(uint64_t transfer) {
+    ferry::TransferStatus s = Unwrap(Run([&](ferry::Engine& e) {
+      return e.SpinTransfer(ferry::TransferHandle{transfer}, e.options().await_spin);
+    }));
+    return py::make_tuple(static_cast<int>(s.state), ErrorOrNone(s.status));
+  }
+
   void WaitTransfer(uint64_t transfer, double timeout_s) {
     Check(Run([&](ferry::Engine& e) {
       return e.WaitTransfer(ferry::TransferHandle{transfer}, Millis(timeout_s));
@@ -1452,6 +1460,7 @@ PYBIND11_MODULE(_ferry, m) {
            py::arg("notification") = py::none())
       .def("transfer_state", &NativeEngine::TransferState, py::arg("transfer"),
            py::arg("wait_us") = kPollWait.count())
+      .def("spin_transfer", &NativeEngine::SpinTransfer, py::arg("transfer"))
       .def("wait_transfer", &NativeEngine::WaitTransfer)
       .def("transfer_telemetry", &NativeEngine::TransferTelemetry)
       .def("cancel_transfer", &NativeEngine::CancelTransfer)

@@ -27,8 +27,8 @@ Reading before taking means a finish is never missed (one recorded after the
 take makes the descriptor readable again).
 
 A short spin first: when the event loop awaits nothing else of the engine
-and has no other callback ready to run, an awaited batch (``read``,
-``write``, ``transfer``, ``wait`` of a Batch) is first polled in the
+and has no other callback ready to run, an awaited transfer (``read``,
+``write``, ``transfer``, ``wait``, ``post``) is first polled in the
 awaiting thread for at most the engine's ``await_spin`` (default 50 us;
 ``ferry.Engine(await_spin=0)`` or ``FERRY_AWAIT_SPIN_US=0`` turns it off), as
 a synchronous call spins (:meth:`ferry.Engine.write`): a small transfer then
@@ -36,10 +36,9 @@ ends inside that call, with no wake-up, at about the synchronous call's
 cost, and the loop is held that long at most. One that takes longer, or any
 while the loop has other work (other awaits of the engine pending, other
 tasks ready: many transfers started at once keep the pipeline full
-instead), waits on the descriptor. Prepared transfers (``post``, ``await
-transfer``) always wait on the descriptor, and so does everything in a loop
-whose ready queue this module cannot see (asyncio's own loops show it;
-uvloop does not).
+instead), waits on the descriptor; a prepared transfer's spin includes its
+notification. Everything in a loop whose ready queue this module cannot see
+waits on the descriptor (asyncio's own loops show it; uvloop does not).
 
 Results: a coroutine returns None when every request completed and raises
 the first failure's FerryError otherwise (as :meth:`ferry.Batch.wait`).
@@ -124,9 +123,12 @@ class _TransferOp:
         self.key = (_TRANSFER, handle)
 
     def outcome(self, spin: bool = False):
-        """As _BatchOp.outcome; a prepared transfer is not spun on (its
-        notification's round trip is part of it): reports at once."""
-        state, error = self.native.transfer_state(self.handle, 0)
+        """As _BatchOp.outcome (Engine::SpinTransfer: its notification's
+        round trip is part of the spin)."""
+        if spin:
+            state, error = self.native.spin_transfer(self.handle)
+        else:
+            state, error = self.native.transfer_state(self.handle, 0)
         if state == _PENDING:
             return None
         if state == _COMPLETED:
@@ -172,7 +174,7 @@ class _Reader:
         self._finalizer = weakref.finalize(loop, os.close, self.fd)
 
     def may_spin(self) -> bool:
-        """Whether an awaited batch is polled first (the engine's await_spin):
+        """Whether an awaited transfer is polled first (the engine's await_spin):
         only while this loop awaits nothing else of the engine and has no
         other callback ready to run. A loop with other work -- many
         transfers started at once (``asyncio.gather``), other tasks -- starts

@@ -172,8 +172,8 @@ def test_a_small_transfer_ends_within_the_spin_and_never_suspends(transport, tar
     than a 4 KiB transfer takes (1 s), read, write, transfer and wait of a
     Batch each end inside their first step: driving the coroutine by hand,
     its first send() finishes it (StopIteration) instead of handing the loop
-    a future. Then the bytes are checked, failures still raise, and no batch
-    is left open."""
+    a future; so do post and wait of a prepared transfer. Then the bytes are
+    checked, failures still raise, and no batch is left open."""
     peer = target
     with ferry.Engine(transport=transport, transfer_timeout=LONG, await_spin=1.0) as e:
         src = pattern(7, 4 * BLOCK)
@@ -203,12 +203,20 @@ def test_a_small_transfer_ends_within_the_spin_and_never_suspends(transport, tar
                                             remote + 3 * BLOCK)])
             assert finishes_at_once(ferry.aio.wait(batch))
             batch.free()
+            # A prepared transfer, posted and awaited, then posted and awaited apart.
+            lst = e.prepare([(src.ctypes.data + 2 * BLOCK, BLOCK, 0, BLOCK, 1)])
+            rst = e.prepare([(remote + 2 * BLOCK, BLOCK, 0, BLOCK, 1)], seg)
+            xfer = e.make_transfer("write", lst, [0], rst, [0])
+            assert finishes_at_once(ferry.aio.post(xfer))
+            xfer.post()
+            assert finishes_at_once(ferry.aio.wait(xfer))
+            xfer.release()
             with pytest.raises(ferry.FerryError):  # outside the peer's buffer: fails in the spin
                 await ferry.aio.write(e, seg, src[:BLOCK], remote + SIZE)
 
         asyncio.run(main())
         assert batches_open(e) == 0
-        assert peer.request("sha", offset=0, length=2 * BLOCK)["sha"] == sha(src[:2 * BLOCK])
+        assert peer.request("sha", offset=0, length=3 * BLOCK)["sha"] == sha(src[:3 * BLOCK])
         expected = pattern(11, SIZE)
         assert sha(dst[BLOCK:2 * BLOCK]) == sha(src[:BLOCK])  # read back what was written
         assert sha(dst[2 * BLOCK:]) == sha(expected[2 * BLOCK:4 * BLOCK])

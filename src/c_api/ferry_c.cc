@@ -172,6 +172,11 @@ StatusOr<std::optional<ferry::Notification>> ToNotification(const char* fn, cons
   return std::optional<ferry::Notification>(std::move(n));
 }
 
+// ferry_batch_spin's and ferry_xfer_spin's spin_us: < 0 is the engine's await_spin.
+std::chrono::microseconds SpinOf(const ferry_engine_t& engine, int64_t spin_us) {
+  return spin_us < 0 ? engine.engine->options().await_spin : std::chrono::microseconds(spin_us);
+}
+
 // ferry_batch_status's and ferry_batch_spin's answer.
 ferry_status_t ReportBatch(const StatusOr<ferry::BatchStatus>& s, ferry_batch_status_t* out) {
   if (!s.ok()) return Report(s.status());
@@ -615,9 +620,8 @@ ferry_status_t ferry_batch_spin(ferry_engine_t* engine, ferry_batch_t batch, int
   return Guarded(fn, [&] {
     FERRY_C_REQUIRE(engine);
     FERRY_C_REQUIRE(out);
-    const std::chrono::microseconds spin =
-        spin_us < 0 ? engine->engine->options().await_spin : std::chrono::microseconds(spin_us);
-    return ReportBatch(engine->engine->SpinBatch(ferry::BatchId{batch}, spin), out);
+    return ReportBatch(engine->engine->SpinBatch(ferry::BatchId{batch}, SpinOf(*engine, spin_us)),
+                       out);
   });
 }
 
@@ -847,6 +851,19 @@ ferry_status_t ferry_xfer_status(ferry_engine_t* engine, ferry_xfer_t xfer, int3
     FERRY_C_REQUIRE(state);
     StatusOr<ferry::TransferStatus> s =
         engine->engine->GetTransferStatus(ferry::TransferHandle{xfer});
+    if (!s.ok()) return Report(s.status());
+    return ReportState(*s, state, xfer_status);
+  });
+}
+
+ferry_status_t ferry_xfer_spin(ferry_engine_t* engine, ferry_xfer_t xfer, int64_t spin_us,
+                               int32_t* state, ferry_status_t* xfer_status) {
+  static constexpr const char* fn = "ferry_xfer_spin";
+  return Guarded(fn, [&] {
+    FERRY_C_REQUIRE(engine);
+    FERRY_C_REQUIRE(state);
+    StatusOr<ferry::TransferStatus> s =
+        engine->engine->SpinTransfer(ferry::TransferHandle{xfer}, SpinOf(*engine, spin_us));
     if (!s.ok()) return Report(s.status());
     return ReportState(*s, state, xfer_status);
   });

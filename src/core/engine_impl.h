@@ -119,6 +119,8 @@ class Engine::Impl {
   StatusOr<std::shared_ptr<internal::BatchState>> GetBatch(BatchId id) const;
   StatusOr<std::shared_ptr<internal::PreparedList>> GetList(DescListHandle h) const;
   StatusOr<std::shared_ptr<internal::PreparedTransfer>> GetTransfer(TransferHandle h) const;
+  // The transfer's current post; kFailedPrecondition if it was never posted.
+  StatusOr<std::shared_ptr<internal::PostState>> CurrentPost(TransferHandle h) const;
 
  private:
   Impl() = default;

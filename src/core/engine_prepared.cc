@@ -232,15 +232,16 @@ StatusOr<TransferStatus> Engine::GetTransferStatus(TransferHandle h) {
   return TransferStatus{TransferState::kCompleted, OkStatus()};
 }
 
+StatusOr<std::shared_ptr<PostState>> Engine::Impl::CurrentPost(TransferHandle h) const {
+  FERRY_ASSIGN_OR_RETURN(auto t, GetTransfer(h));
+  std::lock_guard<std::mutex> lock(t->mu());
+  if (!t->current()) return FailedPreconditionError(TransferName(h) + " was never posted");
+  return t->current();
+}
+
 StatusOr<TransferStatus> Engine::PollTransfer(TransferHandle h, std::chrono::microseconds wait) {
   if (wait.count() > 0) {
-    std::shared_ptr<PostState> p;
-    {
-      FERRY_ASSIGN_OR_RETURN(auto t, impl_->GetTransfer(h));
-      std::lock_guard<std::mutex> lock(t->mu());
-      if (!t->current()) return FailedPreconditionError(TransferName(h) + " was never posted");
-      p = t->current();
-    }
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<PostState> p, impl_->CurrentPost(h));
     // While only its notification is on its way (a short round trip) it
     // yields the core once instead.
     if (impl_->PollStep(*p->batch(), wait) && !p->finished()) {
@@ -250,15 +251,21 @@ StatusOr<TransferStatus> Engine::PollTransfer(TransferHandle h, std::chrono::mic
   return GetTransferStatus(h);
 }
 
+StatusOr<TransferStatus> Engine::SpinTransfer(TransferHandle h, std::chrono::microseconds spin) {
+  if (spin.count() > 0) {
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<PostState> p, impl_->CurrentPost(h));
+    const Clock::time_point end = Clock::now() + spin;
+    // As SpinBatch, then the notification's round trip within the same spin.
+    if (p->batch()->WaitIdle(Clock::now(), spin)) {
+      while (!p->finished() && Clock::now() < end) std::this_thread::yield();
+    }
+  }
+  return GetTransferStatus(h);
+}
+
 Status Engine::WaitTransfer(TransferHandle h, std::chrono::milliseconds timeout) {
   const Clock::time_point deadline = Clock::now() + timeout;
-  std::shared_ptr<PostState> p;
-  {
-    FERRY_ASSIGN_OR_RETURN(auto t, impl_->GetTransfer(h));
-    std::lock_guard<std::mutex> lock(t->mu());
-    if (!t->current()) return FailedPreconditionError(TransferName(h) + " was never posted");
-    p = t->current();
-  }
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<PostState> p, impl_->CurrentPost(h));
   const bool done =
       p->batch()->WaitIdle(deadline, impl_->options().wait_spin) && p->WaitFinished(deadline);
   FERRY_ASSIGN_OR_RETURN(TransferStatus s, GetTransferStatus(h));

@@ -723,6 +723,39 @@ TEST_P(PreparedTest, SpinBatchReturnsOnceTheBatchEnded) {
   }
 }
 
+// SpinTransfer, the same for a prepared transfer: with a spin longer than
+// the post lives it returns once the post finished, its notification
+// included (delivered before it reports completed).
+TEST_P(PreparedTest, SpinTransferReturnsOnceThePostAndItsNotificationEnded) {
+  constexpr uint64_t kLen = 256 * kKiB;
+  unsigned char* local = Alloc(kLen, &initiator());
+  unsigned char* remote = Alloc(kLen, &target());
+  ASSERT_TRUE(local && remote);
+  ASSERT_NO_FATAL_FAILURE(Refresh());
+  FillPattern(local, kLen, 53);
+  ASSERT_OK_AND_ASSIGN(DescListHandle l,
+                       initiator().PrepareLocalList(Rows(local, 4, kLen / 4, kLen / 4)));
+  ASSERT_OK_AND_ASSIGN(DescListHandle r, initiator().PrepareRemoteList(
+                                             segment(), Rows(remote, 4, kLen / 4, kLen / 4)));
+  const auto idx = Iota(4, true);
+  ASSERT_OK_AND_ASSIGN(TransferHandle t,
+                       initiator().MakeTransfer(Opcode::kWrite, l, idx, r, idx,
+                                                Notification{"", "agent-s", "spun"}));
+  EXPECT_THAT(initiator().SpinTransfer(t, 1ms),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("never posted")));
+  (void)target().GetNotifications();  // what earlier tests on this engine left
+  ASSERT_OK(initiator().PostTransfer(t));
+  ASSERT_OK_AND_ASSIGN(TransferStatus st, initiator().SpinTransfer(t, kWaitTimeout));
+  EXPECT_EQ(st.state, TransferState::kCompleted) << st.status;
+  EXPECT_EQ(DescribePatternMismatch(remote, kLen, 53), "");
+  const auto notes = target().GetNotifications();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].message, "spun");
+  ASSERT_OK_AND_ASSIGN(st, initiator().SpinTransfer(t, 0us));
+  EXPECT_EQ(st.state, TransferState::kCompleted);
+  EXPECT_OK(initiator().ReleaseTransfer(t));
+}
+
 // Engines whose every slice is dropped (never answered: it fails at the
 // transfer timeout, long after the checks right after submitting) or failed
 // at once: what is pending stays pending, so readability is observed
