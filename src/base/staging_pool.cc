@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <new>
@@ -111,6 +113,10 @@ std::shared_ptr<char> StagingPool::Get(size_t n) {
     b = {mapped, MapHuge(mapped), false};
   }
   if (gauge_) gauge_->Add(b.size);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Count(static_cast<int64_t>(b.size), std::chrono::steady_clock::now());
+  }
   // The buffer keeps its pool: a buffer let go after the stream closed
   // returns to it, and the last one frees the pool (and its free list).
   return std::shared_ptr<char>(b.p, [pool = shared_from_this(), b](char*) {
@@ -146,40 +152,86 @@ std::shared_ptr<char> StagingPool::Carve(size_t rounded) {
     p = slab->base + slab->used;
     slab->used += rounded;
     ++slab->live;
+    Count(static_cast<int64_t>(rounded), std::chrono::steady_clock::now());
   }
   if (gauge_) gauge_->Add(rounded);
   return std::shared_ptr<char>(p, [pool = shared_from_this(), slab, rounded](char*) {
     if (pool->gauge_) pool->gauge_->Sub(rounded);
-    pool->Release(slab);
+    pool->Release(slab, rounded);
   });
 }
 
-void StagingPool::Release(Slab* slab) {
+void StagingPool::Count(int64_t bytes, std::chrono::steady_clock::time_point now) {
+  if (now - window_start_ >= kWindow) {
+    // A new window; one that saw no use at all leaves nothing behind it.
+    peak_before_ = now - window_start_ >= 2 * kWindow ? in_use_bytes_ : peak_now_;
+    peak_now_ = in_use_bytes_;
+    window_start_ = now;
+  }
+  in_use_bytes_ = static_cast<size_t>(static_cast<int64_t>(in_use_bytes_) + bytes);
+  peak_now_ = std::max(peak_now_, in_use_bytes_);
+}
+
+size_t StagingPool::KeepBytes() const {
+  return std::clamp(std::max(peak_now_, peak_before_), kMinFreeBytes, kMaxFreeBytes);
+}
+
+void StagingPool::Release(Slab* slab, size_t rounded) {
+  std::vector<Buffer> excess;
+  std::vector<Slab*> excess_slabs;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (--slab->live > 0) return;
-    slab->used = 0;  // nothing of it is held: it serves from its start again
-    if (slab == open_) return;
-    if (free_bytes_ + kSlabBytes <= kMaxFreeBytes) {
-      idle_slabs_.push_back(slab);
-      free_bytes_ += kSlabBytes;
-      return;
+    Count(-static_cast<int64_t>(rounded), std::chrono::steady_clock::now());
+    if (--slab->live == 0) {
+      slab->used = 0;  // nothing of it is held: it serves from its start again
+      if (slab != open_) {
+        idle_slabs_.push_back(slab);
+        free_bytes_ += kSlabBytes;
+      }
     }
+    TakeExcess(&excess, &excess_slabs);
   }
-  ::munmap(slab->base, kSlabBytes);
-  delete slab;
+  FreeAll(excess, excess_slabs);
 }
 
 void StagingPool::Put(const Buffer& b) {
+  std::vector<Buffer> excess;
+  std::vector<Slab*> excess_slabs;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (free_bytes_ + b.size <= kMaxFreeBytes) {
-      free_.push_back(b);
-      free_bytes_ += b.size;
-      return;
-    }
+    Count(-static_cast<int64_t>(b.size), std::chrono::steady_clock::now());
+    free_.push_back(b);
+    free_bytes_ += b.size;
+    TakeExcess(&excess, &excess_slabs);
   }
-  Free(b);
+  FreeAll(excess, excess_slabs);
+}
+
+void StagingPool::TakeExcess(std::vector<Buffer>* buffers, std::vector<Slab*>* slabs) {
+  const size_t keep = KeepBytes();
+  // Idle slabs first (whole 2 MiB pages), then the largest free buffers.
+  while (free_bytes_ > keep && !idle_slabs_.empty()) {
+    slabs->push_back(idle_slabs_.back());
+    idle_slabs_.pop_back();
+    free_bytes_ -= kSlabBytes;
+  }
+  while (free_bytes_ > keep && !free_.empty()) {
+    auto largest =
+        std::max_element(free_.begin(), free_.end(),
+                         [](const Buffer& a, const Buffer& b) { return a.size < b.size; });
+    buffers->push_back(*largest);
+    free_bytes_ -= largest->size;
+    *largest = free_.back();
+    free_.pop_back();
+  }
+}
+
+void StagingPool::FreeAll(const std::vector<Buffer>& buffers, const std::vector<Slab*>& slabs) {
+  for (const Buffer& b : buffers) Free(b);
+  for (Slab* slab : slabs) {
+    ::munmap(slab->base, kSlabBytes);
+    delete slab;
+  }
 }
 
 }  // namespace ferry::internal

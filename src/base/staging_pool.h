@@ -2,7 +2,9 @@
 // memory and a peer, reused and counted.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -17,9 +19,21 @@ class CudaDriver;
 // local transport's for GPU memory and this engine's files; a transport's
 // for this engine's own file regions, storage/file_staging): a fresh one per
 // frame cost a page fault per page on first touch (15 % of the cycles of a
-// tcp write of 1 MiB blocks to a file). Keeps at most kMaxFreeBytes unused; each
-// buffer holds its pool, so one let go after its stream closed still returns
-// to it. Thread-safe (buffers are let go on the file ring's thread too).
+// tcp write of 1 MiB blocks to a file). Each buffer holds its pool, so one
+// let go after its stream closed still returns to it. Thread-safe (buffers
+// are let go on the file ring's thread too).
+//
+// What it keeps unused: as many bytes as it had handed out at once within
+// the last kWindow to two (its working set), at least kMinFreeBytes, at
+// most kMaxFreeBytes; a buffer let go beyond that is unmapped. Keeping only
+// a fixed 32 MiB, a stream serving reads of KV pages from a file (16 MiB
+// frames, ~130 MiB staged at once) mapped most frames afresh: the kernel
+// zeroing those pages took 68 % of the cycles, and the disk sat idle for
+// 30-50 % of the time behind it (docs/benchmarks.md, "Staging that stays").
+// The window rolls when the pool is used: an idle pool keeps its last
+// working set (at most kMaxFreeBytes) until its next use, or until it goes
+// (a served stream's pool goes with its stream, at the latest at the
+// engine's idle_link_timeout).
 //
 // Host memory comes in 2 MiB-aligned mappings advised for transparent huge
 // pages (MADV_HUGEPAGE; 4 KiB pages where the kernel gives none): an O_DIRECT
@@ -46,7 +60,9 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
   std::shared_ptr<char> Get(size_t n);
 
  private:
-  static constexpr size_t kMaxFreeBytes = size_t{32} << 20;
+  static constexpr size_t kMinFreeBytes = size_t{32} << 20;
+  static constexpr size_t kMaxFreeBytes = size_t{256} << 20;
+  static constexpr std::chrono::milliseconds kWindow{1000};
   static constexpr size_t kSlabBytes = size_t{2} << 20;  // one transparent huge page
   struct Buffer {
     size_t size = 0;
@@ -66,7 +82,17 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
   void Put(const Buffer& b);
   // A buffer of `rounded` (<= kSlabBytes) bytes from the open slab.
   std::shared_ptr<char> Carve(size_t rounded);
-  void Release(Slab* slab);
+  // A carved buffer of `rounded` bytes of `slab` was let go.
+  void Release(Slab* slab, size_t rounded);
+  // Moves what it keeps beyond KeepBytes() into `buffers` and `slabs`, to be
+  // unmapped (FreeAll) after mu_ is let go. REQUIRES: mu_ held.
+  void TakeExcess(std::vector<Buffer>* buffers, std::vector<Slab*>* slabs);
+  void FreeAll(const std::vector<Buffer>& buffers, const std::vector<Slab*>& slabs);
+  // Counts `bytes` handed out (+) or let go (-) and rolls the window.
+  // REQUIRES: mu_ held.
+  void Count(int64_t bytes, std::chrono::steady_clock::time_point now);
+  // How many unused bytes it keeps now (see the class comment). REQUIRES: mu_.
+  size_t KeepBytes() const;
   const std::shared_ptr<StagingGauge> gauge_;
   const CudaDriver* const pinned_by_ = nullptr;
   std::mutex mu_;
@@ -75,6 +101,10 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
   bool refused_ = false;           // guarded by mu_: the driver refused page-locked memory once
   Slab* open_ = nullptr;           // guarded by mu_: the slab being carved
   std::vector<Slab*> idle_slabs_;  // guarded by mu_: nothing carved from them is held
+  size_t in_use_bytes_ = 0;        // guarded by mu_: handed out and not yet let go
+  size_t peak_now_ = 0;            // guarded by mu_: most in use at once in this window
+  size_t peak_before_ = 0;         // guarded by mu_: ... in the window before it
+  std::chrono::steady_clock::time_point window_start_{};  // guarded by mu_
 };
 
 }  // namespace ferry::internal

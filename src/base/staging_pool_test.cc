@@ -5,12 +5,14 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/target.h"
@@ -143,6 +145,37 @@ TEST(StagingPoolTest, ABufferOutlivingItsPoolsLastOwnerReturnsSafely) {
   small.reset();
   big.reset();  // the last holder: the pool and its mappings go with it
   EXPECT_EQ(gauge->in_use(), 0u);
+}
+
+// What it keeps unused is its working set: 8 buffers of 16 MiB let go
+// together all serve again (a fixed 32 MiB kept two, and mapped six afresh);
+// past kMaxFreeBytes (256 MiB) what comes back is unmapped; once the pool
+// went unused for two windows (kWindow, 1 s, each) it keeps kMinFreeBytes
+// (32 MiB) again. A buffer served again still holds the mark written into
+// it (a new mapping reads zero; the kernel may well give a new mapping the
+// old address, so addresses say nothing). One page of each is touched.
+TEST(StagingPoolTest, KeepsItsRecentWorkingSetUnusedWithinBounds) {
+  constexpr size_t kBuf = size_t{16} << 20;
+  auto pool = std::make_shared<StagingPool>(nullptr);
+  // Takes `count` buffers at once, counts those holding the mark, marks all.
+  auto round = [&](size_t count) {
+    std::vector<std::shared_ptr<char>> held;
+    size_t marked = 0;
+    for (size_t k = 0; k < count; ++k) {
+      held.push_back(pool->Get(kBuf));
+      marked += held.back().get()[0] == 'm';
+    }
+    for (const auto& p : held) p.get()[0] = 'm';
+    return marked;
+  };
+  EXPECT_EQ(round(8), 0u);
+  EXPECT_EQ(round(8), 8u) << "the working set (128 MiB) was kept";
+  round(20);  // 320 MiB at once (8 of them marked before)
+  EXPECT_EQ(round(20), 16u) << "256 MiB kept, the rest unmapped";
+  // Two windows without use: the next return keeps 32 MiB, two buffers.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  pool->Get(4096).reset();
+  EXPECT_EQ(round(20), 2u) << "an idle pool shrinks to 32 MiB";
 }
 
 // With a CUDA driver the buffers are page-locked memory of the driver; once
