@@ -190,13 +190,16 @@ ferry_status_t ReportBatch(const StatusOr<ferry::BatchStatus>& s, ferry_batch_st
   return ok;
 }
 
-// Reports a request's or transfer's state: *state, *code and, for a
-// failure, its message in the last error (the query itself succeeded).
-ferry_status_t ReportState(const ferry::TransferStatus& s, int32_t* state, ferry_status_t* code) {
-  *state = static_cast<int32_t>(s.state);
-  if (code != nullptr) *code = static_cast<ferry_status_t>(s.status.code());
+// Reports a request's or transfer's state: the query's error, or *state,
+// *code and, for a failure, its message in the last error (the query itself
+// succeeded).
+ferry_status_t ReportState(const StatusOr<ferry::TransferStatus>& s, int32_t* state,
+                           ferry_status_t* code) {
+  if (!s.ok()) return Report(s.status());
+  *state = static_cast<int32_t>(s->state);
+  if (code != nullptr) *code = static_cast<ferry_status_t>(s->status.code());
   const ferry_status_t ok = Ok();
-  if (!s.status.ok()) t_last_error = s.status.message();
+  if (!s->status.ok()) t_last_error = s->status.message();
   return ok;
 }
 
@@ -631,10 +634,8 @@ ferry_status_t ferry_batch_request_status(ferry_engine_t* engine, ferry_batch_t 
   return Guarded(fn, [&] {
     FERRY_C_REQUIRE(engine);
     FERRY_C_REQUIRE(state);
-    StatusOr<ferry::TransferStatus> s =
-        engine->engine->GetTransferStatus(ferry::BatchId{batch}, index);
-    if (!s.ok()) return Report(s.status());
-    return ReportState(*s, state, request_status);
+    return ReportState(engine->engine->GetTransferStatus(ferry::BatchId{batch}, index), state,
+                       request_status);
   });
 }
 
@@ -849,10 +850,8 @@ ferry_status_t ferry_xfer_status(ferry_engine_t* engine, ferry_xfer_t xfer, int3
   return Guarded(fn, [&] {
     FERRY_C_REQUIRE(engine);
     FERRY_C_REQUIRE(state);
-    StatusOr<ferry::TransferStatus> s =
-        engine->engine->GetTransferStatus(ferry::TransferHandle{xfer});
-    if (!s.ok()) return Report(s.status());
-    return ReportState(*s, state, xfer_status);
+    return ReportState(engine->engine->GetTransferStatus(ferry::TransferHandle{xfer}), state,
+                       xfer_status);
   });
 }
 
@@ -862,10 +861,9 @@ ferry_status_t ferry_xfer_spin(ferry_engine_t* engine, ferry_xfer_t xfer, int64_
   return Guarded(fn, [&] {
     FERRY_C_REQUIRE(engine);
     FERRY_C_REQUIRE(state);
-    StatusOr<ferry::TransferStatus> s =
-        engine->engine->SpinTransfer(ferry::TransferHandle{xfer}, SpinOf(*engine, spin_us));
-    if (!s.ok()) return Report(s.status());
-    return ReportState(*s, state, xfer_status);
+    return ReportState(
+        engine->engine->SpinTransfer(ferry::TransferHandle{xfer}, SpinOf(*engine, spin_us)), state,
+        xfer_status);
   });
 }
 

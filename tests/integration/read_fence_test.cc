@@ -37,6 +37,33 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 constexpr uint64_t kMiB = 1024 * 1024;
 
+// A peer process serving `size` bytes of pattern `seed` (`peer_args` added),
+// and an engine over `transport` (a transport parameter: "tcp", "fabric_tcp")
+// with `timeout`, `size` bytes of its memory registered, the peer's segment
+// open and one 4 KiB read done: connected, and the peer answers reads.
+struct FencedPeer {
+  explicit FencedPeer(uint64_t size) : local(size) {}
+  void Start(const std::string& transport, const char* seed, std::chrono::milliseconds timeout,
+             std::vector<std::string> peer_args = {}) {
+    std::vector<std::string> args = {"--size", std::to_string(local.size()), "--seed", seed};
+    args.insert(args.end(), peer_args.begin(), peer_args.end());
+    ASSERT_TRUE(peer.Start(FERRY_TEST_PEER_PATH, args));
+    EngineOptions o;
+    SetTransportOptions(transport, &o);
+    o.listen_host = "127.0.0.1";
+    o.transfer_timeout = timeout;
+    ASSERT_OK_AND_ASSIGN(engine, Engine::Create(o));
+    ASSERT_OK(engine->RegisterMemory(local.data(), local.size()));
+    ASSERT_OK_AND_ASSIGN(seg, engine->OpenSegment(peer.peer_id()));
+    ASSERT_OK(engine->TransferSync(
+        TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), 4096}));
+  }
+  PeerProcess peer;
+  AlignedBuffer local;
+  std::unique_ptr<Engine> engine;
+  SegmentHandle seg{};
+};
+
 class ReadFenceTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() { signal(SIGPIPE, SIG_IGN); }
@@ -52,19 +79,9 @@ INSTANTIATE_TEST_SUITE_P(Transports, ReadFenceTest, ::testing::Values("shm", "tc
 
 TEST_P(ReadFenceTest, AFailedReadNeverLandsAfterItsFailureIsReported) {
   constexpr uint64_t kSize = 8 * kMiB;
-  PeerProcess peer;
-  ASSERT_TRUE(peer.Start(FERRY_TEST_PEER_PATH, {"--size", std::to_string(kSize), "--seed", "611"}));
-  EngineOptions o;
-  o.transport = GetParam();
-  o.listen_host = "127.0.0.1";
-  o.transfer_timeout = 1500ms;
-  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
-  AlignedBuffer local(kSize);
-  ASSERT_OK(engine->RegisterMemory(local.data(), kSize));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine->OpenSegment(peer.peer_id()));
-  // Connected, and the peer answers reads.
-  ASSERT_OK(engine->TransferSync(
-      TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), 4096}));
+  FencedPeer p(kSize);
+  ASSERT_NO_FATAL_FAILURE(p.Start(GetParam(), "611", 1500ms));
+  auto& [peer, local, engine, seg] = p;
 
   std::memset(local.data(), 0xAB, kSize);
   ASSERT_TRUE(peer.Freeze());
@@ -99,19 +116,11 @@ TEST_P(ReadFenceTest, AFailedReadNeverLandsAfterItsFailureIsReported) {
 // bytes may land after the cancel returned.
 TEST_P(ReadFenceTest, ACancelledReadNeverLandsAfterTheCancelReturns) {
   constexpr uint64_t kSize = 8 * kMiB;
-  PeerProcess peer;
-  ASSERT_TRUE(peer.Start(FERRY_TEST_PEER_PATH, {"--size", std::to_string(kSize), "--seed", "612"}));
-  EngineOptions o;
-  o.transport = GetParam();
-  o.listen_host = "127.0.0.1";
-  o.transfer_timeout = 60s;  // the reads are cancelled, not timed out
-  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
-  AlignedBuffer local(kSize), later(kSize);
-  ASSERT_OK(engine->RegisterMemory(local.data(), kSize));
+  FencedPeer p(kSize);
+  ASSERT_NO_FATAL_FAILURE(p.Start(GetParam(), "612", 60s));  // cancelled, not timed out
+  auto& [peer, local, engine, seg] = p;
+  AlignedBuffer later(kSize);
   ASSERT_OK(engine->RegisterMemory(later.data(), kSize));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine->OpenSegment(peer.peer_id()));
-  ASSERT_OK(engine->TransferSync(
-      TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), 4096}));
 
   // One batch of plain reads and one prepared transfer, both cancelled.
   std::memset(local.data(), 0xAB, kSize);
@@ -168,19 +177,9 @@ TEST_P(ReadFenceTest, ACancelledReadNeverLandsAfterTheCancelReturns) {
 TEST(FabricLateRead, UnregisterMemoryWaitsForAReadThatFailedAtItsDeadline) {
   FERRY_SKIP_UNLESS_TRANSPORT_WORKS("fabric_tcp");
   constexpr uint64_t kSize = kMiB;
-  PeerProcess peer;
-  ASSERT_TRUE(peer.Start(FERRY_TEST_PEER_PATH, {"--size", std::to_string(kSize), "--seed", "613",
-                                                "--fabric-provider", "tcp"}));
-  EngineOptions o;
-  SetTransportOptions("fabric_tcp", &o);
-  o.listen_host = "127.0.0.1";
-  o.transfer_timeout = 1500ms;
-  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
-  AlignedBuffer local(kSize);
-  ASSERT_OK(engine->RegisterMemory(local.data(), kSize));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine->OpenSegment(peer.peer_id()));
-  ASSERT_OK(engine->TransferSync(
-      TransferRequest{Opcode::kRead, local.data(), seg, peer.buffer_addr(), 4096}));
+  FencedPeer p(kSize);
+  ASSERT_NO_FATAL_FAILURE(p.Start("fabric_tcp", "613", 1500ms, {"--fabric-provider", "tcp"}));
+  auto& [peer, local, engine, seg] = p;
   ASSERT_EQ(engine->QuerySegment(seg)->transport, "fabric");
 
   std::memset(local.data(), 0xAB, kSize);
